@@ -1,0 +1,63 @@
+"""Typed errors. Each one names the resource and, where masters were asked, what each one said."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """Why one master did not grant a request: ``"held"`` (another owner), ``"timeout"`` or
+    ``"error"``. ``node`` is the master's address with any password masked."""
+
+    node: str
+    reason: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+
+class RedlockError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class LockNotAcquired(RedlockError):
+    """The lock could not be acquired within ``wait``. See the two subclasses."""
+
+    def __init__(
+        self,
+        resource: str,
+        message: str,
+        failures: Sequence[NodeFailure] = (),
+        *,
+        attempts: int = 1,
+        retry_after: float | None = None,
+    ) -> None:
+        self.resource = resource
+        self.failures = tuple(failures)
+        self.attempts = attempts
+        #: A hint, in seconds, of when trying again may succeed (the holder's shortest remaining
+        #: TTL when the masters told us), for ``Retry-After`` headers.
+        self.retry_after = retry_after
+        detail = "; ".join(str(f) for f in self.failures)
+        super().__init__(f"{message} [{detail}]" if detail else message)
+
+
+class LockContended(LockNotAcquired):
+    """Another owner holds the lock on enough masters that we could not reach a quorum."""
+
+
+class QuorumUnavailable(LockNotAcquired):
+    """Too many masters failed (down, paused, slower than NODE_TIMEOUT) to reach a quorum, or the
+    masters answered so late that no validity time was left."""
+
+
+class LockLost(RedlockError):
+    """The lease ran out or the masters no longer hold our token: exclusivity may have been broken
+    since ``lost_at``. Raised on leaving the ``with`` block, by ``extend()`` and by ``check()``."""
+
+    def __init__(self, resource: str, message: str) -> None:
+        self.resource = resource
+        super().__init__(message)

@@ -1,0 +1,241 @@
+"""One master = its connection settings + a small pool + a per-request time budget; and the
+sync fan-out that asks every master at once.
+
+Why our own pool instead of ``redis.Redis``: a lock round must write one request to every master
+before reading any reply, so that N masters cost one round trip, not N. redis-py's client API
+sends and reads one command at a time; its connections, used directly, allow the split. The pool is
+a plain list: checkout does no health-check poll (a dead connection shows up as a failed vote,
+which the quorum absorbs) and, after ``fork()``, the child starts with none of the parent's
+sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from .errors import NodeFailure
+from .scripts import Script
+
+#: Shortest read we attempt once the budget is spent: a reply already in the socket buffer still
+#: counts, but we do not wait for one.
+_LAST_LOOK = 0.0001
+
+SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def check_url(url: object) -> str:
+    """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"a node must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in SUPPORTED_SCHEMES:
+        raise ValueError(
+            f"node {mask_url(url)!r} is not a redis://, rediss:// or unix:// URL"
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"node {mask_url(url)!r} has no host")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"node {mask_url(url)!r} has no socket path")
+    try:
+        parts.port  # noqa: B018 (urlsplit checks the port lazily)
+        redis.connection.parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"node {mask_url(url)!r} is not a valid Redis URL: {exc}") from None
+    return url
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Where one master is and how to talk to it, before any connection exists.
+
+    ``label`` is safe to show (no password). ``connection_class``/``connection_kwargs`` are
+    redis-py's sync ones; the async engine maps them to their ``redis.asyncio`` twins.
+    """
+
+    label: str
+    connection_class: type[redis.connection.AbstractConnection]
+    connection_kwargs: Mapping[str, Any]
+
+    @classmethod
+    def from_url(cls, url: str) -> NodeSpec:
+        pool = redis.ConnectionPool.from_url(check_url(url))
+        return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
+
+    @classmethod
+    def from_pool(cls, label: str, pool: redis.ConnectionPool) -> NodeSpec:
+        """Reuse an existing pool's settings (a django-redis cache) without sharing its sockets."""
+        return cls(label, pool.connection_class, dict(pool.connection_kwargs))
+
+
+# Settings that every one of our connections overrides, whatever the node's URL or cache says.
+def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
+    kwargs = dict(spec.connection_kwargs)
+    kwargs.update(
+        socket_timeout=timeout,  # the per-request budget: a slow master costs at most this
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),  # a retry would spend the budget twice; the quorum copes
+        health_check_interval=0,  # a PING before our request would double its round trips
+        driver_info=None,  # no CLIENT SETINFO handshake: a new connection costs one round trip
+        decode_responses=False,
+        protocol=2,  # RESP3 would need a HELLO round trip on every new connection
+    )
+    kwargs.pop("connection_pool", None)
+    return kwargs
+
+
+class Node:
+    """One master: its spec, budget and a pool of idle sync connections."""
+
+    def __init__(self, spec: NodeSpec, timeout: float) -> None:
+        self.spec = spec
+        self.label = spec.label
+        self.timeout = timeout
+        self._kwargs = lock_connection_kwargs(spec, timeout)
+        self._idle: list[redis.connection.AbstractConnection] = []
+        self._guard = threading.Lock()
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return f"<Node {self.label}>"
+
+    def idle(self) -> redis.connection.AbstractConnection | None:
+        """An idle connection, if there is one (no I/O)."""
+        with self._guard:
+            if self._pid != os.getpid():
+                # A forked child must not read replies meant for its parent on shared sockets.
+                self._idle = []
+                self._pid = os.getpid()
+            return self._idle.pop() if self._idle else None
+
+    def connect(self, deadline: float) -> redis.connection.AbstractConnection:
+        """A new connection, its handshake (AUTH, SELECT) bounded by ``deadline``."""
+        conn = self.spec.connection_class(**self._kwargs)
+        remaining = max(deadline - time.monotonic(), _LAST_LOOK)
+        conn.socket_connect_timeout = conn.socket_timeout = remaining
+        conn.connect()
+        conn.socket_timeout = self.timeout
+        return conn
+
+    def checkin(self, conn: redis.connection.AbstractConnection) -> None:
+        with self._guard:
+            if conn.pid == os.getpid():
+                self._idle.append(conn)
+
+    def close(self) -> None:
+        with self._guard:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client with this node's settings, for one-off admin commands
+        (status, inventory, tests). Not for the lock path: it sends one command at a time."""
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=self.spec.connection_class, **self._kwargs
+        ))
+
+
+Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
+
+
+def failure(node: Node, exc: BaseException) -> NodeFailure:
+    kind = "timeout" if isinstance(exc, redis.TimeoutError | TimeoutError) else "error"
+    return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
+
+
+def fan_out(
+    nodes: Sequence[Node],
+    commands: Sequence[tuple[object, ...]],
+    budget: float,
+    script: Script | None = None,
+) -> list[Reply]:
+    """Send ``commands[i]`` to ``nodes[i]`` for every i, all before reading any reply; then read
+    every reply by one common deadline ``budget`` seconds from now. A master that has not answered
+    by then counts as failed and its connection is dropped, so a late reply is never mistaken for
+    the answer to a later request."""
+    deadline = time.monotonic() + budget
+    replies: list[Reply] = [None] * len(nodes)
+    in_flight: list[tuple[int, redis.connection.AbstractConnection]] = []
+    unconnected = []
+    # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
+    for i, node in enumerate(nodes):
+        conn = node.idle()
+        if conn is None:
+            unconnected.append(i)
+        elif _send(node, conn, commands[i]):
+            in_flight.append((i, conn))
+        else:
+            unconnected.append(i)  # went stale while idle (master restarted): one fresh try
+    for i in unconnected:
+        try:
+            conn = nodes[i].connect(deadline)
+            conn.send_packed_command(conn.pack_command(*commands[i]), check_health=False)
+        except (redis.RedisError, OSError) as exc:
+            replies[i] = failure(nodes[i], exc)
+        else:
+            in_flight.append((i, conn))
+    for i, conn in in_flight:
+        reply = _read(nodes[i], conn, deadline)
+        if isinstance(reply, NoScriptError) and script is not None:
+            # A flushed or restarted master forgot the script: send its source to this one alone.
+            reply = _resend(nodes[i], conn, ("EVAL", script.source, *commands[i][2:]), deadline)
+        if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
+            reply = failure(nodes[i], reply)
+            nodes[i].checkin(conn)
+        elif not isinstance(reply, NodeFailure):
+            nodes[i].checkin(conn)
+        replies[i] = reply
+    return replies
+
+
+def _send(node: Node, conn: redis.connection.AbstractConnection, command: tuple[object, ...]) -> bool:
+    try:
+        conn.send_packed_command(conn.pack_command(*command), check_health=False)
+    except (redis.RedisError, OSError):
+        conn.disconnect()
+        return False
+    return True
+
+
+def _resend(
+    node: Node, conn: redis.connection.AbstractConnection, command: tuple[object, ...],
+    deadline: float,
+) -> Reply:
+    if not _send(node, conn, command):
+        return NodeFailure(node.label, "error", "connection lost while resending a script")
+    return _read(node, conn, deadline)
+
+
+def _read(node: Node, conn: redis.connection.AbstractConnection, deadline: float) -> Reply:
+    """The reply, an error reply (``ResponseError``), or a NodeFailure (connection dropped)."""
+    try:
+        return conn.read_response(timeout=max(deadline - time.monotonic(), _LAST_LOOK))
+    except redis.ResponseError as exc:
+        return exc
+    except (redis.RedisError, OSError) as exc:
+        conn.disconnect()  # redis-py usually has; a late reply must never be read as a new one
+        return failure(node, exc)

@@ -1,0 +1,147 @@
+"""The Redlock decisions as pure functions: no I/O, no clock, no randomness of their own.
+
+The sync engine (``lock.py``) and the async one (``aio.py``) both feed what the masters said into
+these functions, so the two cannot drift apart, and property tests can check the algorithm alone.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+#: Longest resource name we accept. Names built from request data must stay bounded; the Django
+#: layer hashes longer ones (see ``bounded_resource``).
+MAX_RESOURCE_LENGTH = 512
+
+#: Fixed part of the drift allowance: covers Redis' own expiry granularity (1 ms) and rounding.
+DRIFT_FLOOR = 0.002
+
+
+class Vote(Enum):
+    """What one master answered to one request."""
+
+    GRANTED = "granted"  # did what we asked (SET NX succeeded, our key was extended / deleted)
+    DENIED = "held"  # answered, but another owner holds the key (or ours is gone)
+    FAILED = "failed"  # no usable answer within the budget: down, paused, slow, error
+
+
+def quorum(node_count: int) -> int:
+    """Majority of ``node_count`` masters: ``N // 2 + 1`` (an integer, never ``N / 2 + 1``)."""
+    if node_count < 1:
+        raise ValueError(f"need at least one node, got {node_count}")
+    return node_count // 2 + 1
+
+
+def drift(ttl: float, drift_factor: float) -> float:
+    """Clock drift allowance: how much sooner than ``ttl`` we stop trusting the lease."""
+    return ttl * drift_factor + DRIFT_FLOOR
+
+
+def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
+    """Seconds of guaranteed exclusivity left after a request that took ``elapsed`` seconds."""
+    return ttl - elapsed - drift(ttl, drift_factor)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """The verdict on one round of requests to all masters."""
+
+    granted: int
+    denied: int
+    failed: int
+    quorum: int
+    validity: float
+
+    @property
+    def won(self) -> bool:
+        """A quorum granted it and some validity time is left."""
+        return self.granted >= self.quorum and self.validity > 0
+
+    @property
+    def contended(self) -> bool:
+        """Enough masters answered that a quorum was possible: the rest said 'held'.
+
+        Otherwise too many failed, and the failure is the masters', not another owner's."""
+        return self.granted + self.denied >= self.quorum
+
+    @property
+    def lost(self) -> bool:
+        """So many masters denied that a quorum can never grant it: our key is gone (for
+        extend), whatever the failed masters would have said."""
+        return self.denied > self.total - self.quorum
+
+    @property
+    def total(self) -> int:
+        return self.granted + self.denied + self.failed
+
+
+def tally(votes: Sequence[Vote], *, ttl: float, elapsed: float, drift_factor: float) -> Tally:
+    """Count the votes of one round that took ``elapsed`` seconds on the monotonic clock."""
+    return Tally(
+        granted=sum(v is Vote.GRANTED for v in votes),
+        denied=sum(v is Vote.DENIED for v in votes),
+        failed=sum(v is Vote.FAILED for v in votes),
+        quorum=quorum(len(votes)),
+        validity=validity(ttl, elapsed, drift_factor),
+    )
+
+
+def retry_delay(base: float, rng: random.Random) -> float:
+    """A random pause before the next attempt, uniform in [base/2, base]: random so that clients
+    that collided once do not collide again in lockstep, never zero so they do not spin."""
+    return base * (0.5 + rng.random() / 2)
+
+
+def fence_merge(counters: Sequence[int | None], node_count: int) -> int | None:
+    """The next fencing token from the counters a round of reads returned (``None`` for a master
+    that did not answer): one more than the highest, if a quorum answered.
+
+    Monotonic only because the caller writes the result back to a quorum before using it: any later
+    read quorum then meets at least one master that holds it (Lamport's majority register).
+    """
+    answered = [c for c in counters if c is not None]
+    if len(answered) < quorum(node_count):
+        return None
+    return max(answered) + 1
+
+
+# --- input validation: every check runs before any network call -------------------------------
+
+
+def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
+    """``value`` as positive (or non-negative) finite seconds, or ``ValueError`` naming it."""
+    # bool is an int; ``ttl=True`` is a bug, not one second.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    return seconds
+
+
+def check_ttl(value: object) -> float:
+    ttl = check_seconds("ttl", value, allow_zero=False)
+    # Redis expiries are whole milliseconds: anything shorter would be rounded to no lease at all.
+    if ttl < 0.01:
+        raise ValueError(f"ttl must be at least 0.01 seconds, got {value!r}")
+    return ttl
+
+
+def check_resource(value: object) -> str:
+    """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters."""
+    if not isinstance(value, str):
+        raise ValueError(f"resource must be a str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError("resource must not be empty")
+    if len(value) > MAX_RESOURCE_LENGTH:
+        raise ValueError(
+            f"resource is {len(value)} characters long, more than {MAX_RESOURCE_LENGTH}: "
+            f"{value[:40]!r}...; hash long names (django_redlock.bounded_resource does)"
+        )
+    return value

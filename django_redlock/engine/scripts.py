@@ -1,0 +1,69 @@
+"""The Lua scripts run on each master. Compare-and-act happens only here, atomically, with the key
+in KEYS and our token in ARGV, so that no client can ever delete or extend another owner's lock.
+
+Scripts are sent by SHA (EVALSHA) and resent in full on NOSCRIPT, so a ``SCRIPT FLUSH`` or a
+restarted master costs one extra request, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())  # noqa: S324 (Redis names scripts by SHA-1)
+
+    def evalsha(self, keys: tuple[str, ...], args: tuple[object, ...]) -> tuple[object, ...]:
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+# KEYS[1] lock key; ARGV[1] our full value (token + owner).
+# Deletes the key only if it still holds our value. Returns 1 if deleted, else 0.
+# Also serves the admin's force release, with the exact value shown on its confirmation page.
+RELEASE = Script(
+    "release",
+    """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('del', KEYS[1])
+end
+return 0
+""",
+)
+
+# KEYS[1] lock key; ARGV[1] our full value; ARGV[2] new TTL in milliseconds.
+# Resets the TTL only if the key still holds our value: an expired lock is never re-created here.
+# Returns 1 if extended, else 0.
+EXTEND = Script(
+    "extend",
+    """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+""",
+)
+
+# KEYS[1] fence counter key; ARGV[1] a token just chosen from a quorum's counters.
+# Raises the counter to ARGV[1] unless it is already higher (a max-register: never goes down).
+# Returns the counter's value afterwards.
+FENCE_RAISE = Script(
+    "fence_raise",
+    """
+local current = tonumber(redis.call('get', KEYS[1]) or '0')
+local proposed = tonumber(ARGV[1])
+if proposed > current then
+    redis.call('set', KEYS[1], ARGV[1])
+    return proposed
+end
+return current
+""",
+)
+
+ALL = (RELEASE, EXTEND, FENCE_RAISE)

