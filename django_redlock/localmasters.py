@@ -98,9 +98,19 @@ class LocalMaster:
     def start(self, timeout: float = 10.0) -> LocalMaster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = [
-            find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-            "--logfile", str(self.workdir / "redis.log"),
+            find_redis_server(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--logfile",
+            str(self.workdir / "redis.log"),
         ]
         if redis_server_version() >= (7,):
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP, for fault tests
@@ -113,7 +123,7 @@ class LocalMaster:
             while True:
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                    log = (self.workdir / "redis.log")
+                    log = self.workdir / "redis.log"
                     tail = log.read_text()[-2000:] if log.exists() else ""
                     raise RuntimeError(
                         f"redis-server on port {self.port} exited with {self.proc.returncode}: "
@@ -173,7 +183,12 @@ def local_masters(count: int, workdir: Path | None = None) -> Iterator[list[Loca
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
         masters: list[LocalMaster] = []
-        stack.callback(lambda: [m.stop() for m in masters])
+
+        @stack.callback
+        def stop_all() -> None:
+            for m in masters:
+                m.stop()
+
         for i in range(count):
             for attempt in range(5):  # a free port can be taken between probe and bind
                 master = LocalMaster(workdir / f"master{i}")

@@ -19,7 +19,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from .lock import Procedure, Round
-from .nodes import Node, Reply, failure, lock_connection_kwargs
+from .nodes import Command, Node, Reply, failure, lock_connection_kwargs
 from .scripts import Script
 
 if TYPE_CHECKING:
@@ -30,15 +30,17 @@ T = TypeVar("T")
 _ASYNC_CLASS: dict[type[Any], type[redis.asyncio.connection.AbstractConnection]] = {
     redis.connection.Connection: redis.asyncio.connection.Connection,
     redis.connection.SSLConnection: redis.asyncio.connection.SSLConnection,
-    redis.connection.UnixDomainSocketConnection: redis.asyncio.connection.UnixDomainSocketConnection,
+    redis.connection.UnixDomainSocketConnection: (
+        redis.asyncio.connection.UnixDomainSocketConnection
+    ),
 }
 
 AsyncConnection = redis.asyncio.connection.AbstractConnection
 
 # event loop -> node -> idle connections made on that loop
-_idle: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[Node, list[AsyncConnection]]
-] = weakref.WeakKeyDictionary()
+_idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Node, list[AsyncConnection]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 async def arun(redlock: Redlock, procedure: Procedure[T]) -> T:
@@ -50,9 +52,7 @@ async def arun(redlock: Redlock, procedure: Procedure[T]) -> T:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         if isinstance(step, Round):
-            answer = await afan_out(
-                redlock.nodes, step.commands, redlock.node_timeout, step.script
-            )
+            answer = await afan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
         else:
             await asyncio.sleep(step.seconds)
             answer = None
@@ -60,7 +60,7 @@ async def arun(redlock: Redlock, procedure: Procedure[T]) -> T:
 
 async def afan_out(
     nodes: Sequence[Node],
-    commands: Sequence[tuple[object, ...]],
+    commands: Sequence[Command],
     budget: float,
     script: Script | None = None,
 ) -> list[Reply]:
@@ -123,12 +123,12 @@ async def _checkout(node: Node) -> AsyncConnection:
         return idle.pop()
     kwargs = lock_connection_kwargs(node.spec, node.timeout)
     kwargs["retry"] = Retry(NoBackoff(), 0)
-    conn = _ASYNC_CLASS.get(node.spec.connection_class, redis.asyncio.connection.Connection)(**kwargs)
+    conn = _ASYNC_CLASS.get(node.spec.connection_class, redis.asyncio.connection.Connection)(
+        **kwargs
+    )
     await conn.connect()
     return conn
 
 
 def _checkin(node: Node, conn: AsyncConnection) -> None:
     _idle.setdefault(asyncio.get_running_loop(), {}).setdefault(node, []).append(conn)
-
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import protocol
+from .events import NullObserver, Observer
 from .lock import Lock
 from .nodes import Node, NodeSpec
 
@@ -29,6 +30,7 @@ class Redlock:
         node_timeout: float = 0.05,
         drift_factor: float = 0.01,
         retry_delay: float = 0.1,
+        observer: Observer | None = None,
     ) -> None:
         if isinstance(nodes, str | bytes) or not nodes:
             raise ValueError(f"nodes must be a non-empty list of URLs, got {nodes!r}")
@@ -48,6 +50,7 @@ class Redlock:
         if self.drift_factor >= 1:
             raise ValueError(f"drift_factor must be below 1, got {drift_factor!r}")
         self.retry_delay = protocol.check_seconds("retry_delay", retry_delay, allow_zero=False)
+        self.observer: Observer = observer or NullObserver()
         self.nodes = tuple(Node(spec, self.node_timeout) for spec in specs)
         self.quorum = protocol.quorum(len(self.nodes))
 

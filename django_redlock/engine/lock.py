@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import protocol, scripts
 from .errors import LockContended, LockLost, NodeFailure, QuorumUnavailable
-from .nodes import Reply, fan_out
+from .events import notify
+from .nodes import Command, Reply, fan_out
 from .protocol import Tally, Vote
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ _HOST = socket.gethostname()
 class Round:
     """Send ``commands[i]`` to master i, all at once; the answer is the list of replies."""
 
-    commands: tuple[tuple[object, ...], ...]
+    commands: tuple[Command, ...]
     script: scripts.Script | None = None
 
 
@@ -106,9 +107,10 @@ class Lock:
         self.key = redlock.lock_key(resource)
         self._value: str | None = None  # token + owner, as stored on the masters, while held
         self._valid_until = 0.0  # monotonic deadline of guaranteed exclusivity
+        self._acquired_at = 0.0
         self._lost = False
         self._state = threading.Lock()  # one acquisition at a time per object
-        self._rng = random.Random()  # jitter only; tokens come from ``secrets``
+        self._rng = random.Random()  # noqa: S311 (jitter only; tokens come from ``secrets``)
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "held" if self._value else "unlocked"
@@ -132,7 +134,7 @@ class Lock:
     def lost(self) -> bool:
         """True once the lease ran out, or a renewal found our token gone, while we held it."""
         if self._value is not None and not self._lost and time.monotonic() >= self._valid_until:
-            self._lost = True
+            self._mark_lost(self._lost_message())
         return self._lost
 
     def check(self) -> None:
@@ -141,6 +143,13 @@ class Lock:
             raise RuntimeError(f"lock {self.resource!r} is not acquired")
         if self.lost:
             raise LockLost(self.resource, self._lost_message())
+
+    def _mark_lost(self, message: str) -> LockLost:
+        error = LockLost(self.resource, message)
+        if not self._lost:
+            self._lost = True
+            notify(self._redlock.observer, "lost", self, error=error)
+        return error
 
     # --- sync API --------------------------------------------------------------------------------
 
@@ -224,7 +233,8 @@ class Lock:
 
     def _acquire(self) -> Procedure[None]:
         redlock = self._redlock
-        deadline = time.monotonic() + self.wait
+        began = time.monotonic()
+        deadline = began + self.wait
         ttl_ms = int(self.ttl * 1000)
         attempts = 0
         while True:
@@ -237,8 +247,13 @@ class Lock:
             result = self._tally(replies, start)
             if result.won:
                 self._value = value
-                self._valid_until = start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor)
+                self._valid_until = (
+                    start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor)
+                )
                 self._lost = False
+                self._acquired_at = time.monotonic()
+                waited = self._acquired_at - began
+                notify(redlock.observer, "acquired", self, waited=waited, attempts=attempts)
                 return
             if result.granted or result.failed:
                 # Undo partial success everywhere, failed masters included: a SET that timed out
@@ -246,7 +261,10 @@ class Lock:
                 yield self._release_round(value)
             delay = protocol.retry_delay(redlock.retry_delay, self._rng)
             if time.monotonic() + delay > deadline:
-                raise self._not_acquired(result, replies, attempts)
+                error = self._not_acquired(result, replies, attempts)
+                waited = time.monotonic() - began
+                notify(redlock.observer, "not_acquired", self, waited=waited, error=error)
+                raise error
             yield Pause(delay)
 
     def _extend(self) -> Procedure[float]:
@@ -267,22 +285,20 @@ class Lock:
             # Counts only if a quorum renewed it *before* the old lease ran out: after that,
             # someone else may have held the lock in between, and renewing would hide it.
             if result.won and time.monotonic() < self._valid_until:
-                self._valid_until = start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor)
+                self._valid_until = (
+                    start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor)
+                )
                 return self._valid_until - time.monotonic()
             if result.lost:
-                self._lost = True
-                raise LockLost(
-                    self.resource,
+                raise self._mark_lost(
                     f"lock {self.resource!r} is gone from {result.denied} of {result.total} "
-                    f"masters: it expired or was released by force",
+                    f"masters: it expired or was released by force"
                 )
             delay = protocol.retry_delay(redlock.retry_delay, self._rng)
             if time.monotonic() + delay >= self._valid_until:
-                self._lost = True
-                raise LockLost(
-                    self.resource,
+                raise self._mark_lost(
                     f"could not renew lock {self.resource!r} on a quorum before its lease ran "
-                    f"out: " + "; ".join(str(f) for f in failures(redlock, replies)),
+                    f"out: " + "; ".join(str(f) for f in failures(redlock, replies))
                 )
             yield Pause(delay)
 
@@ -290,6 +306,7 @@ class Lock:
         if self._value is None:
             raise RuntimeError(f"cannot release lock {self.resource!r}: it is not acquired")
         yield self._release_round(self._value)
+        notify(self._redlock.observer, "released", self, held=time.monotonic() - self._acquired_at)
 
     def _release_round(self, value: str) -> Round:
         return Round(

@@ -33,6 +33,9 @@ _LAST_LOOK = 0.0001
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
 
+#: One Redis command: name then arguments, as redis-py packs them.
+Command = tuple[Any, ...]
+
 
 def mask_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
@@ -53,9 +56,7 @@ def check_url(url: object) -> str:
         raise ValueError(f"a node must be a redis://, rediss:// or unix:// URL, got {url!r}")
     parts = urlsplit(url)
     if parts.scheme not in SUPPORTED_SCHEMES:
-        raise ValueError(
-            f"node {mask_url(url)!r} is not a redis://, rediss:// or unix:// URL"
-        )
+        raise ValueError(f"node {mask_url(url)!r} is not a redis://, rediss:// or unix:// URL")
     if parts.scheme != "unix" and not parts.hostname:
         raise ValueError(f"node {mask_url(url)!r} has no host")
     if parts.scheme == "unix" and not parts.path:
@@ -154,9 +155,11 @@ class Node:
     def client(self) -> redis.Redis:
         """A plain redis-py client with this node's settings, for one-off admin commands
         (status, inventory, tests). Not for the lock path: it sends one command at a time."""
-        return redis.Redis(connection_pool=redis.ConnectionPool(
-            connection_class=self.spec.connection_class, **self._kwargs
-        ))
+        return redis.Redis(
+            connection_pool=redis.ConnectionPool(
+                connection_class=self.spec.connection_class, **self._kwargs
+            )
+        )
 
 
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
@@ -169,7 +172,7 @@ def failure(node: Node, exc: BaseException) -> NodeFailure:
 
 def fan_out(
     nodes: Sequence[Node],
-    commands: Sequence[tuple[object, ...]],
+    commands: Sequence[Command],
     budget: float,
     script: Script | None = None,
 ) -> list[Reply]:
@@ -212,7 +215,7 @@ def fan_out(
     return replies
 
 
-def _send(node: Node, conn: redis.connection.AbstractConnection, command: tuple[object, ...]) -> bool:
+def _send(node: Node, conn: redis.connection.AbstractConnection, command: Command) -> bool:
     try:
         conn.send_packed_command(conn.pack_command(*command), check_health=False)
     except (redis.RedisError, OSError):
@@ -222,7 +225,9 @@ def _send(node: Node, conn: redis.connection.AbstractConnection, command: tuple[
 
 
 def _resend(
-    node: Node, conn: redis.connection.AbstractConnection, command: tuple[object, ...],
+    node: Node,
+    conn: redis.connection.AbstractConnection,
+    command: Command,
     deadline: float,
 ) -> Reply:
     if not _send(node, conn, command):

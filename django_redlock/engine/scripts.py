@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +21,7 @@ class Script:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())  # noqa: S324 (Redis names scripts by SHA-1)
 
-    def evalsha(self, keys: tuple[str, ...], args: tuple[object, ...]) -> tuple[object, ...]:
+    def evalsha(self, keys: tuple[str, ...], args: tuple[Any, ...]) -> tuple[Any, ...]:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 

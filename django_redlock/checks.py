@@ -1,0 +1,24 @@
+"""System checks for the REDLOCK setting (no network: ``manage.py redlock_status`` probes masters).
+
+Ids: E001 no nodes, E002 malformed setting, E003 bad node entry, E004 duplicate node,
+E005 bad number, E006 NODE_TIMEOUT not small next to TTL, W001 even number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.core.checks import CheckMessage, Error, Warning
+
+from . import conf
+
+
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    return [
+        (Error if p.is_error else Warning)(p.message, hint=p.hint, id=f"django_redlock.{p.id}")
+        for p in conf.problems()
+    ]

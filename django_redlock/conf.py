@@ -1,0 +1,239 @@
+"""The ``REDLOCK`` setting: read in one place, validated, cached, reset on ``setting_changed``.
+
+``problems()`` lists everything wrong with the setting without touching the network; the system
+checks show that list, and ``get_config()`` refuses to build a config from a setting that has any
+error, naming the bad value. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .engine import Redlock, protocol
+from .engine.nodes import NodeSpec, check_url, mask_url
+
+DEFAULTS: dict[str, Any] = {
+    "NODES": [],
+    "KEY_PREFIX": "redlock:",
+    "TTL": 30.0,  # seconds: default lease
+    "WAIT": 0.0,  # seconds: default wait for a contended lock (0 = one attempt)
+    "NODE_TIMEOUT": 0.05,  # seconds: per-master budget for one request
+    "CLOCK_DRIFT_FACTOR": 0.01,
+    "RETRY_DELAY": 0.1,  # seconds: mean pause between attempts (jittered)
+}
+
+CACHE_PREFIX = "cache:"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the setting; ``id`` is the system check id suffix (E001, W001...)."""
+
+    id: str
+    message: str
+    hint: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.id.startswith("E")
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: tuple[str, ...]
+    key_prefix: str
+    ttl: float
+    wait: float
+    node_timeout: float
+    drift_factor: float
+    retry_delay: float
+
+
+def raw_setting() -> dict[str, Any]:
+    """The user's ``REDLOCK`` over the defaults (a copy: the user's dict is never changed)."""
+    user = getattr(settings, "REDLOCK", {})
+    if not isinstance(user, Mapping):
+        raise ImproperlyConfigured(f"REDLOCK must be a dict, got {type(user).__name__} {user!r}")
+    return {**DEFAULTS, **user}
+
+
+def problems() -> list[Problem]:
+    """Everything wrong with ``REDLOCK``, errors and warnings, without any network call."""
+    try:
+        raw = raw_setting()
+    except ImproperlyConfigured as exc:
+        return [Problem("E002", str(exc))]
+    found: list[Problem] = []
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        found.append(
+            Problem(
+                "E002",
+                f"REDLOCK has unknown keys: {', '.join(map(repr, unknown))}",
+                hint=f"known keys: {', '.join(DEFAULTS)}",
+            )
+        )
+    found += _node_problems(raw["NODES"])
+    for key, allow_zero in (
+        ("TTL", False),
+        ("WAIT", True),
+        ("NODE_TIMEOUT", False),
+        ("CLOCK_DRIFT_FACTOR", True),
+        ("RETRY_DELAY", False),
+    ):
+        try:
+            protocol.check_seconds(f"REDLOCK[{key!r}]", raw[key], allow_zero=allow_zero)
+        except ValueError as exc:
+            found.append(Problem("E005", str(exc)))
+    if not isinstance(raw["KEY_PREFIX"], str):
+        found.append(
+            Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
+        )
+    ttl, timeout, factor = raw["TTL"], raw["NODE_TIMEOUT"], raw["CLOCK_DRIFT_FACTOR"]
+    if _finite(ttl) and ttl < 0.01:
+        found.append(Problem("E005", f"REDLOCK['TTL'] must be at least 0.01 seconds, got {ttl!r}"))
+    if _finite(factor) and factor >= 1:
+        found.append(
+            Problem("E005", f"REDLOCK['CLOCK_DRIFT_FACTOR'] must be below 1, got {factor!r}")
+        )
+    if _finite(ttl) and _finite(timeout) and ttl > 0 and timeout >= ttl / 2:
+        found.append(
+            Problem(
+                "E006",
+                f"REDLOCK['NODE_TIMEOUT'] ({timeout!r}s) is not small next to REDLOCK['TTL'] "
+                f"({ttl!r}s): one slow master would eat the whole lease",
+                hint="use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)",
+            )
+        )
+    return found
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _node_problems(nodes: object) -> list[Problem]:
+    if isinstance(nodes, str) or not isinstance(nodes, list | tuple):
+        return [Problem("E003", f"REDLOCK['NODES'] must be a list, got {nodes!r}")]
+    if not nodes:
+        return [
+            Problem(
+                "E001",
+                "REDLOCK['NODES'] is empty: there are no Redis masters to lock on",
+                hint='set REDLOCK = {"NODES": ["redis://host-a:6379/0", "redis://host-b:6379/0", '
+                '"redis://host-c:6379/0"]} (independent masters, not replicas of each other); '
+                'entries may also be "cache:<alias>" naming a django-redis cache',
+            )
+        ]
+    found = []
+    labels: list[str] = []
+    for entry in nodes:
+        try:
+            labels.append(node_spec(entry).label)
+        except (ValueError, ImproperlyConfigured) as exc:
+            found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        found.append(
+            Problem(
+                "E004",
+                f"REDLOCK['NODES'] lists the same master more than once: {', '.join(duplicates)}",
+                hint="a master listed twice votes twice, so a 'quorum' could be one real master",
+            )
+        )
+    if len(nodes) % 2 == 0:
+        found.append(
+            Problem(
+                "W001",
+                f"REDLOCK['NODES'] has an even number of masters ({len(nodes)}): it tolerates no "
+                f"more failures than {len(nodes) - 1} would",
+                hint="use an odd number of masters (3 or 5)",
+            )
+        )
+    return found
+
+
+def node_spec(entry: object) -> NodeSpec:
+    """A ``NodeSpec`` for one ``NODES`` entry: a Redis URL, or ``cache:<alias>``. No I/O."""
+    if isinstance(entry, str) and entry.startswith(CACHE_PREFIX):
+        return _cache_node_spec(entry[len(CACHE_PREFIX) :])
+    return NodeSpec.from_url(check_url(entry))
+
+
+def _cache_node_spec(alias: str) -> NodeSpec:
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        raise ImproperlyConfigured(
+            f"'cache:{alias}' names no cache in CACHES "
+            f"(known: {', '.join(sorted(caches)) or 'none'})"
+        )
+    backend = caches[alias].get("BACKEND", "")
+    if not backend.startswith("django_redis."):
+        raise ImproperlyConfigured(
+            f"'cache:{alias}' is a {backend!r} cache; only django-redis caches can be lock masters"
+        )
+    from django_redis import get_redis_connection  # builds a pool; does not connect
+
+    pool = get_redis_connection(alias, write=True).connection_pool
+    location = caches[alias].get("LOCATION", "")
+    if isinstance(location, list | tuple):
+        location = location[0] if location else ""
+    label = f"cache:{alias} ({mask_url(str(location))})"
+    return NodeSpec.from_pool(label, pool)
+
+
+@cache
+def get_config() -> Config:
+    """The validated setting, or ``ImproperlyConfigured`` naming the first bad value."""
+    errors = [p for p in problems() if p.is_error]
+    if errors:
+        raise ImproperlyConfigured(
+            "; ".join(p.message for p in errors)
+            + (f" ({errors[0].hint})" if errors[0].hint else "")
+        )
+    raw = raw_setting()
+    return Config(
+        nodes=tuple(raw["NODES"]),
+        key_prefix=raw["KEY_PREFIX"],
+        ttl=float(raw["TTL"]),
+        wait=float(raw["WAIT"]),
+        node_timeout=float(raw["NODE_TIMEOUT"]),
+        drift_factor=float(raw["CLOCK_DRIFT_FACTOR"]),
+        retry_delay=float(raw["RETRY_DELAY"]),
+    )
+
+
+@cache
+def get_redlock() -> Redlock:
+    """The process-wide engine for ``REDLOCK`` (built on first use, never at import)."""
+    from .observer import DjangoObserver
+
+    config = get_config()
+    return Redlock(
+        [node_spec(n) for n in config.nodes],
+        key_prefix=config.key_prefix,
+        ttl=config.ttl,
+        wait=config.wait,
+        node_timeout=config.node_timeout,
+        drift_factor=config.drift_factor,
+        retry_delay=config.retry_delay,
+        observer=DjangoObserver(),
+    )
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: object) -> None:
+    if setting in ("REDLOCK", "CACHES"):
+        if get_redlock.cache_info().currsize:
+            get_redlock().close()
+        get_config.cache_clear()
+        get_redlock.cache_clear()

@@ -1,0 +1,51 @@
+"""What a lock tells the outside world, without the engine knowing who listens.
+
+The Django layer plugs in an observer that sends signals, logs and counts metrics; the engine only
+calls these methods. An observer must not raise: what it raises is logged and ignored, because a
+failing metrics exporter must never break a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .errors import LockLost, LockNotAcquired
+    from .lock import Lock
+
+logger = logging.getLogger("django_redlock")
+
+
+class Observer(Protocol):
+    def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None: ...
+
+    def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None: ...
+
+    def released(self, lock: Lock, *, held: float) -> None: ...
+
+    def lost(self, lock: Lock, *, error: LockLost) -> None: ...
+
+
+class NullObserver:
+    """The default: nobody listens."""
+
+    def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None:
+        pass
+
+    def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None:
+        pass
+
+    def released(self, lock: Lock, *, held: float) -> None:
+        pass
+
+    def lost(self, lock: Lock, *, error: LockLost) -> None:
+        pass
+
+
+def notify(observer: Observer, event: str, lock: Lock, **details: object) -> None:
+    """Call ``observer.<event>(lock, **details)``; log, never raise, what it raises."""
+    try:
+        getattr(observer, event)(lock, **details)
+    except Exception:  # noqa: BLE001 (an observer's bug must not break the lock)
+        logger.exception("django_redlock observer failed on %s for %r", event, lock.resource)

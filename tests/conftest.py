@@ -1,0 +1,91 @@
+"""Fixtures that start real redis-server processes on free loopback ports.
+
+A test that needs Redis and cannot get one fails with the reason (it never skips).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from django_redlock.engine import Redlock
+from django_redlock.localmasters import LocalMaster, local_masters
+
+
+def _heal(masters: list[LocalMaster]) -> None:
+    """Undo any fault a test left behind and empty every master."""
+    for m in masters:
+        if not m.alive:
+            m.start()
+        elif m.paused:
+            m.resume()
+        client = m.client()
+        try:
+            client.flushall()
+            client.script_flush()
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def _shared_masters(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[int, list[LocalMaster]]]:
+    started: dict[int, list[LocalMaster]] = {}
+    with (
+        local_masters(5, tmp_path_factory.mktemp("masters5")) as five,
+        local_masters(3, tmp_path_factory.mktemp("masters3")) as three,
+        local_masters(1, tmp_path_factory.mktemp("masters1")) as one,
+    ):
+        started.update({5: five, 3: three, 1: one})
+        yield started
+
+
+@pytest.fixture
+def masters(_shared_masters: dict[int, list[LocalMaster]]) -> list[LocalMaster]:
+    """Five empty, healthy masters (shared across tests, healed and flushed before each)."""
+    _heal(_shared_masters[5])
+    return _shared_masters[5]
+
+
+@pytest.fixture(params=[1, 3, 5], ids=lambda n: f"N{n}")
+def any_masters(
+    request: pytest.FixtureRequest, _shared_masters: dict[int, list[LocalMaster]]
+) -> list[LocalMaster]:
+    """1, 3 and 5 empty masters in turn."""
+    _heal(_shared_masters[request.param])
+    return _shared_masters[request.param]
+
+
+@pytest.fixture
+def fresh_masters(tmp_path: Path) -> Iterator[Callable[[int], list[LocalMaster]]]:
+    """Start ``n`` masters of this test's own (for faults that must not leak), stopped after."""
+    with contextlib.ExitStack() as stack:
+        batches = itertools.count()
+        yield lambda n: stack.enter_context(local_masters(n, tmp_path / f"fresh{next(batches)}"))
+
+
+@pytest.fixture
+def redlock_of() -> Iterator[Callable[..., Redlock]]:
+    """Build an engine over some masters; its connections are closed after the test."""
+    made: list[Redlock] = []
+
+    def make(masters: list[LocalMaster], **options: object) -> Redlock:
+        engine = Redlock([m.url for m in masters], **options)  # type: ignore[arg-type]
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+@pytest.fixture
+def redlock_settings(settings: object, masters: list[LocalMaster]) -> list[LocalMaster]:
+    """``settings.REDLOCK`` pointing at the five shared masters."""
+    settings.REDLOCK = {"NODES": [m.url for m in masters]}  # type: ignore[attr-defined]
+    return masters
