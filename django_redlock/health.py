@@ -1,0 +1,189 @@
+"""How each lock master is doing, for ``manage.py redlock_status`` and the admin's node panel.
+
+One probe per master, all at once in threads, so that a dead or paused master costs one timeout,
+not one per master. Each probe asks a plain redis-py client (``probe_client``) for: a PING round
+trip, the server version and role (INFO), persistence and eviction settings (CONFIG GET, which an
+ACL may refuse: then "unknown"), and TIME for clock skew. Nothing here takes or changes a lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import redis
+
+from .engine import Redlock
+from .engine.nodes import Node, lock_connection_kwargs
+
+T = TypeVar("T")
+
+#: Seconds a probe waits for each answer. Longer than a lock's NODE_TIMEOUT on purpose: a health
+#: check on a busy machine should not call a slow-but-alive master dead.
+PROBE_TIMEOUT = 0.5
+
+#: A clock offset above this many seconds gets a warning. Redlock needs clocks that advance at
+#: the same *rate*, not that agree; a large offset hints at an unmanaged clock, which may also jump.
+SKEW_WARNING = 1.0
+
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What one master said. Times are seconds; ``clock_skew`` is the master's clock minus ours."""
+
+    node: str  # address, password masked
+    reachable: bool
+    error: str | None = None
+    rtt: float | None = None
+    version: str = UNKNOWN
+    role: str = UNKNOWN
+    appendonly: str = UNKNOWN
+    appendfsync: str = UNKNOWN
+    maxmemory_policy: str = UNKNOWN
+    clock_skew: float | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Health:
+    """All masters, and whether enough of them answer to take a lock."""
+
+    nodes: tuple[NodeHealth, ...]
+    quorum: int
+
+    @property
+    def reachable(self) -> int:
+        return sum(n.reachable for n in self.nodes)
+
+    @property
+    def has_quorum(self) -> bool:
+        return self.reachable >= self.quorum
+
+    @property
+    def summary(self) -> str:
+        verdict = "OK" if self.has_quorum else "NO QUORUM: locks cannot be acquired"
+        return (
+            f"{self.reachable} of {len(self.nodes)} masters reachable, "
+            f"quorum {self.quorum}: {verdict}"
+        )
+
+
+def probe_all(redlock: Redlock, *, timeout: float = PROBE_TIMEOUT) -> Health:
+    """Probe every master of ``redlock`` concurrently."""
+    with ThreadPoolExecutor(
+        max_workers=len(redlock.nodes), thread_name_prefix="redlock-probe"
+    ) as pool:
+        results = tuple(pool.map(lambda node: probe(node, timeout=timeout), redlock.nodes))
+    return Health(results, redlock.quorum)
+
+
+def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
+    """Probe one master; never raises for a master's failure (it is reported instead)."""
+    client = probe_client(node, timeout)
+    try:
+        client.ping()  # connects (and authenticates): not part of the round trip we report
+        started = time.monotonic()
+        client.ping()
+        rtt = time.monotonic() - started
+        info = _ask(client.info)  # default sections: server, replication, persistence, memory...
+        config = _ask(client.config_get, "*") or {}  # one round trip; ACL may refuse CONFIG
+        skew = _clock_skew(client)
+    except (redis.RedisError, OSError) as exc:
+        return NodeHealth(node.label, reachable=False, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+    info = info or {}
+    health = NodeHealth(
+        node.label,
+        reachable=True,
+        rtt=rtt,
+        version=str(info.get("redis_version", UNKNOWN)),
+        role=str(info.get("role", UNKNOWN)),
+        appendonly=_setting(config, "appendonly", _aof_from_info(info)),
+        appendfsync=_setting(config, "appendfsync", UNKNOWN),
+        maxmemory_policy=_setting(config, "maxmemory-policy", info.get("maxmemory_policy")),
+        clock_skew=skew,
+    )
+    return _with_warnings(health, node.timeout)
+
+
+def probe_client(node: Node, timeout: float) -> redis.Redis:
+    """A plain redis-py client with ``node``'s settings and ``timeout`` for connecting and for
+    each answer; the caller closes it.
+
+    What ``Node.client()`` is meant to be, built here because that one raises under redis-py 8:
+    a URL pool's connection kwargs carry pool-level "maintenance notifications" options, which a
+    new RESP2 pool refuses (reported to the engine's owner; see tests/test_inventory.py).
+    """
+    kwargs = lock_connection_kwargs(node.spec, timeout)
+    for pool_only in ("maint_notifications_config", "maint_notifications_pool_handler"):
+        kwargs.pop(pool_only, None)
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=node.spec.connection_class, **kwargs)
+    )
+
+
+def _ask(command: Callable[..., T], *args: Any) -> T | None:
+    """A command an ACL or a renamed command may refuse: None then, not a failed master."""
+    try:
+        return command(*args)
+    except redis.ResponseError:
+        return None
+
+
+def _clock_skew(client: redis.Redis) -> float | None:
+    before = time.time()  # wall clock on purpose: we compare wall clocks here, nothing else
+    reply = _ask(client.time)
+    after = time.time()
+    if reply is None:
+        return None
+    seconds, micros = reply
+    return seconds + micros / 1e6 - (before + after) / 2
+
+
+def _setting(config: dict[Any, Any], name: str, fallback: object) -> str:
+    value = config.get(name, config.get(name.encode()))
+    if value is None:
+        value = fallback if fallback is not None else UNKNOWN
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _aof_from_info(info: dict[str, Any]) -> str:
+    aof = info.get("aof_enabled")
+    return UNKNOWN if aof is None else ("yes" if int(aof) else "no")
+
+
+def _with_warnings(health: NodeHealth, lock_timeout: float) -> NodeHealth:
+    warnings = []
+    if health.role not in ("master", UNKNOWN):
+        warnings.append(
+            f"role is {health.role!r}, not master: a replica is not an independent master; "
+            f"Redlock needs N masters that do not replicate each other"
+        )
+    if health.maxmemory_policy != "noeviction":
+        warnings.append(
+            f"maxmemory-policy is {health.maxmemory_policy!r}: under memory pressure Redis may "
+            f"evict lock keys and hand a held lock to a second owner; set it to 'noeviction'"
+        )
+    if health.appendonly != "yes" or health.appendfsync != "always":
+        warnings.append(
+            f"persistence appendonly={health.appendonly} appendfsync={health.appendfsync}: "
+            f"after a crash this master may come back without its locks; restart it only after "
+            f"the longest lock TTL has passed (or use appendonly yes, appendfsync always)"
+        )
+    if health.rtt is not None and health.rtt >= lock_timeout:
+        warnings.append(
+            f"round trip {health.rtt * 1000:.1f} ms is not below NODE_TIMEOUT "
+            f"({lock_timeout * 1000:.0f} ms): lock requests to this master will time out"
+        )
+    if health.clock_skew is not None and abs(health.clock_skew) > SKEW_WARNING:
+        warnings.append(
+            f"clock differs from this host's by {health.clock_skew:+.3f} s: check NTP on both "
+            f"(a clock that jumps shortens or stretches lock TTLs)"
+        )
+    return replace(health, warnings=tuple(warnings))
