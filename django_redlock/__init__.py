@@ -8,6 +8,8 @@ with redlock("invoice:42", ttl=10, wait=5) as lock:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .engine import Lock, LockContended, LockLost, LockNotAcquired, QuorumUnavailable
 
 __all__ = ["LockContended", "LockLost", "LockNotAcquired", "QuorumUnavailable", "redlock"]
@@ -19,6 +21,11 @@ def redlock(
     ttl: float | None = None,
     wait: float | None = None,
     label: str | None = None,
+    auto_extend: bool = False,
+    max_extensions: int | None = None,
+    max_hold: float | None = None,
+    reentrant: bool = False,
+    on_lost: Callable[[Lock, LockLost], None] | None = None,
 ) -> Lock:
     """A lock on ``resource`` over the masters of ``settings.REDLOCK``.
 
@@ -27,7 +34,22 @@ def redlock(
     setting. Leaving the block releases the lock on every master. Raises ``LockContended`` or
     ``QuorumUnavailable`` (both ``LockNotAcquired``) when it cannot be acquired, and ``LockLost``
     on leaving a block that outlived its lease.
+
+    ``auto_extend=True`` renews the lease in the background until the block ends (capped by
+    ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
+    it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
+    is a fencing token that strictly increases per resource.
     """
     from .conf import get_redlock
 
-    return get_redlock().lock(resource, ttl=ttl, wait=wait, label=label)
+    return get_redlock().lock(
+        resource,
+        ttl=ttl,
+        wait=wait,
+        label=label,
+        auto_extend=auto_extend,
+        max_extensions=max_extensions,
+        max_hold=max_hold,
+        reentrant=reentrant,
+        on_lost=on_lost,
+    )

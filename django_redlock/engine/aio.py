@@ -18,8 +18,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
-from .lock import Procedure, Round
+from .lock import Listen, Pause, Procedure, Round
 from .nodes import Command, Node, Reply, failure, lock_connection_kwargs
+from .notices import Waiter
 from .scripts import Script
 
 if TYPE_CHECKING:
@@ -46,16 +47,29 @@ _idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Node, list[Asyn
 async def arun(redlock: Redlock, procedure: Procedure[T]) -> T:
     """Perform a procedure's steps with asyncio."""
     answer: Any = None
-    while True:
-        try:
-            step = procedure.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if isinstance(step, Round):
-            answer = await afan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
-        else:
-            await asyncio.sleep(step.seconds)
-            answer = None
+    waiters: list[Waiter] = []
+    try:
+        while True:
+            try:
+                step = procedure.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(step, Round):
+                nodes, budget = redlock.nodes, redlock.node_timeout
+                answer = await afan_out(nodes, step.commands, budget, step.script)
+            elif isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                answer = None
+            elif isinstance(step, Listen):
+                answer = redlock.notices.listen(step.channel)
+                waiters.append(answer)
+                await answer.subscribed.await_(redlock.node_timeout)
+            else:
+                answer = await step.waiter.notified.await_(step.timeout)
+                step.waiter.notified.clear()
+    finally:
+        for waiter in waiters:
+            redlock.notices.unlisten(waiter)
 
 
 async def afan_out(

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
 
 from . import protocol
+from .errors import LockLost
 from .events import NullObserver, Observer
-from .lock import Lock
+from .lock import Lease, Lock
 from .nodes import Node, NodeSpec
+from .notices import ReleaseNotices
+from .watchdog import WATCHDOG
 
 DEFAULT_KEY_PREFIX = "redlock:"
 
@@ -53,6 +59,13 @@ class Redlock:
         self.observer: Observer = observer or NullObserver()
         self.nodes = tuple(Node(spec, self.node_timeout) for spec in specs)
         self.quorum = protocol.quorum(len(self.nodes))
+        self.watchdog = WATCHDOG
+        #: Leases held in this process, by key: how re-entry is recognized. Weak, so a dropped
+        #: handle does not leave a phantom holder behind.
+        self.holders: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        self._notices: ReleaseNotices | None = None
+        self._notices_guard = threading.Lock()
+        self._courtesy: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"<Redlock {len(self.nodes)} masters, quorum {self.quorum}>"
@@ -64,14 +77,30 @@ class Redlock:
         ttl: float | None = None,
         wait: float | None = None,
         label: str | None = None,
+        auto_extend: bool = False,
+        max_extensions: int | None = None,
+        max_hold: float | None = None,
+        reentrant: bool = False,
+        on_lost: Callable[[Lock, LockLost], None] | None = None,
     ) -> Lock:
-        """A lock on ``resource`` (not yet acquired: use it in ``with``/``async with``)."""
+        """A lock on ``resource`` (not yet acquired: use it in ``with``/``async with``).
+
+        ``auto_extend``: a watchdog renews the lease at a third of its TTL until released
+        (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
+        ``reentrant``: the owning thread/task may acquire it again; it is released when the
+        outermost block exits. ``on_lost(lock, error)`` is called (once, from the thread that
+        noticed) when the lease is lost while held."""
         return Lock(
             self,
             resource,
             ttl=self.ttl if ttl is None else ttl,
             wait=self.wait if wait is None else wait,
             label=label,
+            auto_extend=auto_extend,
+            max_extensions=max_extensions,
+            max_hold=max_hold,
+            reentrant=reentrant,
+            on_lost=on_lost,
         )
 
     def lock_key(self, resource: str) -> str:
@@ -79,6 +108,26 @@ class Redlock:
 
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
+
+    def notice_channel(self, resource: str) -> str:
+        return f"{self.key_prefix}free:{resource}"
+
+    @property
+    def notices(self) -> ReleaseNotices:
+        """Release notices for waiters; its listener threads start on first wait."""
+        with self._notices_guard:
+            if self._notices is None:
+                self._notices = ReleaseNotices(self.nodes, self.quorum)
+            return self._notices
+
+    def give_way(self, resource: str, seconds: float) -> None:
+        """Our release woke waiters: keep this process out of ``resource`` for ``seconds``."""
+        if len(self._courtesy) > 10_000:  # bounded: stale entries of resources never seen again
+            self._courtesy.clear()
+        self._courtesy[resource] = time.monotonic() + seconds
+
+    def courtesy_until(self, resource: str) -> float:
+        return self._courtesy.get(resource, 0.0)
 
     def close(self) -> None:
         """Close idle connections (sync ones; async ones close with their event loop)."""

@@ -1,13 +1,19 @@
-"""A Redlock lock: acquire, extend, release; as a context manager, sync or async.
+"""A Redlock lock: acquire, extend, release, fence; as a context manager, sync or async.
 
 Each operation is written once, as a *procedure*: a generator that yields the I/O it needs (a
-``Round`` of one request per master, or a ``Pause``) and receives the replies. ``run`` performs
-those steps with blocking sockets, ``aio.arun`` with asyncio; the decisions between the steps are
-the same code for both, and the decisions themselves are the pure functions of ``protocol``.
+``Round`` of one request per master, a ``Pause``, or waiting for a release notice) and receives
+the answers. ``run`` performs those steps with blocking sockets, ``aio.arun`` with asyncio; the
+decisions between the steps are the same code for both, and the decisions themselves are the pure
+functions of ``protocol``.
+
+A ``Lock`` is the handle a user holds; what it holds once acquired is a ``Lease`` (the token on the
+masters, its validity deadline, its fence). Re-entrant handles share their owner's lease, and the
+auto-extend watchdog renews leases, not handles.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -15,8 +21,9 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Generator
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +31,7 @@ from . import protocol, scripts
 from .errors import LockContended, LockLost, NodeFailure, QuorumUnavailable
 from .events import notify
 from .nodes import Command, Reply, fan_out
+from .notices import Waiter
 from .protocol import Tally, Vote
 
 if TYPE_CHECKING:
@@ -32,6 +40,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _HOST = socket.gethostname()
+
+#: A process that released a lock other processes were waiting for stays out of the next round
+#: for this long, so that the waiter it woke gets the lock instead of the releaser barging back in.
+COURTESY = 0.003
+
+
+# --- the steps a procedure can ask for ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,27 +62,56 @@ class Pause:
     seconds: float
 
 
-Step = Round | Pause
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Subscribe to release notices on ``channel``; the answer is a ``Waiter``, returned once a
+    quorum of masters confirmed the subscription (or after one NODE_TIMEOUT)."""
+
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitNotice:
+    """Sleep until a release notice for ``waiter`` arrives, or ``timeout``; answers True if one
+    did. The waiter is re-armed for the next notice."""
+
+    waiter: Waiter
+    timeout: float
+
+
+Step = Round | Pause | Listen | AwaitNotice
 Procedure = Generator[Step, Any, T]
 
 
 def run(redlock: Redlock, procedure: Procedure[T]) -> T:
     """Perform a procedure's steps with blocking I/O."""
     answer: Any = None
-    while True:
-        try:
-            step = procedure.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if isinstance(step, Round):
-            answer = fan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
-        else:
-            time.sleep(step.seconds)
-            answer = None
+    waiters: list[Waiter] = []
+    try:
+        while True:
+            try:
+                step = procedure.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(step, Round):
+                answer = fan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
+            elif isinstance(step, Pause):
+                time.sleep(step.seconds)
+                answer = None
+            elif isinstance(step, Listen):
+                answer = redlock.notices.listen(step.channel)
+                waiters.append(answer)
+                answer.subscribed.wait(redlock.node_timeout)
+            else:
+                answer = step.waiter.notified.wait(step.timeout)
+                step.waiter.notified.clear()
+    finally:
+        for waiter in waiters:
+            redlock.notices.unlisten(waiter)
 
 
 def vote(reply: Reply) -> Vote:
-    """SET NX answers OK or nil; our scripts answer 1 or 0."""
+    """SET NX answers OK or nil; our scripts answer 0 for 'not ours' and >= 1 for done."""
     if isinstance(reply, NodeFailure):
         return Vote.FAILED
     return Vote.DENIED if reply is None or reply == 0 else Vote.GRANTED
@@ -84,9 +128,76 @@ def failures(redlock: Redlock, replies: list[Reply]) -> list[NodeFailure]:
     return out
 
 
+def current_owner() -> tuple[int, int, int]:
+    """Who is acting: (process, thread, asyncio task or 0). Re-entry and release are allowed to
+    the owner that acquired, and no one else."""
+    try:
+        task = id(asyncio.current_task())
+    except RuntimeError:  # no running event loop in this thread
+        task = 0
+    return (os.getpid(), threading.get_ident(), task)
+
+
+@dataclass(eq=False)
+class Lease:
+    """What an acquired lock holds. Shared by the handles of a re-entrant owner."""
+
+    redlock: Redlock
+    resource: str
+    key: str
+    ttl: float
+    value: str  # token + owner, exactly as stored on the masters
+    valid_until: float  # monotonic deadline of guaranteed exclusivity
+    acquired_at: float
+    owner: tuple[int, int, int]
+    #: The handle that acquired it, for events. Weak: a lease lives exactly as long as a handle
+    #: holds it, so dropping an unreleased lock also stops its auto-extension at once.
+    handle: weakref.ref[Lock]
+    on_lost: Callable[[Lock, LockLost], None] | None = None
+    depth: int = 1
+    released: bool = False
+    lost: bool = False
+    fence: int | None = None
+    extensions: int = 0
+    io_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def validity(self) -> float:
+        return max(0.0, self.valid_until - time.monotonic())
+
+    def check_lost(self) -> bool:
+        """True if lost; marks it lost (once, with notice) when the validity has run out."""
+        if not self.lost and not self.released and time.monotonic() >= self.valid_until:
+            self.mark_lost(self.lost_message())
+        return self.lost
+
+    def lost_message(self) -> str:
+        return (
+            f"lock {self.resource!r} was lost: its lease (ttl={self.ttl}s) ran out or was not "
+            f"renewed in time; another owner may have held it since"
+        )
+
+    def mark_lost(self, message: str) -> LockLost:
+        error = LockLost(self.resource, message)
+        handle = self.handle()
+        if not self.lost and not self.released:
+            self.lost = True
+            if handle is None:
+                return error
+            notify(self.redlock.observer, "lost", handle, error=error)
+            if self.on_lost is not None:
+                try:
+                    self.on_lost(handle, error)
+                except Exception:  # noqa: BLE001 (a callback's bug must not break the lock)
+                    from .events import logger
+
+                    logger.exception("on_lost callback failed for %r", self.resource)
+        return error
+
+
 class Lock:
-    """A lease on ``resource`` over the masters of a ``Redlock``. Make one with
-    ``Redlock.lock()`` (or ``django_redlock.redlock()``); one object is one lease at a time."""
+    """A lock on ``resource`` over the masters of a ``Redlock``; make one with
+    ``Redlock.lock()`` (or ``django_redlock.redlock()``). One handle holds one lease at a time."""
 
     def __init__(
         self,
@@ -96,6 +207,11 @@ class Lock:
         ttl: float,
         wait: float,
         label: str | None = None,
+        auto_extend: bool = False,
+        max_extensions: int | None = None,
+        max_hold: float | None = None,
+        reentrant: bool = False,
+        on_lost: Callable[[Lock, LockLost], None] | None = None,
     ) -> None:
         self._redlock = redlock
         self.resource = protocol.check_resource(resource)
@@ -103,17 +219,28 @@ class Lock:
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         if label is not None and not isinstance(label, str):
             raise ValueError(f"label must be a str, got {label!r}")
+        if max_extensions is not None and (
+            isinstance(max_extensions, bool) or not isinstance(max_extensions, int)
+            or max_extensions < 0
+        ):
+            raise ValueError(f"max_extensions must be an int >= 0, got {max_extensions!r}")
+        if max_hold is not None:
+            max_hold = protocol.check_seconds("max_hold", max_hold, allow_zero=False)
+        if on_lost is not None and not callable(on_lost):
+            raise ValueError(f"on_lost must be callable, got {on_lost!r}")
         self.label = label
+        self.auto_extend = bool(auto_extend)
+        self.max_extensions = max_extensions
+        self.max_hold = max_hold
+        self.reentrant = bool(reentrant)
+        self.on_lost = on_lost
         self.key = redlock.lock_key(resource)
-        self._value: str | None = None  # token + owner, as stored on the masters, while held
-        self._valid_until = 0.0  # monotonic deadline of guaranteed exclusivity
-        self._acquired_at = 0.0
-        self._lost = False
-        self._state = threading.Lock()  # one acquisition at a time per object
+        self._lease: Lease | None = None
         self._rng = random.Random()  # noqa: S311 (jitter only; tokens come from ``secrets``)
 
     def __repr__(self) -> str:
-        state = "lost" if self._lost else "held" if self._value else "unlocked"
+        lease = self._lease
+        state = "unlocked" if lease is None else "lost" if lease.lost else "held"
         return f"<Lock {self.resource!r} {state}>"
 
     # --- what the holder can ask -----------------------------------------------------------------
@@ -121,61 +248,56 @@ class Lock:
     @property
     def held(self) -> bool:
         """Acquired, not released, and still within validity."""
-        return self._value is not None and not self._lost and self.validity > 0
+        return self._lease is not None and not self._lease.check_lost()
 
     @property
     def validity(self) -> float:
         """Seconds of guaranteed exclusivity left (0.0 when not held), on the monotonic clock."""
-        if self._value is None:
-            return 0.0
-        return max(0.0, self._valid_until - time.monotonic())
+        lease = self._lease
+        return 0.0 if lease is None or lease.lost else lease.validity
 
     @property
     def lost(self) -> bool:
         """True once the lease ran out, or a renewal found our token gone, while we held it."""
-        if self._value is not None and not self._lost and time.monotonic() >= self._valid_until:
-            self._mark_lost(self._lost_message())
-        return self._lost
+        return self._lease is not None and self._lease.check_lost()
+
+    @property
+    def fence(self) -> int:
+        """The fencing token of this lease: an int that strictly increases per resource across
+        all holders. Issued by a quorum the first time it is read (two rounds), then cached.
+        In async code use ``await lock.afence()``."""
+        return run(self._redlock, self._fence())
+
+    async def afence(self) -> int:
+        from .aio import arun
+
+        return await arun(self._redlock, self._fence())
 
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
-        if self._value is None:
-            raise RuntimeError(f"lock {self.resource!r} is not acquired")
-        if self.lost:
-            raise LockLost(self.resource, self._lost_message())
-
-    def _mark_lost(self, message: str) -> LockLost:
-        error = LockLost(self.resource, message)
-        if not self._lost:
-            self._lost = True
-            notify(self._redlock.observer, "lost", self, error=error)
-        return error
+        lease = self._held_lease("check")
+        if lease.check_lost():
+            raise LockLost(self.resource, lease.lost_message())
 
     # --- sync API --------------------------------------------------------------------------------
 
     def acquire(self) -> Lock:
         """Acquire the lock, trying until ``wait`` runs out; raise ``LockContended`` or
         ``QuorumUnavailable`` if it cannot."""
-        self._begin()
-        try:
+        if not self._reenter():
             run(self._redlock, self._acquire())
-        except BaseException:
-            self._state.release()
-            raise
         return self
 
     def extend(self) -> float:
         """Renew the lease to the full TTL on a quorum; returns the new validity in seconds.
-
-        Raises ``LockLost`` when the lease cannot be renewed before it runs out."""
-        return run(self._redlock, self._extend())
+        Retries until renewed or the lease runs out, then raises ``LockLost``."""
+        return run(self._redlock, self._extend(self._held_lease("extend"), once=False))
 
     def release(self) -> None:
         """Delete our key on every master (compare-and-delete: never another owner's)."""
-        try:
-            run(self._redlock, self._release())
-        finally:
-            self._end()
+        lease = self._detach()
+        if lease is not None:
+            run(self._redlock, self._release(lease))
 
     def __enter__(self) -> Lock:
         return self.acquire()
@@ -186,35 +308,34 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lost = self.lost
+        lease = self._lease
+        lost = lease is not None and lease.check_lost()
         self.release()
-        self._raise_if_lost(lost, exc)
+        if lease is not None and lost:
+            self._report_lost(lease, exc)
 
-    # --- async API (same procedures, performed by aio.arun) ------------------------------------
+    # --- async API (same procedures, performed by aio.arun) --------------------------------------
 
     async def aacquire(self) -> Lock:
         from .aio import arun
 
-        self._begin()
-        try:
+        if not self._reenter():
             await arun(self._redlock, self._acquire())
-        except BaseException:
-            self._state.release()
-            raise
         return self
 
     async def aextend(self) -> float:
         from .aio import arun
 
-        return await arun(self._redlock, self._extend())
+        return await arun(self._redlock, self._extend(self._held_lease("extend"), once=False))
 
     async def arelease(self) -> None:
         from .aio import arun
 
-        try:
-            await arun(self._redlock, self._release())
-        finally:
-            self._end()
+        lease = self._detach()
+        if lease is not None:
+            # Shielded: a task cancelled while releasing still finishes the release, so a
+            # cancellation never leaves the lock held until its TTL.
+            await asyncio.shield(arun(self._redlock, self._release(lease)))
 
     async def __aenter__(self) -> Lock:
         return await self.aacquire()
@@ -225,9 +346,11 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lost = self.lost
+        lease = self._lease
+        lost = lease is not None and lease.check_lost()
         await self.arelease()
-        self._raise_if_lost(lost, exc)
+        if lease is not None and lost:
+            self._report_lost(lease, exc)
 
     # --- the procedures --------------------------------------------------------------------------
 
@@ -236,7 +359,14 @@ class Lock:
         began = time.monotonic()
         deadline = began + self.wait
         ttl_ms = int(self.ttl * 1000)
+        channel = redlock.notice_channel(self.resource)
         attempts = 0
+        waiter: Waiter | None = None
+        courtesy = redlock.courtesy_until(self.resource) - began
+        if courtesy > 0 and self.wait > 0:
+            # We just woke a waiter by releasing this lock: let it go first.
+            waiter = yield Listen(channel)
+            yield AwaitNotice(waiter, min(courtesy, self.wait))
         while True:
             attempts += 1
             value = self._new_value()
@@ -246,87 +376,194 @@ class Lock:
             )
             result = self._tally(replies, start)
             if result.won:
-                self._value = value
-                self._valid_until = (
-                    start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor)
-                )
-                self._lost = False
-                self._acquired_at = time.monotonic()
-                waited = self._acquired_at - began
-                notify(redlock.observer, "acquired", self, waited=waited, attempts=attempts)
+                self._hold(value, start, began, attempts)
                 return
             if result.granted or result.failed:
                 # Undo partial success everywhere, failed masters included: a SET that timed out
                 # may still have landed, and would otherwise block others until its TTL.
                 yield self._release_round(value)
+            now = time.monotonic()
+            if now >= deadline:
+                raise self._not_acquired(result, replies, attempts, now - began)
+            if result.contended and waiter is None:
+                # Wait for release notices from now on; subscribing first, then trying once more,
+                # means a release between our attempt and the subscription is not missed.
+                waiter = yield Listen(channel)
+                continue
+            if result.contended and waiter is not None:
+                fallback = protocol.retry_delay(redlock.retry_delay, self._rng)
+                notified = yield AwaitNotice(waiter, min(fallback, deadline - now))
+                if notified:
+                    yield Pause(protocol.handoff_delay(time.monotonic() - began, self._rng))
+                continue
             delay = protocol.retry_delay(redlock.retry_delay, self._rng)
-            if time.monotonic() + delay > deadline:
-                error = self._not_acquired(result, replies, attempts)
-                waited = time.monotonic() - began
-                notify(redlock.observer, "not_acquired", self, waited=waited, error=error)
-                raise error
+            if now + delay > deadline:
+                raise self._not_acquired(result, replies, attempts, now - began)
             yield Pause(delay)
 
-    def _extend(self) -> Procedure[float]:
-        if self._value is None:
-            raise RuntimeError(f"cannot extend lock {self.resource!r}: it is not acquired")
+    def _extend(self, lease: Lease, *, once: bool) -> Procedure[float]:
+        """Renew ``lease``. With ``once``, a single round: returns the new validity, or 0.0 when
+        this round failed but the lease is still valid (the watchdog tries again)."""
         redlock = self._redlock
-        value = self._value
-        ttl_ms = int(self.ttl * 1000)
+        ttl_ms = int(lease.ttl * 1000)
         while True:
             start = time.monotonic()
-            if self.lost:
-                raise LockLost(self.resource, self._lost_message())
+            if lease.check_lost():
+                raise LockLost(lease.resource, lease.lost_message())
             replies: list[Reply] = yield Round(
-                tuple(scripts.EXTEND.evalsha((self.key,), (value, ttl_ms)) for _ in redlock.nodes),
+                tuple(
+                    scripts.EXTEND.evalsha((lease.key,), (lease.value, ttl_ms))
+                    for _ in redlock.nodes
+                ),
                 scripts.EXTEND,
             )
-            result = self._tally(replies, start)
+            if lease.released:
+                return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
+            result = self._tally(replies, start, ttl=lease.ttl)
             # Counts only if a quorum renewed it *before* the old lease ran out: after that,
             # someone else may have held the lock in between, and renewing would hide it.
-            if result.won and time.monotonic() < self._valid_until:
-                self._valid_until = (
-                    start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor)
+            if result.won and time.monotonic() < lease.valid_until:
+                lease.valid_until = start + lease.ttl - protocol.drift(
+                    lease.ttl, redlock.drift_factor
                 )
-                return self._valid_until - time.monotonic()
+                lease.extensions += 1
+                return lease.validity
             if result.lost:
-                raise self._mark_lost(
-                    f"lock {self.resource!r} is gone from {result.denied} of {result.total} "
+                raise lease.mark_lost(
+                    f"lock {lease.resource!r} is gone from {result.denied} of {result.total} "
                     f"masters: it expired or was released by force"
                 )
             delay = protocol.retry_delay(redlock.retry_delay, self._rng)
-            if time.monotonic() + delay >= self._valid_until:
-                raise self._mark_lost(
-                    f"could not renew lock {self.resource!r} on a quorum before its lease ran "
+            if time.monotonic() + delay >= lease.valid_until:
+                raise lease.mark_lost(
+                    f"could not renew lock {lease.resource!r} on a quorum before its lease ran "
                     f"out: " + "; ".join(str(f) for f in failures(redlock, replies))
                 )
+            if once:
+                return 0.0
             yield Pause(delay)
 
-    def _release(self) -> Procedure[None]:
-        if self._value is None:
-            raise RuntimeError(f"cannot release lock {self.resource!r}: it is not acquired")
-        yield self._release_round(self._value)
-        notify(self._redlock.observer, "released", self, held=time.monotonic() - self._acquired_at)
+    def _release(self, lease: Lease) -> Procedure[None]:
+        if lease.owner[0] != os.getpid():
+            return  # a forked child never releases its parent's lock
+        replies: list[Reply] = yield self._release_round(lease.value)
+        held = time.monotonic() - lease.acquired_at
+        woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
+        if woken > 0:
+            self._redlock.give_way(lease.resource, COURTESY)
+        notify(self._redlock.observer, "released", self, held=held)
+
+    def _fence(self) -> Procedure[int]:
+        lease = self._held_lease("fence")
+        if lease.fence is not None:
+            return lease.fence
+        redlock = self._redlock
+        fence_key = redlock.fence_key(lease.resource)
+        replies: list[Reply] = yield Round(tuple(("GET", fence_key) for _ in redlock.nodes))
+        counters = [None if isinstance(r, NodeFailure) else int(r or 0) for r in replies]  # type: ignore[call-overload]
+        token = protocol.fence_merge(counters, len(redlock.nodes))
+        if token is None:
+            raise self._fence_unavailable(replies)
+        # Write the token back before anyone uses it: any later reading quorum then meets a
+        # master that holds it, so the next token is higher (a majority max-register).
+        replies = yield Round(
+            tuple(scripts.FENCE_RAISE.evalsha((fence_key,), (token,)) for _ in redlock.nodes),
+            scripts.FENCE_RAISE,
+        )
+        if sum(not isinstance(r, NodeFailure) for r in replies) < redlock.quorum:
+            raise self._fence_unavailable(replies)
+        if lease.check_lost():
+            raise LockLost(lease.resource, lease.lost_message())
+        lease.fence = token
+        return token
 
     def _release_round(self, value: str) -> Round:
+        channel = self._redlock.notice_channel(self.resource)
         return Round(
-            tuple(scripts.RELEASE.evalsha((self.key,), (value,)) for _ in self._redlock.nodes),
+            tuple(
+                scripts.RELEASE.evalsha((self.key,), (value, channel)) for _ in self._redlock.nodes
+            ),
             scripts.RELEASE,
         )
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _begin(self) -> None:
-        if not self._state.acquire(blocking=False):
-            raise RuntimeError(
-                f"lock {self.resource!r} is already acquired by this object; "
-                f"use one Lock object per holder"
-            )
+    def _hold(self, value: str, start: float, began: float, attempts: int) -> None:
+        redlock = self._redlock
+        now = time.monotonic()
+        lease = Lease(
+            redlock=redlock,
+            resource=self.resource,
+            key=self.key,
+            ttl=self.ttl,
+            value=value,
+            valid_until=start + self.ttl - protocol.drift(self.ttl, redlock.drift_factor),
+            acquired_at=now,
+            owner=current_owner(),
+            handle=weakref.ref(self),
+            on_lost=self.on_lost,
+        )
+        self._lease = lease
+        redlock.holders[self.key] = lease
+        if self.auto_extend:
+            redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
+        notify(redlock.observer, "acquired", self, waited=now - began, attempts=attempts)
 
-    def _end(self) -> None:
-        if self._value is not None:
-            self._value = None
-            self._state.release()
+    def _reenter(self) -> bool:
+        """True if this owner already holds the resource and re-entered it (``reentrant=True``);
+        ``LockContended`` at once if it holds it and may not re-enter (waiting would be waiting
+        for ourselves); False if we must acquire for real."""
+        if self._lease is not None:
+            raise RuntimeError(
+                f"lock {self.resource!r} is already acquired through this object; "
+                f"use one Lock object per acquisition"
+            )
+        outer = self._redlock.holders.get(self.key)
+        if outer is None or outer.released or outer.owner != current_owner():
+            return False
+        if not self.reentrant:
+            raise LockContended(
+                self.resource,
+                f"lock {self.resource!r} is already held by this same thread/task: acquiring it "
+                f"again would wait for ourselves; pass reentrant=True to re-enter it",
+            )
+        if outer.check_lost():
+            raise LockLost(self.resource, outer.lost_message())
+        outer.depth += 1
+        self._lease = outer
+        return True
+
+    def _detach(self) -> Lease | None:
+        """Let go of our lease; return it if we were its last holder (release it on the masters),
+        None for an inner re-entrant handle or a lock that was never acquired."""
+        lease = self._lease
+        if lease is None:
+            raise RuntimeError(f"cannot release lock {self.resource!r}: it is not acquired")
+        owner = current_owner()
+        if lease.owner[0] == owner[0] and lease.owner != owner:
+            raise RuntimeError(
+                f"lock {self.resource!r} was acquired by another thread or task; only its owner "
+                f"may release it"
+            )
+        self._lease = None
+        lease.depth -= 1
+        if lease.depth > 0:
+            return None
+        lease.released = True
+        if self._redlock.holders.get(self.key) is lease:
+            del self._redlock.holders[self.key]
+        return lease
+
+    def _held_lease(self, action: str) -> Lease:
+        lease = self._lease
+        if lease is None:
+            raise RuntimeError(f"cannot {action} lock {self.resource!r}: it is not acquired")
+        if lease.owner[0] != os.getpid():
+            raise RuntimeError(
+                f"cannot {action} lock {self.resource!r}: it was acquired by process "
+                f"{lease.owner[0]}, and a forked child does not hold its parent's locks"
+            )
+        return lease
 
     def _new_value(self) -> str:
         """What we store on each master: an unguessable token, then who we are (for humans)."""
@@ -340,54 +577,58 @@ class Lock:
         }
         return f"{secrets.token_hex(16)}:{json.dumps(owner, separators=(',', ':'))}"
 
-    def _tally(self, replies: list[Reply], start: float) -> Tally:
+    def _tally(self, replies: list[Reply], start: float, ttl: float | None = None) -> Tally:
         return protocol.tally(
             [vote(r) for r in replies],
-            ttl=self.ttl,
+            ttl=self.ttl if ttl is None else ttl,
             elapsed=time.monotonic() - start,
             drift_factor=self._redlock.drift_factor,
         )
 
     def _not_acquired(
-        self, result: Tally, replies: list[Reply], attempts: int
+        self, result: Tally, replies: list[Reply], attempts: int, waited: float
     ) -> LockContended | QuorumUnavailable:
         detail = failures(self._redlock, replies)
         tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
+        error: LockContended | QuorumUnavailable
         if result.granted >= result.quorum:
-            return QuorumUnavailable(
+            error = QuorumUnavailable(
                 self.resource,
                 f"lock {self.resource!r}: masters answered too late, no validity left of "
                 f"ttl={self.ttl}s ({tries})",
                 detail,
                 attempts=attempts,
             )
-        if result.contended:
-            return LockContended(
+        elif result.contended:
+            error = LockContended(
                 self.resource,
                 f"lock {self.resource!r} is held by another owner ({tries}, wait={self.wait}s)",
                 detail,
                 attempts=attempts,
             )
+        else:
+            error = QuorumUnavailable(
+                self.resource,
+                f"lock {self.resource!r}: only {result.granted + result.denied} of "
+                f"{result.total} masters answered, {result.quorum} needed ({tries})",
+                detail,
+                attempts=attempts,
+            )
+        notify(self._redlock.observer, "not_acquired", self, waited=waited, error=error)
+        return error
+
+    def _fence_unavailable(self, replies: list[Reply]) -> QuorumUnavailable:
         return QuorumUnavailable(
             self.resource,
-            f"lock {self.resource!r}: only {result.granted + result.denied} of {result.total} "
-            f"masters answered, {result.quorum} needed ({tries})",
-            detail,
-            attempts=attempts,
+            f"lock {self.resource!r}: no quorum of masters answered for its fencing token",
+            failures(self._redlock, replies),
         )
 
-    def _lost_message(self) -> str:
-        return (
-            f"lock {self.resource!r} was lost: its lease (ttl={self.ttl}s) ran out or was not "
-            f"renewed in time; another owner may have held it since"
-        )
-
-    def _raise_if_lost(self, lost: bool, exc: BaseException | None) -> None:
-        if not lost:
-            return
-        message = self._lost_message()
+    @staticmethod
+    def _report_lost(lease: Lease, exc: BaseException | None) -> None:
+        message = lease.lost_message()
         if exc is not None:
             # Do not mask the block's own error; say on it that exclusivity was also lost.
             exc.add_note(message)
             return
-        raise LockLost(self.resource, message)
+        raise LockLost(lease.resource, message)

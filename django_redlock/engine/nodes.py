@@ -155,11 +155,12 @@ class Node:
     def client(self) -> redis.Redis:
         """A plain redis-py client with this node's settings, for one-off admin commands
         (status, inventory, tests). Not for the lock path: it sends one command at a time."""
-        return redis.Redis(
-            connection_pool=redis.ConnectionPool(
-                connection_class=self.spec.connection_class, **self._kwargs
-            )
-        )
+        # The spec's own protocol (RESP2 is only forced on the lock path): redis-py's pub/sub
+        # and maintenance-notification machinery expect to choose it.
+        kwargs = {k: v for k, v in self._kwargs.items() if k != "protocol"}
+        kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
+        pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
+        return redis.Redis(connection_pool=pool)
 
 
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget

@@ -95,6 +95,18 @@ def retry_delay(base: float, rng: random.Random) -> float:
     return base * (0.5 + rng.random() / 2)
 
 
+#: After a release notice, waiters spread their next attempt over up to this many seconds, so that
+#: one of them reaches every master first instead of all splitting the vote.
+HANDOFF_SPREAD = 0.001
+
+
+def handoff_delay(waited: float, rng: random.Random) -> float:
+    """Pause before competing after a release notice: random within HANDOFF_SPREAD, and shorter
+    the longer this waiter has waited already, so that old waiters tend to go first and none
+    starves behind luckier newcomers."""
+    return rng.random() * HANDOFF_SPREAD / (1.0 + waited / 0.02)
+
+
 def fence_merge(counters: Sequence[int | None], node_count: int) -> int | None:
     """The next fencing token from the counters a round of reads returned (``None`` for a master
     that did not answer): one more than the highest, if a quorum answered.

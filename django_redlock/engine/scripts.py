@@ -25,14 +25,17 @@ class Script:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
-# KEYS[1] lock key; ARGV[1] our full value (token + owner).
-# Deletes the key only if it still holds our value. Returns 1 if deleted, else 0.
+# KEYS[1] lock key; ARGV[1] our full value (token + owner); ARGV[2] the resource's notice channel.
+# Deletes the key only if it still holds our value, then tells waiters (PUBLISH) that it is free.
+# Returns 0 if the key was not ours, else 1 + the number of subscribers notified (so the releaser
+# learns that others wait, and can let them go first).
 # Also serves the admin's force release, with the exact value shown on its confirmation page.
 RELEASE = Script(
     "release",
     """
 if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('del', KEYS[1])
+    redis.call('del', KEYS[1])
+    return 1 + redis.call('publish', ARGV[2], '')
 end
 return 0
 """,
