@@ -1,0 +1,521 @@
+"""The acquire+release cycle benchmark (issue 2, item 8).
+
+``healthy()``: one uncontended acquire+release cycle on one resource, 5 real local masters, for
+the raw floor of the protocol, our engine (sync and async) and the peer libraries, interleaved in
+rounds so that machine noise hits all of them alike.
+
+``faults()`` (scenario d): the same cycle with one master killed, then with one master paused
+(SIGSTOP), against the floor with a time budget and our engine; peers with a bounded socket
+timeout and few cycles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import redis
+from redis.asyncio.connection import Connection as AsyncConnection
+from redis.connection import Connection
+
+from django_redlock.engine import Redlock
+from django_redlock.engine.scripts import Script
+from django_redlock.localmasters import LocalMaster, local_masters
+
+from . import report
+from .peers import (
+    Address,
+    Batch,
+    Contender,
+    CycleFailed,
+    PotteryRedlock,
+    PythonRedisLock,
+    RedisPyLock,
+    RedlockPy,
+    timed,
+)
+
+MASTERS = 5
+TTL = 10.0
+NODE_TIMEOUT = 0.05  # our engine's default per-node budget; the floor's budget under faults
+
+# The floor's own compare-and-delete, the minimum a safe release needs. Not the engine's RELEASE,
+# which may do more (and whose extra cost then rightly shows in our rows).
+FLOOR_RELEASE = Script(
+    "floor_release",
+    """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('del', KEYS[1])
+end
+return 0
+""",
+)
+
+
+#: One Redis command, name first, as redis-py packs it.
+Command = tuple[bytes | str | int | float, ...]
+
+
+def addresses(masters: Sequence[LocalMaster]) -> list[Address]:
+    return [("127.0.0.1", m.port) for m in masters]
+
+
+# --- the floor ---------------------------------------------------------------------------------
+
+
+class Floor:
+    """The 2-round-trip protocol with nothing around it: redis-py connections used directly,
+    ``SET NX PX`` written to every master before any reply is read, then the compare-and-delete
+    script (EVALSHA) the same way. No quorum logic, no pool, no retry; every master must say OK.
+    """
+
+    name = "floor"
+    meaning = (
+        "raw protocol: SET NX PX written to all 5 connections, then all replies read; then "
+        "EVALSHA compare-and-delete the same way; redis-py defaults, no quorum logic"
+    )
+
+    def __init__(self, addresses: Sequence[Address], resource: str) -> None:
+        self._conns = [Connection(host=host, port=port) for host, port in addresses]
+        for conn in self._conns:
+            conn.connect()
+        self._key = resource
+        self._ttl_ms = int(TTL * 1000)
+
+    def _cycle(self) -> None:
+        token = secrets.token_hex(16)
+        conns = self._conns
+        for conn in conns:
+            conn.send_packed_command(
+                conn.pack_command("SET", self._key, token, "NX", "PX", self._ttl_ms),
+                check_health=False,
+            )
+        granted = [conn.read_response() for conn in conns]
+        for conn in conns:
+            conn.send_packed_command(
+                conn.pack_command("EVALSHA", FLOOR_RELEASE.sha, 1, self._key, token),
+                check_health=False,
+            )
+        released = [conn.read_response() for conn in conns]
+        if not (all(granted) and all(released)):  # a benchmark sanity check, not quorum logic
+            raise CycleFailed(f"SET replies {granted}, release replies {released}")
+
+    def run(self, cycles: int) -> Batch:
+        return timed(self._cycle, cycles)
+
+    def close(self) -> None:
+        for conn in self._conns:
+            conn.disconnect()
+
+
+class AsyncFloor:
+    """``Floor`` on ``redis.asyncio`` connections inside one event loop: what asyncio itself
+    costs, so that our async row can be read against the right floor."""
+
+    name = "floor (asyncio)"
+    meaning = (
+        "the floor on redis.asyncio connections (redis-py defaults: no socket timeout), all "
+        "cycles inside one long-lived event loop"
+    )
+
+    def __init__(self, addresses: Sequence[Address], resource: str) -> None:
+        self._runner = asyncio.Runner()
+        self._conns = [AsyncConnection(host=host, port=port) for host, port in addresses]
+        for conn in self._conns:
+            self._runner.run(conn.connect())
+        self._key = resource
+        self._ttl_ms = int(TTL * 1000)
+
+    async def _round(self, command: Command) -> list[object]:
+        for conn in self._conns:
+            await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+        return [await conn.read_response() for conn in self._conns]
+
+    async def _batch(self, cycles: int) -> Batch:
+        batch = Batch()
+        clock = time.perf_counter_ns
+        for _ in range(cycles):
+            start = clock()
+            token = secrets.token_hex(16)
+            granted = await self._round(("SET", self._key, token, "NX", "PX", self._ttl_ms))
+            released = await self._round(("EVALSHA", FLOOR_RELEASE.sha, 1, self._key, token))
+            if not (all(granted) and all(released)):
+                batch.errors.append(f"SET replies {granted}, release replies {released}")
+                continue
+            batch.times_ns.append(clock() - start)
+        return batch
+
+    def run(self, cycles: int) -> Batch:
+        return self._runner.run(self._batch(cycles))
+
+    def close(self) -> None:
+        for conn in self._conns:
+            self._runner.run(conn.disconnect())
+        self._runner.close()
+
+
+class BoundedFloor:
+    """The floor that survives a faulty master: each round waits for replies only until one
+    common deadline ``timeout`` away (as our engine does); a master that misses it loses its
+    connection (a late reply must never be read as a later answer). A master without a connection
+    gets one connect attempt per cycle, in the SET round; the release round also goes to every
+    master the SET was sent to, since a late SET may still land."""
+
+    name = "floor, bounded"
+    meaning = (
+        "the floor plus a 50 ms common deadline per round; a master without a connection gets "
+        "one connect attempt per cycle (SET round only); no quorum logic"
+    )
+
+    def __init__(
+        self, addresses: Sequence[Address], resource: str, timeout: float = NODE_TIMEOUT
+    ) -> None:
+        self._addresses = list(addresses)
+        self._timeout = timeout
+        self._conns: list[Connection | None] = [None] * len(self._addresses)
+        self._key = resource
+        self._ttl_ms = int(TTL * 1000)
+
+    def _connect(self, i: int, deadline: float) -> Connection | None:
+        host, port = self._addresses[i]
+        budget = max(deadline - time.monotonic(), 0.0001)
+        conn = Connection(
+            host=host,
+            port=port,
+            socket_timeout=budget,
+            socket_connect_timeout=budget,
+            driver_info=None,  # no CLIENT SETINFO: connecting costs one TCP handshake only
+            protocol=2,
+        )
+        try:
+            conn.connect()
+        except (redis.RedisError, OSError):
+            return None
+        conn.socket_timeout = self._timeout
+        self._conns[i] = conn
+        return conn
+
+    def _round(self, targets: list[int], command: Command, reconnect: bool) -> int:
+        """Send ``command`` to each target master, then read replies by one deadline. Returns
+        how many said yes; ``targets`` is updated in place to the masters it was sent to."""
+        deadline = time.monotonic() + self._timeout
+        sent = []
+        for i in targets:
+            conn = self._conns[i]
+            if conn is None and reconnect:
+                conn = self._connect(i, deadline)
+            if conn is None:
+                continue
+            try:
+                conn.send_packed_command(conn.pack_command(*command), check_health=False)
+            except (redis.RedisError, OSError):
+                self._drop(i)
+                continue
+            sent.append(i)
+        yes = 0
+        for i in sent:
+            conn = self._conns[i]
+            assert conn is not None
+            try:
+                yes += bool(conn.read_response(timeout=max(deadline - time.monotonic(), 0.0001)))
+            except redis.ResponseError:
+                pass
+            except (redis.RedisError, OSError):
+                self._drop(i)
+        targets[:] = sent
+        return yes
+
+    def _drop(self, i: int) -> None:
+        conn, self._conns[i] = self._conns[i], None
+        if conn is not None:
+            conn.disconnect()
+
+    def _cycle(self) -> None:
+        token = secrets.token_hex(16)
+        targets = list(range(len(self._addresses)))
+        granted = self._round(targets, ("SET", self._key, token, "NX", "PX", self._ttl_ms), True)
+        # Release wherever the SET went, reconnecting where its reply was late: it may land.
+        self._round(targets, ("EVALSHA", FLOOR_RELEASE.sha, 1, self._key, token), True)
+        if granted < len(self._addresses) // 2 + 1:  # a benchmark sanity check
+            raise CycleFailed(f"only {granted} masters granted the SET")
+
+    def run(self, cycles: int) -> Batch:
+        return timed(self._cycle, cycles)
+
+    def close(self) -> None:
+        for i in range(len(self._conns)):
+            self._drop(i)
+
+
+# --- our engine --------------------------------------------------------------------------------
+
+
+class Ours:
+    name = "ours (sync)"
+    meaning = (
+        "django_redlock Redlock(5 urls).lock(r, ttl=10): acquire()+release(), same Lock object"
+    )
+
+    def __init__(self, urls: Sequence[str], resource: str) -> None:
+        self.redlock = Redlock(list(urls), node_timeout=NODE_TIMEOUT)
+        self._lock = self.redlock.lock(resource, ttl=TTL)
+
+    def _cycle(self) -> None:
+        self._lock.acquire()
+        self._lock.release()
+
+    def run(self, cycles: int) -> Batch:
+        return timed(self._cycle, cycles)
+
+    def close(self) -> None:
+        self.redlock.close()
+
+
+class OursAsync:
+    name = "ours (async)"
+    meaning = "the same, await aacquire()+arelease(), all cycles inside one long-lived event loop"
+
+    def __init__(self, urls: Sequence[str], resource: str) -> None:
+        self.redlock = Redlock(list(urls), node_timeout=NODE_TIMEOUT)
+        self._lock = self.redlock.lock(resource, ttl=TTL)
+        # One loop for the whole run: the engine pools async connections per event loop.
+        self._runner = asyncio.Runner()
+
+    async def _batch(self, cycles: int) -> Batch:
+        batch = Batch()
+        clock = time.perf_counter_ns
+        lock = self._lock
+        for _ in range(cycles):
+            start = clock()
+            try:
+                await lock.aacquire()
+                await lock.arelease()
+            except Exception as exc:  # noqa: BLE001 (a failed cycle is a result to report)
+                batch.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            batch.times_ns.append(clock() - start)
+        return batch
+
+    def run(self, cycles: int) -> Batch:
+        return self._runner.run(self._batch(cycles))
+
+    def close(self) -> None:
+        self._runner.close()
+        self.redlock.close()
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def measure(
+    contenders: Sequence[Contender], *, rounds: int, cycles: int, warmup: int
+) -> dict[str, Batch]:
+    """Warm each contender up, then run ``rounds`` rounds of ``cycles`` cycles each, rotating
+    the order every round so that no one always runs first, last, or next to the same one."""
+    for contender in contenders:
+        contender.run(warmup)
+    results = {c.name: Batch() for c in contenders}
+    for r in range(rounds):
+        shift = r % len(contenders)
+        for contender in [*contenders[shift:], *contenders[:shift]]:
+            gc.collect()  # nobody pays for the previous contender's garbage
+            results[contender.name].add(contender.run(cycles))
+    return results
+
+
+@contextlib.contextmanager
+def closing_all(contenders: Sequence[Contender]) -> Iterator[Sequence[Contender]]:
+    try:
+        yield contenders
+    finally:
+        for contender in contenders:
+            contender.close()
+
+
+def load_scripts(masters: Sequence[LocalMaster]) -> None:
+    """The floor sends EVALSHA only: its masters must know the script beforehand."""
+    for master in masters:
+        client = master.client()
+        try:
+            client.script_load(FLOOR_RELEASE.source)
+        finally:
+            client.close()
+
+
+# --- scenario: healthy masters -----------------------------------------------------------------
+
+
+def healthy(*, rounds: int = 10, cycles: int = 300, warmup: int = 100) -> str:
+    """Markdown: the uncontended cycle on 5 healthy masters, every implementation."""
+    with local_masters(MASTERS) as masters:
+        load_scripts(masters)
+        addrs = addresses(masters)
+        urls = [m.url for m in masters]
+        contenders: list[Contender] = [
+            Floor(addrs, "bench:floor"),
+            Ours(urls, "bench:ours-sync"),
+            AsyncFloor(addrs, "bench:floor-async"),
+            OursAsync(urls, "bench:ours-async"),
+            PotteryRedlock(addrs, "bench:pottery"),
+            RedlockPy(addrs, "bench:redlock-py"),
+            RedisPyLock(addrs[0], "bench:redis-py"),
+            PythonRedisLock(addrs[0], "bench:python-redis-lock"),
+        ]
+        started = time.monotonic()
+        with closing_all(contenders):
+            results = measure(contenders, rounds=rounds, cycles=cycles, warmup=warmup)
+        took = time.monotonic() - started
+
+    summaries = {name: report.summarize(b.times_ns, b.errors) for name, b in results.items()}
+    floor = summaries[Floor.name].median_us
+    rows = []
+    for contender in contenders:
+        s = summaries[contender.name]
+        rows.append(
+            [
+                contender.name,
+                report.number(s.median_us, 1),
+                report.number(s.p99_us, 1),
+                report.number(s.median_us / floor, 2) + "x",
+                f"{s.cycles}" + (f" ({s.errors} failed: {s.first_error})" if s.errors else ""),
+                contender.meaning,
+            ]
+        )
+    return "\n".join(
+        [
+            "## Uncontended acquire+release cycle, 5 healthy masters",
+            "",
+            f"{report.environment()}. {rounds} rounds x {cycles} cycles per implementation, "
+            f"order rotated each round, {warmup} warm-up cycles each; took {took:.1f} s.",
+            "",
+            report.table(
+                ["implementation", "median us", "p99 us", "median / floor", "cycles", "what it is"],
+                rows,
+            ),
+        ]
+    )
+
+
+# --- scenario (d): a dead master, a paused master ----------------------------------------------
+
+
+def faults(*, cycles: int = 100, paused_cycles: int = 10, peer_cycles: int = 5) -> str:
+    """Markdown: the cycle with 1 of 5 masters killed, then 1 of 5 paused (SIGSTOP). Each fault
+    gets 5 fresh masters; every implementation is first measured healthy on them."""
+    started = time.monotonic()
+    rows: list[list[str]] = []
+    legend: dict[str, str] = {}
+    with _quiet_peers():
+        rows += _fault_rows(
+            "1 of 5 killed (SIGKILL)",
+            LocalMaster.kill,
+            legend,
+            rounds=5,
+            cycles=cycles,
+            peer_cycles=peer_cycles * 4,
+        )
+        rows += _fault_rows(
+            "1 of 5 paused (SIGSTOP)",
+            LocalMaster.pause,
+            legend,
+            rounds=2,
+            cycles=paused_cycles,
+            peer_cycles=peer_cycles,
+        )
+    headers = ["fault", "implementation", "median ms", "p99 ms", "healthy median ms"]
+    headers += ["extra ms", "extra / NODE_TIMEOUT", "cycles"]
+    return "\n".join(
+        [
+            "## Scenario (d): one master down",
+            "",
+            f"{report.environment()}. NODE_TIMEOUT = {NODE_TIMEOUT * 1000:.0f} ms. "
+            "'healthy median' is the same implementation on the same 5 masters just before the "
+            "fault; 'extra' is the fault's median minus that; 'extra / NODE_TIMEOUT' is how many "
+            "per-node budgets the fault costs per cycle (a cycle is 2 rounds: acquire, release, so "
+            "a master that never answers costs a round-by-round implementation about 2).",
+            "",
+            report.table(headers, rows),
+            "",
+            "Rows:",
+            "",
+            *(f"- **{name}**: {meaning}" for name, meaning in legend.items()),
+            "",
+            "Peers here get `socket_timeout=socket_connect_timeout=0.05` and no retries (our "
+            "engine's settings): with redis-py's defaults (no socket timeout, 10 retries) a paused "
+            "master holds them for as long as it is paused. Failed cycles are not in the timings; "
+            "the cycles column counts them with the first error. Single-node locks are left out: "
+            "they use either a healthy master (unchanged) or the faulty one (fail).",
+            "",
+            f"Took {time.monotonic() - started:.1f} s.",
+        ]
+    )
+
+
+def _fault_rows(
+    fault: str,
+    inject: Callable[[LocalMaster], None],
+    legend: dict[str, str],
+    *,
+    rounds: int,
+    cycles: int,
+    peer_cycles: int,
+) -> list[list[str]]:
+    with local_masters(MASTERS) as masters:
+        load_scripts(masters)
+        addrs = addresses(masters)
+        urls = [m.url for m in masters]
+        ours: list[Contender] = [
+            BoundedFloor(addrs, "bench:floor"),
+            Ours(urls, "bench:ours-sync"),
+            OursAsync(urls, "bench:ours-async"),
+        ]
+        peers: list[Contender] = [
+            PotteryRedlock(addrs, "bench:pottery", timeout=NODE_TIMEOUT),
+            RedlockPy(
+                addrs, "bench:redlock-py", timeout=NODE_TIMEOUT, fresh_resource_each_cycle=True
+            ),
+        ]
+        with closing_all([*ours, *peers]):
+            before = measure(ours, rounds=3, cycles=100, warmup=50)
+            before |= measure(peers, rounds=3, cycles=50, warmup=20)
+            inject(masters[0])
+            after = measure(ours, rounds=rounds, cycles=cycles, warmup=0)
+            after |= measure(peers, rounds=1, cycles=peer_cycles, warmup=0)
+    rows = []
+    for contender in [*ours, *peers]:
+        legend[contender.name] = contender.meaning
+        healthy_ms = report.summarize(before[contender.name].times_ns, []).median_us / 1000
+        batch = after[contender.name]
+        s = report.summarize(batch.times_ns, batch.errors)
+        extra = s.median_us / 1000 - healthy_ms
+        failed = f" ({s.errors} failed: {s.first_error})" if s.errors else ""
+        rows.append(
+            [
+                fault,
+                contender.name,
+                report.number(s.median_us / 1000, 3),
+                report.number(s.p99_us / 1000, 3),
+                report.number(healthy_ms, 3),
+                report.number(extra, 3),
+                report.number(extra / (NODE_TIMEOUT * 1000), 2),
+                f"{s.cycles}{failed}",
+            ]
+        )
+    return rows
+
+
+@contextlib.contextmanager
+def _quiet_peers() -> Iterator[None]:
+    """Peers log a traceback for every failed master call (pottery to its logger, redlock-py to
+    the root logger); hundreds of them would bury the table. Their failures still show in the
+    table through what their calls return or raise."""
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)

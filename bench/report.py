@@ -1,0 +1,72 @@
+"""Turning timings into numbers and markdown tables, and saving them under ``bench/results/``."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from django_redlock.localmasters import redis_server_version
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass(frozen=True)
+class Summary:
+    cycles: int
+    median_us: float
+    p99_us: float
+    errors: int
+    first_error: str
+
+
+def summarize(times_ns: Sequence[int], errors: Sequence[str]) -> Summary:
+    if not times_ns:
+        return Summary(0, math.nan, math.nan, len(errors), errors[0] if errors else "")
+    ordered = sorted(times_ns)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return Summary(
+        cycles=len(ordered),
+        median_us=statistics.median(ordered) / 1000,
+        p99_us=p99 / 1000,
+        errors=len(errors),
+        first_error=errors[0] if errors else "",
+    )
+
+
+def number(value: float, digits: int = 0) -> str:
+    return "n/a" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment() -> str:
+    """One line saying where the numbers come from (they mean little without it)."""
+    server = ".".join(str(p) for p in redis_server_version())
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
+        f"redis-py {redis.__version__}, redis-server {server}, {os.cpu_count()} CPUs, "
+        f"load average {load}, all masters on 127.0.0.1"
+    )
+
+
+def save(name: str, text: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.md"
+    path.write_text(text + "\n")
+    return path
