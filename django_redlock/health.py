@@ -1,7 +1,7 @@
 """How each lock master is doing, for ``manage.py redlock_status`` and the admin's node panel.
 
 One probe per master, all at once in threads, so that a dead or paused master costs one timeout,
-not one per master. Each probe asks a plain redis-py client (``probe_client``) for: a PING round
+not one per master. Each probe asks a plain redis-py client (``admin_client``) for: a PING round
 trip, the server version and role (INFO), persistence and eviction settings (CONFIG GET, which an
 ACL may refuse: then "unknown"), and TIME for clock skew. Nothing here takes or changes a lock.
 """
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import Redlock
-from .engine.nodes import Node, lock_connection_kwargs
+from .engine.nodes import Node
 
 T = TypeVar("T")
 
@@ -47,6 +47,10 @@ class NodeHealth:
     maxmemory_policy: str = UNKNOWN
     clock_skew: float | None = None
     warnings: tuple[str, ...] = ()
+
+    @property
+    def rtt_ms(self) -> float | None:
+        return None if self.rtt is None else self.rtt * 1000
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ def probe_all(redlock: Redlock, *, timeout: float = PROBE_TIMEOUT) -> Health:
 
 def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
     """Probe one master; never raises for a master's failure (it is reported instead)."""
-    client = probe_client(node, timeout)
+    client = admin_client(node, timeout)
     try:
         client.ping()  # connects (and authenticates): not part of the round trip we report
         started = time.monotonic()
@@ -112,20 +116,14 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
     return _with_warnings(health, node.timeout)
 
 
-def probe_client(node: Node, timeout: float) -> redis.Redis:
-    """A plain redis-py client with ``node``'s settings and ``timeout`` for connecting and for
-    each answer; the caller closes it.
-
-    What ``Node.client()`` is meant to be, built here because that one raises under redis-py 8:
-    a URL pool's connection kwargs carry pool-level "maintenance notifications" options, which a
-    new RESP2 pool refuses (reported to the engine's owner; see tests/test_inventory.py).
-    """
-    kwargs = lock_connection_kwargs(node.spec, timeout)
-    for pool_only in ("maint_notifications_config", "maint_notifications_pool_handler"):
-        kwargs.pop(pool_only, None)
-    return redis.Redis(
-        connection_pool=redis.ConnectionPool(connection_class=node.spec.connection_class, **kwargs)
+def admin_client(node: Node, timeout: float) -> redis.Redis:
+    """``node.client()`` with ``timeout`` for connecting and for each answer; close it."""
+    client = node.client()
+    # No connection exists yet, so the pool's kwargs still decide every connection's timeouts.
+    client.connection_pool.connection_kwargs.update(
+        socket_timeout=timeout, socket_connect_timeout=timeout
     )
+    return client
 
 
 def _ask(command: Callable[..., T], *args: Any) -> T | None:
