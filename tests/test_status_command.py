@@ -1,0 +1,207 @@
+"""``manage.py redlock_status`` and the per-master probe, against real masters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_redlock import conf
+from django_redlock.health import probe_all
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def status(*args: str) -> str:
+    out = StringIO()
+    call_command("redlock_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def tokens(masters, key: str) -> list[str]:
+    found = []
+    for m in masters:
+        client = m.client()
+        try:
+            value = client.get(key)
+        finally:
+            client.close()
+        if value is not None:
+            found.append(value.split(b":", 1)[0].decode())
+    return found
+
+
+def configure(settings, masters) -> None:
+    settings.REDLOCK = {"NODES": [m.url for m in masters]}
+
+
+def test_reports_every_master_and_the_held_locks_without_tokens(redlock_settings):
+    masters = redlock_settings
+    engine = conf.get_redlock()
+    with engine.lock("invoice:42", ttl=20, label="billing"), engine.lock("report", ttl=20) as rep:
+        fence = rep.fence
+        text = status()
+        secret = tokens(masters, engine.lock_key("invoice:42")) + tokens(
+            masters, engine.lock_key("report")
+        )
+    assert "5 of 5 masters reachable, quorum 3: OK" in text
+    for m in masters:
+        assert m.url in text
+    assert "noeviction" in text
+    assert "master" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    assert "5/5" in lines["invoice:42"]
+    assert "label 'billing'" in lines["invoice:42"]
+    assert f" {fence} " in lines["report"]
+    assert len(secret) == 10
+    assert not any(token in text for token in secret)
+
+
+def test_password_in_a_node_url_is_masked(settings, fresh_masters):
+    [master] = fresh_masters(1)
+    client = master.client()
+    try:
+        client.config_set("requirepass", "hunter2")
+    finally:
+        client.close()
+    settings.REDLOCK = {"NODES": [master.url.replace("redis://", "redis://:hunter2@")]}
+    text = status()
+    assert "1 of 1 masters reachable" in text  # the password was used...
+    assert "redis://:***@127.0.0.1" in text
+    assert "hunter2" not in text  # ...and never shown
+
+
+def test_json_output_parses_and_holds_the_same_facts(redlock_settings):
+    engine = conf.get_redlock()
+    with engine.lock("invoice:42", ttl=20):
+        data = json.loads(status("--json"))
+        secret = tokens(redlock_settings, engine.lock_key("invoice:42"))
+    assert data["healthy"] is True
+    assert (data["quorum"], data["reachable"]) == (3, 5)
+    assert [m["node"] for m in data["masters"]] == [m.url for m in redlock_settings]
+    assert all(m["reachable"] and m["role"] == "master" for m in data["masters"])
+    [lock] = data["locks"]["items"]
+    assert (lock["resource"], lock["held_on"], lock["has_quorum"]) == ("invoice:42", 5, True)
+    assert 15 < lock["min_ttl"] <= lock["max_ttl"] <= 20
+    assert not any(token in json.dumps(data) for token in secret)
+
+
+def test_search_and_limit(redlock_settings):
+    engine = conf.get_redlock()
+    with engine.lock("a:1"), engine.lock("a:2"), engine.lock("b:1"):
+        only_a = json.loads(status("--json", "--search", "a:"))
+        first = json.loads(status("--json", "--limit", "2"))
+    assert [lock["resource"] for lock in only_a["locks"]["items"]] == ["a:1", "a:2"]
+    assert [lock["resource"] for lock in first["locks"]["items"]] == ["a:1", "a:2"]
+    assert (first["locks"]["total"], first["locks"]["pages"]) == (3, 2)
+
+
+def test_fails_when_a_quorum_is_not_reachable(settings, fresh_masters):
+    masters = fresh_masters(5)
+    configure(settings, masters)
+    for m in masters[:3]:
+        m.kill()
+    out = StringIO()
+    with pytest.raises(CommandError, match="no quorum: 2 of 5 masters reachable, quorum 3"):
+        call_command("redlock_status", stdout=out)
+    assert "NO QUORUM" in out.getvalue()
+
+
+def test_exit_status_of_the_real_command(fresh_masters, tmp_path):
+    """As a load balancer or cron sees it: exit 0 with a quorum, non-zero without."""
+    masters = fresh_masters(3)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "REDLOCK_NODES": ",".join(m.url for m in masters),
+        "REDLOCK_DEMO_DIR": str(tmp_path),
+    }
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", "redlock_status", "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    healthy = run()
+    assert healthy.returncode == 0, healthy.stderr
+    assert json.loads(healthy.stdout)["healthy"] is True
+    masters[0].kill()
+    masters[1].kill()
+    broken = run()
+    assert broken.returncode != 0
+    assert json.loads(broken.stdout)["healthy"] is False
+    assert "no quorum" in broken.stderr
+
+
+def test_bad_setting_is_a_clear_command_error(settings):
+    settings.REDLOCK = {"NODES": []}
+    with pytest.raises(CommandError, match=r"REDLOCK setting: REDLOCK\['NODES'\] is empty"):
+        status()
+
+
+def test_warns_about_a_replica_and_an_evicting_master(settings, fresh_masters):
+    masters = fresh_masters(3)
+    primary, replica, evicting = masters
+    client = replica.client()
+    try:
+        client.replicaof("127.0.0.1", primary.port)
+    finally:
+        client.close()
+    client = evicting.client()
+    try:
+        client.config_set("maxmemory-policy", "allkeys-lru")
+    finally:
+        client.close()
+    configure(settings, masters)
+    text = status()
+    assert f"{replica.url}: role is 'slave', not master" in text
+    assert f"{evicting.url}: maxmemory-policy is 'allkeys-lru'" in text
+    assert f"{primary.url}: role" not in text
+    assert "3 of 3 masters reachable" in text  # warnings do not fail the health check
+    by_node = {n.node: n for n in probe_all(conf.get_redlock()).nodes}
+    assert by_node[replica.url].role == "slave"
+    assert by_node[evicting.url].maxmemory_policy == "allkeys-lru"
+    assert by_node[primary.url].maxmemory_policy == "noeviction"
+
+
+def test_probe_reads_persistence_version_and_clock(redlock_settings):
+    health = probe_all(conf.get_redlock())
+    assert health.has_quorum
+    for node in health.nodes:
+        assert node.reachable
+        assert node.appendonly == "no"  # how the test masters are started
+        assert node.appendfsync in ("always", "everysec", "no")
+        assert node.version[0].isdigit()
+        assert abs(node.clock_skew) < 1.0  # same machine, same clock
+        assert 0 < node.rtt < 1.0
+        assert any("appendonly=no" in w for w in node.warnings)
+
+
+def test_paused_masters_cost_one_timeout_not_one_each(settings, fresh_masters):
+    masters = fresh_masters(5)
+    configure(settings, masters)
+    for m in masters[:3]:
+        m.pause()
+    try:
+        started = time.monotonic()
+        health = probe_all(conf.get_redlock(), timeout=0.5)
+        elapsed = time.monotonic() - started
+    finally:
+        for m in masters[:3]:
+            m.resume()
+    assert [n.reachable for n in health.nodes] == [False, False, False, True, True]
+    assert not health.has_quorum
+    assert elapsed < 1.4  # one after another would take at least 3 x 0.5 s
