@@ -1,0 +1,165 @@
+"""The admin's "Held locks" page and its force release, served through ``HeldLockAdmin``.
+
+Listing needs ``view_held_locks``; force release needs ``force_release_lock``. GET never changes
+anything: the release link leads to a confirmation page naming the holder, and only its POST (with
+the CSRF token) deletes, by compare-and-delete, exactly the holder shown there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from . import conf, health, inventory
+from .engine import protocol
+from .inventory import Copy, HeldLock, Owner
+from .models import HeldLock as HeldLockModel
+
+if TYPE_CHECKING:
+    from .admin import HeldLockAdmin
+
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """One held lock as the page shows it."""
+
+    lock: HeldLock
+    acquired_at: datetime | None
+    release_url: str
+
+
+def held_locks(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
+    """Every lock held across the masters (one page of them), and how each master is doing."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    search = request.GET.get("q", "")[: inventory.MAX_SEARCH]
+    context: dict[str, Any] = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Held locks",
+        "opts": model_admin.opts,
+        "search": search,
+        "can_release": model_admin.has_force_release_permission(request),
+    }
+    try:
+        redlock = conf.get_redlock()
+    except ImproperlyConfigured as exc:
+        context["config_error"] = str(exc)
+        return TemplateResponse(request, "admin/django_redlock/held_locks.html", context)
+    found = inventory.list_locks(
+        redlock, search=search, page=_page_number(request.GET.get("p")), page_size=PAGE_SIZE
+    )
+    release = reverse(f"{model_admin.admin_site.name}:django_redlock_heldlock_release")
+    context.update(
+        health=health.probe_all(redlock),
+        node_timeout=redlock.node_timeout,
+        inventory=found,
+        rows=[
+            LockRow(lock, _datetime(lock.acquired_at), _release_url(release, lock))
+            for lock in found.locks
+        ],
+        previous_url=_page_url(search, found.page - 1) if found.has_previous else None,
+        next_url=_page_url(search, found.page + 1) if found.has_next else None,
+    )
+    return TemplateResponse(request, "admin/django_redlock/held_locks.html", context)
+
+
+def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
+    """GET: confirm, naming the holder. POST: compare-and-delete that holder on every master."""
+    if not model_admin.has_force_release_permission(request):
+        raise PermissionDenied
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    data = request.POST if request.method == "POST" else request.GET
+    resource = data.get("resource", "")
+    fingerprint = data.get("fingerprint", "")
+    try:
+        protocol.check_resource(resource)
+        inventory.check_fingerprint(fingerprint)
+    except ValueError as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    redlock = conf.get_redlock()
+    changelist = reverse(f"{model_admin.admin_site.name}:django_redlock_heldlock_changelist")
+    if request.method == "POST":
+        result = inventory.force_release(redlock, resource, fingerprint)
+        if result.owner is None:
+            messages.warning(request, result.describe())
+        else:
+            _log(request, result)
+            level = messages.SUCCESS if result.released_on else messages.WARNING
+            messages.add_message(request, level, result.describe())
+        return HttpResponseRedirect(changelist)
+    lock = inventory.inspect(redlock, resource)
+    copies: list[Copy] = [c for c in lock.copies if c.fingerprint == fingerprint] if lock else []
+    owner: Owner | None = copies[0].owner if copies else None
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Force release a lock",
+        "opts": model_admin.opts,
+        "resource": resource,
+        "fingerprint": fingerprint,
+        "lock": lock,
+        "copies": copies,
+        "owner": owner,
+        "acquired_at": _datetime(owner.since) if owner else None,
+        "changelist_url": changelist,
+    }
+    return TemplateResponse(request, "admin/django_redlock/confirm_release.html", context)
+
+
+def _log(request: HttpRequest, result: inventory.ForceRelease) -> None:
+    """An admin LogEntry (a deletion) on the placeholder model's content type: the resource is the
+    object id, the per-master outcome the message. There is no row to point at, and the admin
+    shows deletions without a link, which is right for a lock that no longer exists."""
+    user = request.user
+    if not user.is_authenticated:  # admin_view lets only staff in; this keeps the types honest
+        raise PermissionDenied
+    LogEntry.objects.create(
+        user_id=user.pk,
+        content_type=ContentType.objects.get_for_model(HeldLockModel, for_concrete_model=False),
+        object_id=result.resource,
+        object_repr=f"{result.resource} (holder {result.fingerprint})"[:200],
+        action_flag=DELETION,
+        change_message=result.describe(),
+    )
+
+
+def _release_url(base: str, lock: HeldLock) -> str:
+    return f"{base}?{urlencode({'resource': lock.resource, 'fingerprint': lock.fingerprint})}"
+
+
+def _page_number(raw: str | None) -> int:
+    try:
+        return max(1, int(raw or 1))
+    except ValueError:
+        return 1
+
+
+def _page_url(search: str, page: int) -> str:
+    return "?" + urlencode({**({"q": search} if search else {}), "p": page})
+
+
+def _datetime(unix_seconds: float | None) -> datetime | None:
+    if unix_seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(unix_seconds, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
