@@ -147,17 +147,18 @@ class LocalMaster:
 
     def kill(self) -> None:
         """SIGKILL: the master vanishes with its data, as in a crash."""
-        if self.proc is not None and self.alive:
-            if self.paused:
-                self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
+        if self.proc is not None:
+            if self.alive:
+                if self.paused:
+                    self.proc.send_signal(signal.SIGCONT)
+                self.proc.kill()
             self.proc.wait()
+            if self.proc.stderr:
+                self.proc.stderr.close()
         self.paused = False
 
     def stop(self) -> None:
         self.kill()
-        if self.proc is not None and self.proc.stderr:
-            self.proc.stderr.close()
 
     def pause(self) -> None:
         """SIGSTOP: the socket stays open, the kernel still accepts connections, nothing answers."""

@@ -1,5 +1,8 @@
 """Settings for the test suite. REDLOCK["NODES"] is filled per test by fixtures that start real
-redis-server processes (see conftest.py)."""
+redis-server processes (see conftest.py). Child processes started by tests get their masters and
+a shared SQLite file through REDLOCK_NODES and REDLOCK_TEST_DB."""
+
+import os
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
@@ -15,6 +18,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_redlock",
     "testproject.shop",
+    "tests.fencedapp",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -38,12 +42,19 @@ TEMPLATES = [
         },
     }
 ]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("REDLOCK_TEST_DB", ":memory:"),
+    }
+}
 STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 # Filled in by the ``redlock_masters`` fixture; empty here so that a test that forgets it fails
 # with the E001 "no nodes" error instead of touching a developer's local Redis.
-REDLOCK: dict[str, object] = {"NODES": []}
+REDLOCK: dict[str, object] = {
+    "NODES": [n for n in os.environ.get("REDLOCK_NODES", "").split(",") if n]
+}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -220,7 +220,8 @@ class Lock:
         if label is not None and not isinstance(label, str):
             raise ValueError(f"label must be a str, got {label!r}")
         if max_extensions is not None and (
-            isinstance(max_extensions, bool) or not isinstance(max_extensions, int)
+            isinstance(max_extensions, bool)
+            or not isinstance(max_extensions, int)
             or max_extensions < 0
         ):
             raise ValueError(f"max_extensions must be an int >= 0, got {max_extensions!r}")
@@ -423,8 +424,8 @@ class Lock:
             # Counts only if a quorum renewed it *before* the old lease ran out: after that,
             # someone else may have held the lock in between, and renewing would hide it.
             if result.won and time.monotonic() < lease.valid_until:
-                lease.valid_until = start + lease.ttl - protocol.drift(
-                    lease.ttl, redlock.drift_factor
+                lease.valid_until = (
+                    start + lease.ttl - protocol.drift(lease.ttl, redlock.drift_factor)
                 )
                 lease.extensions += 1
                 return lease.validity

@@ -185,6 +185,7 @@ def fan_out(
     replies: list[Reply] = [None] * len(nodes)
     in_flight: list[tuple[int, redis.connection.AbstractConnection]] = []
     unconnected = []
+    reused: set[int] = set()
     # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
     for i, node in enumerate(nodes):
         conn = node.idle()
@@ -192,6 +193,7 @@ def fan_out(
             unconnected.append(i)
         elif _send(node, conn, commands[i]):
             in_flight.append((i, conn))
+            reused.add(i)
         else:
             unconnected.append(i)  # went stale while idle (master restarted): one fresh try
     for i in unconnected:
@@ -204,6 +206,16 @@ def fan_out(
             in_flight.append((i, conn))
     for i, conn in in_flight:
         reply = _read(nodes[i], conn, deadline)
+        if i in reused and isinstance(reply, NodeFailure) and reply.reason == "error":
+            # The idle connection was closed by the master (restart, client timeout) and the
+            # send went into the void: one fresh try within the same deadline. Safe to repeat:
+            # our scripts are idempotent, and a repeated SET NX can only under-count our votes.
+            try:
+                conn = nodes[i].connect(deadline)
+            except (redis.RedisError, OSError) as exc:
+                replies[i] = failure(nodes[i], exc)
+                continue
+            reply = _resend(nodes[i], conn, commands[i], deadline)
         if isinstance(reply, NoScriptError) and script is not None:
             # A flushed or restarted master forgot the script: send its source to this one alone.
             reply = _resend(nodes[i], conn, ("EVAL", script.source, *commands[i][2:]), deadline)

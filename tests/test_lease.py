@@ -1,0 +1,355 @@
+"""Leases that cannot be lost silently: auto-extension, lost notice, fencing, hand-off, re-entry,
+fork and thread ownership. Real redis-server masters, real faults (SIGSTOP of masters and of a
+holder process)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from django_redlock import LockContended, LockLost, redlock
+from django_redlock.engine.watchdog import WATCHDOG
+from django_redlock.localmasters import LocalMaster
+from django_redlock.signals import lock_lost
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pttls(masters: list[LocalMaster], key: str) -> list[int]:
+    out = []
+    for m in masters:
+        client = m.client()
+        try:
+            out.append(client.pttl(key))
+        finally:
+            client.close()
+    return out
+
+
+# --- auto-extension and lost notice -----------------------------------------------------------
+
+
+def test_auto_extend_keeps_a_short_lease_alive_past_its_ttl(masters, redlock_of):
+    engine = redlock_of(masters)
+    with engine.lock("report", ttl=0.3, auto_extend=True) as lock:
+        time.sleep(1.0)  # more than three TTLs
+        assert not lock.lost
+        assert lock.validity > 0
+        assert all(p > 0 for p in pttls(masters, lock.key))
+    assert all(p == -2 for p in pttls(masters, lock.key))  # released, not just expired
+
+
+def test_without_auto_extend_the_same_block_reports_the_loss(masters, redlock_of):
+    engine = redlock_of(masters)
+    with pytest.raises(LockLost, match="'report' was lost"):
+        with engine.lock("report", ttl=0.3):
+            time.sleep(0.5)
+
+
+def test_max_extensions_caps_renewal_and_the_loss_is_reported_at_once(masters, redlock_of):
+    engine = redlock_of(masters)
+    lost_at: list[float] = []
+    lock = engine.lock(
+        "capped",
+        ttl=0.3,
+        auto_extend=True,
+        max_extensions=1,
+        on_lost=lambda lock, error: lost_at.append(time.monotonic()),
+    )
+    lock.acquire()
+    # One renewal at ~0.1 s, then none: lost at about 0.1 + 0.3 s, noticed by the watchdog.
+    time.sleep(0.8)
+    assert lost_at, "on_lost was not called by the watchdog"
+    assert lock.lost
+    with pytest.raises(LockLost):
+        lock.check()
+    lock.release()
+
+
+def test_lock_lost_signal_and_on_lost_when_a_majority_pauses(fresh_masters, settings):
+    masters = fresh_masters(5)
+    settings.REDLOCK = {"NODES": [m.url for m in masters], "NODE_TIMEOUT": 0.02}
+    received: list[object] = []
+
+    def receiver(sender: object, lock: object, error: LockLost, **kwargs: object) -> None:
+        received.append(error)
+
+    lock_lost.connect(receiver)
+    try:
+        lock = redlock("majority", ttl=0.5, auto_extend=True)
+        lock.acquire()
+        valid_until = time.monotonic() + lock.validity
+        for m in masters[:3]:
+            m.pause()
+        deadline = time.monotonic() + 2
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.01)
+        noticed = time.monotonic()
+        for m in masters[:3]:
+            m.resume()
+        assert received, "lock_lost was not sent"
+        # Reported by the time the validity runs out (plus one renewal round of slack).
+        assert noticed <= valid_until + 0.1
+        assert lock.lost
+        with pytest.raises(LockLost):
+            lock.__exit__(None, None, None)
+    finally:
+        lock_lost.disconnect(receiver)
+
+
+def test_watchdog_forgets_a_dropped_lock_and_the_lease_expires(masters, redlock_of):
+    engine = redlock_of(masters)
+    lock = engine.lock("dropped", ttl=0.3, auto_extend=True)
+    lock.acquire()
+    key = lock.key
+    del lock
+    gc.collect()
+    time.sleep(0.6)  # two TTLs: renewed, it would still be there
+    assert all(p == -2 for p in pttls(masters, key))
+
+
+def test_release_stops_renewal(masters, redlock_of):
+    engine = redlock_of(masters)
+    lock = engine.lock("stops", ttl=0.3, auto_extend=True)
+    lock.acquire()
+    lease = lock._lease
+    lock.release()
+    time.sleep(0.4)
+    assert lease is not None
+    assert lease.extensions == 0
+    assert not lease.lost
+
+
+# --- fencing ----------------------------------------------------------------------------------
+
+
+def test_fences_strictly_increase_across_holders_and_engines(masters, redlock_of):
+    a, b = redlock_of(masters), redlock_of(masters)
+    fences = []
+    for engine in (a, b, a, b, b, a):
+        with engine.lock("fenced", ttl=2) as lock:
+            fences.append(lock.fence)
+            assert lock.fence == fences[-1]  # cached: one token per lease
+    assert fences == sorted(set(fences))
+    assert len(fences) == 6
+
+
+def test_fence_survives_a_minority_restarting_empty(fresh_masters, redlock_of):
+    masters = fresh_masters(5)
+    engine = redlock_of(masters)
+    with engine.lock("fenced", ttl=2) as lock:
+        first = lock.fence
+    masters[0].restart()
+    masters[1].restart()  # 2 of 5 lose their counters: 3 still hold the latest token
+    with engine.lock("fenced", ttl=2) as lock:
+        assert lock.fence > first
+
+
+def test_fence_hazard_when_masters_restart_empty_and_others_are_paused(fresh_masters, redlock_of):
+    """The documented limit: if the token's write-back reached only a bare quorum and one of
+    those restarts empty while the others are unreachable, the next token can repeat."""
+    masters = fresh_masters(5)
+    engine = redlock_of(masters, node_timeout=0.02)
+    for m in masters[:2]:
+        m.kill()
+    with engine.lock("fenced", ttl=2) as lock:
+        first = lock.fence  # written back to masters 2, 3, 4 only
+    for m in masters[:2]:
+        m.start()  # empty, as they never saw the token
+    masters[2].restart()  # one of the three holders of the token loses it
+    for m in masters[3:]:
+        m.pause()  # and the other two are unreachable
+    try:
+        with engine.lock("fenced", ttl=2) as lock:
+            assert lock.fence <= first  # the hazard, reproduced
+    finally:
+        for m in masters[3:]:
+            m.resume()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_holder_paused_past_its_lease_learns_it_lost_and_its_fenced_write_is_rejected(
+    fresh_masters, tmp_path
+):
+    masters = fresh_masters(5)
+    env = {
+        **os.environ,
+        "REDLOCK_NODES": ",".join(m.url for m in masters),
+        "REDLOCK_TEST_DB": str(tmp_path / "ledger.sqlite3"),
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def holder() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.fenced_writer", "0.5"],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    def read_line(proc: subprocess.Popen[str]) -> list[str]:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"holder died: {proc.stderr.read() if proc.stderr else ''}")
+        return line.split()
+
+    old = holder()
+    new: subprocess.Popen[str] | None = None
+    try:
+        word, old_fence = read_line(old)
+        assert word == "HOLDING"
+        old.send_signal(signal.SIGSTOP)
+        time.sleep(0.8)  # past its 0.5 s lease
+        new = holder()
+        _, new_fence = read_line(new)
+        assert int(new_fence) > int(old_fence)
+        new.stdin.write("write\n")  # type: ignore[union-attr]
+        new.stdin.flush()  # type: ignore[union-attr]
+        assert read_line(new)[:3] == ["WROTE", "1", "VALID"]
+        assert new.wait(10) == 0
+        old.send_signal(signal.SIGCONT)
+        old.stdin.write("write\n")  # type: ignore[union-attr]
+        old.stdin.flush()  # type: ignore[union-attr]
+        # Its write is rejected (0 rows: a newer token wrote), it knows it lost the lock, and
+        # leaving the block raises LockLost.
+        assert read_line(old)[:3] == ["WROTE", "0", "LOST"]
+        assert read_line(old) == ["EXIT", "LockLost"]
+        assert old.wait(10) == 0
+        db = sqlite3.connect(env["REDLOCK_TEST_DB"])
+        value, fence = db.execute(
+            "SELECT value, fence FROM fencedapp_ledger WHERE name = 'ledger'"
+        ).fetchone()
+        db.close()
+        assert (value, fence) == (new.pid, int(new_fence))
+    finally:
+        for proc in (old, new):
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.communicate()  # reap it and close its pipes
+
+
+# --- hand-off to waiters ----------------------------------------------------------------------
+
+
+def test_a_release_wakes_a_waiter_at_once_not_after_its_retry_delay(masters, redlock_of):
+    engine = redlock_of(masters, retry_delay=3.0)  # blind polling would take 1.5-3 s
+    holder = engine.lock("handoff", ttl=5)
+    holder.acquire()
+    got_it: list[float] = []
+
+    def wait_for_it() -> None:
+        with engine.lock("handoff", ttl=5, wait=10):
+            got_it.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    time.sleep(0.3)  # the waiter has tried, subscribed, and sleeps
+    released = time.monotonic()
+    holder.release()
+    waiter.join(5)
+    assert got_it
+    assert got_it[0] - released < 0.5
+
+
+def test_a_lease_that_expires_unreleased_is_taken_after_the_fallback_delay(masters, redlock_of):
+    engine, other_process = redlock_of(masters, retry_delay=0.1), redlock_of(masters)
+    crashed = other_process.lock("expiring", ttl=0.3)
+    crashed.acquire()  # never released: as if its process died
+    start = time.monotonic()
+    with engine.lock("expiring", ttl=1, wait=3):
+        took = time.monotonic() - start
+    assert 0.25 < took < 0.3 + 0.1 + 0.5
+
+
+# --- re-entry, threads, fork --------------------------------------------------------------------
+
+
+def test_acquiring_a_lock_you_hold_fails_at_once_with_the_reason(masters, redlock_of):
+    engine = redlock_of(masters)
+    with engine.lock("mine", ttl=5):
+        start = time.monotonic()
+        with pytest.raises(LockContended, match="same thread/task.*reentrant=True"):
+            engine.lock("mine", ttl=5, wait=5).acquire()
+        assert time.monotonic() - start < 0.5  # did not wait for ourselves
+
+
+def test_reentrant_lock_is_released_when_the_outermost_block_exits(masters, redlock_of):
+    engine = redlock_of(masters)
+    with engine.lock("nested", ttl=5, reentrant=True) as outer:
+        with engine.lock("nested", ttl=5, reentrant=True) as inner:
+            assert inner.validity > 0
+            assert inner.fence == outer.fence
+        assert all(p > 0 for p in pttls(masters, outer.key))  # still held
+    assert all(p == -2 for p in pttls(masters, outer.key))
+
+
+def test_another_thread_can_neither_release_nor_reenter(masters, redlock_of):
+    engine = redlock_of(masters)
+    lock = engine.lock("owned", ttl=5, reentrant=True)
+    lock.acquire()
+    errors: list[BaseException] = []
+
+    def intruder() -> None:
+        try:
+            lock.release()
+        except RuntimeError as exc:
+            errors.append(exc)
+        try:
+            engine.lock("owned", ttl=5, reentrant=True).acquire()
+        except LockContended as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=intruder)
+    thread.start()
+    thread.join()
+    assert [type(e) for e in errors] == [RuntimeError, LockContended]
+    assert "only its owner may release" in str(errors[0])
+    assert all(p > 0 for p in pttls(masters, lock.key))
+    lock.release()
+
+
+def test_a_forked_child_neither_renews_nor_releases_its_parents_lock(masters, redlock_of):
+    engine = redlock_of(masters)
+    lock = engine.lock("forked", ttl=0.5, auto_extend=True)
+    lock.acquire()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            if WATCHDOG.watching:
+                code = 2  # inherited the parent's renewal schedule
+            try:
+                lock.extend()
+                code = 3
+            except RuntimeError:
+                pass
+            lock.release()  # must not touch the masters
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os.write(write, bytes([code]))
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == bytes([0])
+    os.close(read)
+    time.sleep(0.7)  # beyond one TTL: only the parent's watchdog renews it
+    assert all(p > 0 for p in pttls(masters, lock.key))
+    assert not lock.lost
+    lock.release()
