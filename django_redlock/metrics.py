@@ -1,0 +1,111 @@
+"""Prometheus metrics for every lock, when ``prometheus_client`` is installed (the ``prometheus``
+extra); otherwise every function here does nothing.
+
+The collectors register in ``prometheus_client.REGISTRY`` on first use (never at import), so a
+project's existing ``/metrics`` endpoint exports them. No metric is labelled by resource: resource
+names carry ids from requests, and a label per id would grow without bound. The ``node`` label is
+the master's address with any password masked (bounded by the ``NODES`` setting).
+
+==============================  =========  =========================================================
+name                            type       meaning
+==============================  =========  =========================================================
+redlock_acquire_wait_seconds    histogram  time from the first attempt to the outcome,
+                                           label ``outcome`` = acquired|contended|unavailable
+redlock_hold_seconds            histogram  time from acquisition to release
+redlock_contended_total         counter    acquisitions that failed, label ``reason`` =
+                                           contended|unavailable
+redlock_lost_total              counter    leases lost while held
+redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
+                                           label ``node``, ``reason`` = timeout|error
+==============================  =========  =========================================================
+
+Node failures are counted from failed acquisitions only: the engine reports per-master detail on
+failure, not on success.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, NamedTuple
+
+from .engine import LockContended, LockNotAcquired
+
+# Lock waits range from one round trip (sub-millisecond on a LAN) to a configured wait of seconds.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Holds range from a quick view to a nightly command.
+HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+class _Collectors(NamedTuple):
+    wait: Any
+    hold: Any
+    contended: Any
+    lost: Any
+    node_failures: Any
+
+
+@cache
+def _collectors() -> _Collectors | None:
+    try:
+        import prometheus_client as prom
+    except ImportError:
+        return None
+    return _Collectors(
+        wait=prom.Histogram(
+            "redlock_acquire_wait_seconds",
+            "Seconds from the first attempt to acquire a lock to the outcome.",
+            ["outcome"],
+            buckets=WAIT_BUCKETS,
+        ),
+        hold=prom.Histogram(
+            "redlock_hold_seconds",
+            "Seconds a lock was held, from acquisition to release.",
+            buckets=HOLD_BUCKETS,
+        ),
+        contended=prom.Counter(
+            "redlock_contended",
+            "Acquisitions that failed: held by another owner, or no quorum of masters.",
+            ["reason"],
+        ),
+        lost=prom.Counter("redlock_lost", "Leases lost while held (expired or released by force)."),
+        node_failures=prom.Counter(
+            "redlock_node_failures",
+            "Masters that failed a failed acquisition (timeout or error), by master.",
+            ["node", "reason"],
+        ),
+    )
+
+
+def enabled() -> bool:
+    """True when ``prometheus_client`` is importable and the metrics are being recorded."""
+    return _collectors() is not None
+
+
+def acquired(waited: float) -> None:
+    c = _collectors()
+    if c is not None:
+        c.wait.labels(outcome="acquired").observe(waited)
+
+
+def not_acquired(waited: float, error: LockNotAcquired) -> None:
+    c = _collectors()
+    if c is None:
+        return
+    reason = "contended" if isinstance(error, LockContended) else "unavailable"
+    c.wait.labels(outcome=reason).observe(waited)
+    c.contended.labels(reason=reason).inc()
+    for failure in error.failures:
+        if failure.reason != "held":  # "held" is another owner's lock, not a fault of the master
+            c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
+
+
+def released(held: float) -> None:
+    c = _collectors()
+    if c is not None:
+        c.hold.observe(held)
+
+
+def lost() -> None:
+    c = _collectors()
+    if c is not None:
+        c.lost.inc()
