@@ -67,8 +67,12 @@ def held_locks(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse
         redlock, search=search, page=_page_number(request.GET.get("p")), page_size=PAGE_SIZE
     )
     release = reverse(f"{model_admin.admin_site.name}:django_redlock_heldlock_release")
+    status = health.probe_all(redlock)
+    shared = _shared_warnings(status)
     context.update(
-        health=health.probe_all(redlock),
+        health=status,
+        node_rows=[(n, [w for w in n.warnings if w not in shared]) for n in status.nodes],
+        shared_warnings=shared,
         node_timeout=redlock.node_timeout,
         inventory=found,
         rows=[
@@ -139,6 +143,14 @@ def _log(request: HttpRequest, result: inventory.ForceRelease) -> None:
         action_flag=DELETION,
         change_message=result.describe(),
     )
+
+
+def _shared_warnings(status: health.Health) -> list[str]:
+    """Warnings every master has (the same setting everywhere): said once, under the table."""
+    if len(status.nodes) < 2 or not all(n.reachable for n in status.nodes):
+        return []
+    first, *others = status.nodes
+    return [w for w in first.warnings if all(w in n.warnings for n in others)]
 
 
 def _release_url(base: str, lock: HeldLock) -> str:
