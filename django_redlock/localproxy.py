@@ -1,0 +1,198 @@
+"""A loopback TCP proxy in front of one Redis master that delays or blackholes its traffic, for
+fault tests and benchmarks ("a master slower than its budget", "replies delayed past the TTL").
+
+``DelayProxy(target_port, delay)`` listens on a free 127.0.0.1 port and forwards every connection
+to ``127.0.0.1:target_port``, holding each chunk of bytes ``delay`` seconds in each direction.
+Delayed data is delivered, never dropped, in order per connection: a request the client gave up
+on still reaches the master late, as on a slow network. ``delay`` can be changed while running;
+a chunk keeps the delay in force when it was read.
+
+``blackhole()`` keeps accepting and holding connections but forwards nothing (bytes are read and
+discarded, as by a partitioned link). ``heal()`` forwards again and closes the connections that
+lost bytes, since their streams can no longer be parsed.
+
+One asyncio event loop in a daemon thread serves every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+__all__ = ["DelayProxy"]
+
+_HOST = "127.0.0.1"
+_CHUNK = 65536
+
+T = TypeVar("T")
+
+
+class _Link:
+    """One proxied connection: both writers, and whether a blackhole ate some of its bytes."""
+
+    def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
+        self.writers = (client, upstream)
+        self.lost_bytes = False
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+class DelayProxy:
+    """Forward 127.0.0.1:``port`` to 127.0.0.1:``target_port`` with ``delay`` seconds each way."""
+
+    def __init__(self, target_port: int, delay: float = 0.0) -> None:
+        self.target_port = target_port
+        #: Seconds added to every chunk in each direction; settable while running.
+        self.delay = delay
+        #: Connections accepted so far (a test can prove that no connection was attempted).
+        self.accepted = 0
+        self.port = 0
+        self._blackholed = False
+        self._links: set[_Link] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{_HOST}:{self.port}/0"
+
+    def __repr__(self) -> str:
+        state = "blackholed" if self._blackholed else f"delay={self.delay}s"
+        return f"<DelayProxy :{self.port} -> :{self.target_port} {state}>"
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> DelayProxy:
+        if self._loop is not None:
+            raise RuntimeError(f"{self!r} is already started")
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=loop.run_forever, name=f"DelayProxy->{self.target_port}", daemon=True
+        )
+        self._thread.start()
+        self._server = self._call(asyncio.start_server(self._serve, _HOST, 0))
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        self._call(self._shutdown())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        self._loop = self._thread = None
+
+    def __enter__(self) -> DelayProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def blackhole(self) -> None:
+        """Forward nothing from now on; connections stay open and new ones are accepted."""
+        self._blackholed = True
+
+    def heal(self) -> None:
+        """Forward again; close the connections whose bytes the blackhole discarded."""
+        self._blackholed = False
+        if self._loop is not None:
+            self._call(self._close_damaged())
+
+    # --- inside the proxy's event loop -----------------------------------------------------------
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` in the proxy's loop and wait for its result."""
+        if self._loop is None:
+            raise RuntimeError(f"{self!r} is not started")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _serve(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
+        self.accepted += 1
+        try:
+            upstream_in, upstream_out = await asyncio.open_connection(_HOST, self.target_port)
+        except OSError:
+            client_out.close()  # the master is down: the client sees its connection refused late
+            return
+        link = _Link(client_out, upstream_out)
+        self._links.add(link)
+        try:
+            await asyncio.gather(
+                self._pump(client_in, upstream_out, link),
+                self._pump(upstream_in, client_out, link),
+            )
+        finally:
+            self._links.discard(link)
+            link.close()
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, link: _Link
+    ) -> None:
+        """Copy ``source`` to ``sink``, each chunk ``delay`` seconds after it was read.
+
+        Reading and delivering are separate so that a long delay does not slow reading: every
+        chunk is due at its own read time + delay, and chunks go out in the order they came in."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                if not data:  # end of stream, after everything sent before it
+                    return
+                sink.write(data)
+                await sink.drain()
+
+        delivery = asyncio.create_task(deliver())
+        try:
+            while True:
+                data = await source.read(_CHUNK)
+                if data and self._blackholed:
+                    link.lost_bytes = True
+                    continue
+                queue.put_nowait((loop.time() + self.delay, data))
+                if not data:
+                    break
+            await delivery
+        except OSError:
+            pass  # a reset on either side ends this link
+        finally:
+            delivery.cancel()
+            # Closing the sink ends the other direction too (its reader sees end of stream).
+            sink.close()
+
+    async def _close_damaged(self) -> None:
+        for link in [link for link in self._links if link.lost_bytes]:
+            link.close()
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links):
+            link.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
