@@ -1,0 +1,69 @@
+"""The quorum matrix: for every subset of masters already holding the lock for another owner,
+acquisition succeeds iff a quorum of masters is free, fails with ``LockContended`` otherwise, and
+never touches the other owner's keys (compare-and-delete only ever removes our own value)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from django_redlock.engine import LockContended
+
+OTHER_OWNER = b"f" * 32 + b':{"host":"elsewhere","pid":1,"label":"other"}'
+OTHER_TTL_MS = 60_000
+
+
+def subsets(n):
+    return [set(c) for k in range(n + 1) for c in itertools.combinations(range(n), k)]
+
+
+def check_matrix(masters, engine):
+    key = engine.lock_key("job")
+    clients = [m.client() for m in masters]
+    try:
+        for occupied in subsets(len(masters)):
+            for c in clients:
+                c.delete(key)
+            for i in occupied:
+                clients[i].set(key, OTHER_OWNER, px=OTHER_TTL_MS)
+            free = len(masters) - len(occupied)
+            lock = engine.lock("job", ttl=10)
+            if free >= engine.quorum:
+                lock.acquire()
+                assert lock.held, occupied
+                mine = clients[next(i for i in range(len(masters)) if i not in occupied)].get(key)
+                assert mine != OTHER_OWNER
+                assert [c.get(key) for i, c in enumerate(clients) if i not in occupied] == [
+                    mine
+                ] * free
+                lock.release()
+            else:
+                with pytest.raises(LockContended) as caught:
+                    lock.acquire()
+                assert not lock.held
+                assert sorted(f.node for f in caught.value.failures) == sorted(
+                    engine.nodes[i].label for i in occupied
+                )
+                assert {f.reason for f in caught.value.failures} == {"held"}
+            # Ours is gone everywhere (released, or cleaned up after the failed attempt)...
+            assert [c.get(key) for i, c in enumerate(clients) if i not in occupied] == [
+                None
+            ] * free, occupied
+            # ...and the other owner's keys are untouched, TTL included.
+            for i in occupied:
+                assert clients[i].get(key) == OTHER_OWNER, (occupied, i)
+                assert OTHER_TTL_MS - 5_000 < clients[i].pttl(key) <= OTHER_TTL_MS
+    finally:
+        for c in clients:
+            c.delete(key)
+            c.close()
+
+
+def test_quorum_matrix(any_masters, redlock_of):
+    """N=5: 32 subsets, success iff >= 3 free; N=3: 8 subsets, iff >= 2; N=1: 2 subsets."""
+    n = len(any_masters)
+    engine = redlock_of(any_masters)
+    assert engine.quorum == {1: 1, 3: 2, 5: 3}[n]
+    assert len(subsets(n)) == 2**n
+    check_matrix(any_masters, engine)
