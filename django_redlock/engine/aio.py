@@ -18,7 +18,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
-from .lock import Listen, Pause, Procedure, Round
+from .lock import Listen, Pause, Procedure, Round, Step
 from .nodes import Command, Node, Reply, failure, lock_connection_kwargs
 from .notices import Waiter
 from .scripts import Script
@@ -45,31 +45,44 @@ _idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Node, list[Asyn
 
 
 async def arun(redlock: Redlock, procedure: Procedure[T]) -> T:
-    """Perform a procedure's steps with asyncio."""
+    """Perform a procedure's steps with asyncio (the twin of ``lock.run``: an interrupted step
+    is thrown into the procedure, whose clean-up steps run shielded from cancellation)."""
     answer: Any = None
+    error: BaseException | None = None
     waiters: list[Waiter] = []
     try:
         while True:
             try:
-                step = procedure.send(answer)
+                step = procedure.throw(error) if error else procedure.send(answer)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            if isinstance(step, Round):
-                nodes, budget = redlock.nodes, redlock.node_timeout
-                answer = await afan_out(nodes, step.commands, budget, step.script)
-            elif isinstance(step, Pause):
-                await asyncio.sleep(step.seconds)
-                answer = None
-            elif isinstance(step, Listen):
-                answer = redlock.notices.listen(step.channel)
-                waiters.append(answer)
-                await answer.subscribed.await_(redlock.node_timeout)
-            else:
-                answer = await step.waiter.notified.await_(step.timeout)
-                step.waiter.notified.clear()
+            error = None
+            try:
+                if isinstance(step, Round) and step.cleanup:
+                    answer = await asyncio.shield(_perform(redlock, step, waiters))
+                else:
+                    answer = await _perform(redlock, step, waiters)
+            except BaseException as exc:  # noqa: BLE001 (handed to the procedure, re-raised there)
+                error = exc
     finally:
         for waiter in waiters:
             redlock.notices.unlisten(waiter)
+
+
+async def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
+    if isinstance(step, Round):
+        return await afan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
+    if isinstance(step, Pause):
+        await asyncio.sleep(step.seconds)
+        return None
+    if isinstance(step, Listen):
+        waiter = redlock.notices.listen(step.channel)
+        waiters.append(waiter)
+        await waiter.subscribed.await_(redlock.node_timeout)
+        return waiter
+    notified = await step.waiter.notified.await_(step.timeout)
+    step.waiter.notified.clear()
+    return notified
 
 
 async def afan_out(

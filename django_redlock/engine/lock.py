@@ -55,6 +55,8 @@ class Round:
 
     commands: tuple[Command, ...]
     script: scripts.Script | None = None
+    #: Clean-up after an interruption: the async runner shields it from a second cancellation.
+    cleanup: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,30 +86,44 @@ Procedure = Generator[Step, Any, T]
 
 
 def run(redlock: Redlock, procedure: Procedure[T]) -> T:
-    """Perform a procedure's steps with blocking I/O."""
+    """Perform a procedure's steps with blocking I/O.
+
+    If a step is interrupted (KeyboardInterrupt, an error), the exception is thrown into the
+    procedure, which may yield clean-up steps (undo a half-done acquisition) before it re-raises.
+    """
     answer: Any = None
+    error: BaseException | None = None
     waiters: list[Waiter] = []
     try:
         while True:
             try:
-                step = procedure.send(answer)
+                step = procedure.throw(error) if error else procedure.send(answer)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            if isinstance(step, Round):
-                answer = fan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
-            elif isinstance(step, Pause):
-                time.sleep(step.seconds)
-                answer = None
-            elif isinstance(step, Listen):
-                answer = redlock.notices.listen(step.channel)
-                waiters.append(answer)
-                answer.subscribed.wait(redlock.node_timeout)
-            else:
-                answer = step.waiter.notified.wait(step.timeout)
-                step.waiter.notified.clear()
+            error = None
+            try:
+                answer = _perform(redlock, step, waiters)
+            except BaseException as exc:  # noqa: BLE001 (handed to the procedure, re-raised there)
+                error = exc
     finally:
         for waiter in waiters:
             redlock.notices.unlisten(waiter)
+
+
+def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
+    if isinstance(step, Round):
+        return fan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
+    if isinstance(step, Pause):
+        time.sleep(step.seconds)
+        return None
+    if isinstance(step, Listen):
+        waiter = redlock.notices.listen(step.channel)
+        waiters.append(waiter)
+        waiter.subscribed.wait(redlock.node_timeout)
+        return waiter
+    notified = step.waiter.notified.wait(step.timeout)
+    step.waiter.notified.clear()
+    return notified
 
 
 def vote(reply: Reply) -> Vote:
@@ -372,9 +388,15 @@ class Lock:
             attempts += 1
             value = self._new_value()
             start = time.monotonic()
-            replies: list[Reply] = yield Round(
-                tuple(("SET", self.key, value, "NX", "PX", ttl_ms) for _ in redlock.nodes)
-            )
+            try:
+                replies: list[Reply] = yield Round(
+                    tuple(("SET", self.key, value, "NX", "PX", ttl_ms) for _ in redlock.nodes)
+                )
+            except BaseException:
+                # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have
+                # landed. Undo them on every master before letting the interruption through.
+                yield self._release_round(value, cleanup=True)
+                raise
             result = self._tally(replies, start)
             if result.won:
                 self._hold(value, start, began, attempts)
@@ -478,13 +500,14 @@ class Lock:
         lease.fence = token
         return token
 
-    def _release_round(self, value: str) -> Round:
+    def _release_round(self, value: str, *, cleanup: bool = False) -> Round:
         channel = self._redlock.notice_channel(self.resource)
         return Round(
             tuple(
                 scripts.RELEASE.evalsha((self.key,), (value, channel)) for _ in self._redlock.nodes
             ),
             scripts.RELEASE,
+            cleanup,
         )
 
     # --- helpers ---------------------------------------------------------------------------------
