@@ -1,0 +1,171 @@
+"""Run a management command at most once at a time across all servers (cron on every host).
+
+For commands you write, put ``GuardedCommandMixin`` before ``BaseCommand``::
+
+    class Command(GuardedCommandMixin, BaseCommand):
+        lock_ttl = 60          # optional; the lease is auto-extended while the command runs
+
+For any installed command (third-party ones too), ``manage.py redlock_run -- <command> [args]``.
+Both use ``guard_command``, which:
+
+- takes the lock ``command:<name>`` (or the key you give), auto-extended while the command runs;
+- when another process holds it, raises ``CommandError`` (exit status ``EXIT_HELD`` = 75,
+  EX_TEMPFAIL) naming the holder, before the command starts; ``EXIT_UNAVAILABLE`` = 69 when no
+  quorum of masters answers. A cron wrapper can tell "skipped" from "failed" by the status;
+- when the lease is lost mid-run (a master flushed, a force release, a pause longer than the
+  lease), writes a warning to stderr at once and, after the command finishes, raises
+  ``CommandError`` with a report (exit status ``EXIT_LOST`` = 70). The command is not interrupted:
+  stopping arbitrary code halfway is worse than finishing and saying that exclusivity was broken.
+
+The lock is re-entrant for the process that holds it, so ``redlock_run -- nightly_report`` of a
+command that is itself guarded on the same key runs it once, under one lock.
+
+Why no setting listing commands that are always guarded: Django has no hook that runs around every
+command. It would take monkey-patching ``BaseCommand.execute`` or ``call_command`` (which changes
+every command of every app, including the ones Django runs internally such as ``migrate`` in
+tests), or shadowing each command with a same-named one in an app listed first (impossible to
+derive from a setting: Django finds commands by their file names). A cron line that says
+``manage.py redlock_run -- clearsessions`` is explicit and needs neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
+
+import redis
+from django.core.management.base import BaseCommand, CommandError
+
+from . import redlock
+from .engine import Lock, LockContended, LockLost, QuorumUnavailable
+from .keys import bounded_resource
+
+__all__ = [
+    "EXIT_HELD",
+    "EXIT_LOST",
+    "EXIT_UNAVAILABLE",
+    "GuardedCommandMixin",
+    "command_resource",
+    "guard_command",
+]
+
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE
+EXIT_LOST = 70  # sysexits EX_SOFTWARE
+EXIT_HELD = 75  # sysexits EX_TEMPFAIL: try again later
+
+
+def command_resource(name: str) -> str:
+    """The default lock of a command: ``command:<name>``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"command name must be a non-empty str, got {name!r}")
+    return bounded_resource(f"command:{name}")
+
+
+@contextlib.contextmanager
+def guard_command(
+    name: str,
+    *,
+    key: str | None = None,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    label: str | None = None,
+    stderr: TextIO | None = None,
+) -> Iterator[Lock]:
+    """Hold the lock of command ``name`` (``key``, default ``command:<name>``) around the block;
+    see the module docstring for the errors and exit statuses."""
+    resource = bounded_resource(key) if key is not None else command_resource(name)
+    began = time.monotonic()
+    lost_after: list[float] = []
+
+    def on_lost(lock: Lock, error: LockLost) -> None:
+        # Called from the renewal thread: say it now, the command may run for hours yet.
+        lost_after.append(time.monotonic() - began)
+        out = stderr or sys.stderr
+        out.write(
+            f"WARNING: {name}: lost lock {resource!r} after {lost_after[0]:.1f}s: {error}. "
+            f"The command keeps running, but another process may now run it too.\n"
+        )
+        out.flush()
+
+    lock = redlock(
+        resource,
+        ttl=ttl,
+        wait=wait,
+        label=label or f"manage.py {name}",
+        auto_extend=True,
+        reentrant=True,
+        on_lost=on_lost,
+    )
+    try:
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(lock)
+            except LockContended as error:
+                raise CommandError(
+                    f"{name} not started: lock {resource!r} is held by another process "
+                    f"({_holder(resource)}); waited {wait:g}s",
+                    returncode=EXIT_HELD,
+                ) from error
+            except QuorumUnavailable as error:
+                raise CommandError(
+                    f"{name} not started: no quorum of lock masters for {resource!r}: {error}",
+                    returncode=EXIT_UNAVAILABLE,
+                ) from error
+            yield lock
+    except LockLost as error:
+        if error.resource != resource or not lost_after:
+            raise  # another lock of the command's own: not ours to report
+        raise CommandError(
+            f"{name} finished after {time.monotonic() - began:.1f}s, but its lock {resource!r} "
+            f"was lost after {lost_after[0]:.1f}s: {error}. Exclusivity was not guaranteed for "
+            f"the rest of the run: check whether another process ran {name} meanwhile.",
+            returncode=EXIT_LOST,
+        ) from error
+
+
+def _holder(resource: str) -> str:
+    """Who holds ``resource``, as its holder wrote it (host, pid, label, age), best effort."""
+    from .conf import get_redlock
+    from .inventory import inspect
+
+    try:
+        held = inspect(get_redlock(), resource)
+    except (redis.RedisError, OSError) as exc:
+        return f"holder unknown: {type(exc).__name__}"
+    if held is None:
+        return "it was released just now"
+    since = f", since {time.time() - held.owner.since:.0f}s ago" if held.owner.since else ""
+    return f"held by {held.owner}{since} on {held.held_on} of {held.node_count} masters"
+
+
+if TYPE_CHECKING:
+    _CommandBase = BaseCommand
+else:
+    _CommandBase = object
+
+
+class GuardedCommandMixin(_CommandBase):
+    """Run this command under its lock: ``class Command(GuardedCommandMixin, BaseCommand)``.
+
+    Set ``lock_key`` (default ``command:<name>``), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
+    auto-extended) and ``lock_wait`` (default 0: skip at once when another process runs it).
+    Defines no ``check()``: that would shadow Django's system checks.
+    """
+
+    lock_key: str | None = None
+    lock_ttl: float | None = None
+    lock_wait: float = 0.0
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        name = type(self).__module__.rpartition(".")[2]
+        with guard_command(
+            name,
+            key=self.lock_key,
+            ttl=self.lock_ttl,
+            wait=self.lock_wait,
+            stderr=options.get("stderr"),
+        ):
+            return super().execute(*args, **options)

@@ -1,0 +1,311 @@
+"""Guarded management commands: the mixin, ``redlock_run``, real subprocesses and real masters.
+
+The demo's ``nightly_report`` (``GuardedCommandMixin``) is the slow command under test; Django's
+``check`` stands for a third-party command that knows nothing about locks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_redlock import redlock
+from django_redlock.commands import (
+    EXIT_HELD,
+    EXIT_LOST,
+    EXIT_UNAVAILABLE,
+    GuardedCommandMixin,
+    command_resource,
+)
+from django_redlock.conf import get_redlock
+from django_redlock.localmasters import LocalMaster
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lock_keys(masters: list[LocalMaster], resource: str) -> list[bytes | None]:
+    key = get_redlock().lock_key(resource)
+    values = []
+    for m in masters:
+        client = m.client()
+        try:
+            values.append(client.get(key))
+        finally:
+            client.close()
+    return values
+
+
+def wipe(masters: list[LocalMaster], resource: str) -> None:
+    """Delete a lock everywhere, as a force release or a flushed master would."""
+    key = get_redlock().lock_key(resource)
+    for m in masters:
+        client = m.client()
+        try:
+            client.delete(key)
+        finally:
+            client.close()
+
+
+class HeldElsewhere:
+    """Hold ``resource`` from another thread (the holder's own thread would re-enter it)."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self._taken = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._hold)
+
+    def _hold(self) -> None:
+        with redlock(self.resource, label="test holder"):
+            self._taken.set()
+            self._done.wait(30)
+
+    def __enter__(self) -> HeldElsewhere:
+        self._thread.start()
+        assert self._taken.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(10)
+
+
+# --- in-process: call_command --------------------------------------------------------------------
+
+
+def test_the_mixin_defines_no_check() -> None:
+    assert "check" not in vars(GuardedCommandMixin)
+
+
+def test_command_resource_is_bounded() -> None:
+    assert command_resource("nightly_report") == "command:nightly_report"
+    assert len(command_resource("x" * 1000)) == 200
+    with pytest.raises(ValueError, match="command name"):
+        command_resource("")
+
+
+@pytest.mark.django_db
+def test_guarded_command_runs_under_its_lock_and_releases(redlock_settings: list) -> None:
+    seen_during: list[list[bytes | None]] = []
+    out = io.StringIO()
+
+    def look() -> None:
+        time.sleep(0.3)
+        seen_during.append(lock_keys(redlock_settings, "command:nightly_report"))
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    call_command("nightly_report", "--seconds", "0.8", stdout=out)
+    looker.join()
+    assert "nightly report: done" in out.getvalue()
+    assert all(v is not None and b'"label":"manage.py nightly_report"' in v for v in seen_during[0])
+    assert lock_keys(redlock_settings, "command:nightly_report") == [None] * 5
+
+
+def test_guarded_command_refuses_when_held_elsewhere(redlock_settings: list) -> None:
+    with HeldElsewhere("command:nightly_report"), pytest.raises(CommandError) as raised:
+        call_command("nightly_report", "--seconds", "0")
+    assert raised.value.returncode == EXIT_HELD
+    message = str(raised.value)
+    assert "nightly_report not started" in message
+    assert f"pid {os.getpid()}" in message  # names the holder...
+    assert "label 'test holder'" in message
+    assert "on 5 of 5 masters" in message
+
+
+def test_redlock_run_refuses_a_third_party_command_held_elsewhere(redlock_settings: list) -> None:
+    with HeldElsewhere("command:check"), pytest.raises(CommandError) as raised:
+        call_command("redlock_run", "--", "check")
+    assert raised.value.returncode == EXIT_HELD
+    assert "check not started: lock 'command:check' is held" in str(raised.value)
+
+
+def test_redlock_run_custom_key_and_wait(redlock_settings: list) -> None:
+    out = io.StringIO()
+    with HeldElsewhere("nightly"):
+        began = time.monotonic()
+        with pytest.raises(CommandError, match="'nightly' is held"):
+            call_command("redlock_run", "--key", "nightly", "--wait", "0.3", "--", "check")
+        assert time.monotonic() - began >= 0.25  # it kept trying for --wait
+        call_command("redlock_run", "--", "check", stdout=out)  # default key: not held
+    assert "no issues" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_redlock_run_passes_arguments_and_reenters_a_guarded_command(
+    redlock_settings: list,
+) -> None:
+    """``redlock_run -- nightly_report`` takes the same lock as the command's own mixin: one
+    lock, re-entered, not a deadlock with itself. ``--ttl 0.3`` with a 1 s run: auto-extended."""
+    out = io.StringIO()
+    call_command(
+        "redlock_run", "--ttl", "0.3", "--", "nightly_report", "--seconds", "1", stdout=out
+    )
+    assert "working for 1s" in out.getvalue()
+    assert "nightly report: done" in out.getvalue()
+    assert lock_keys(redlock_settings, "command:nightly_report") == [None] * 5
+
+
+@pytest.mark.django_db
+def test_redlock_run_reports_a_lock_lost_mid_run(redlock_settings: list) -> None:
+    err, out = io.StringIO(), io.StringIO()
+    wiper = threading.Timer(0.3, wipe, (redlock_settings, "command:nightly_report"))
+    wiper.start()
+    try:
+        with pytest.raises(CommandError) as raised:
+            call_command(
+                "redlock_run",
+                "--ttl",
+                "0.6",
+                "--",
+                "nightly_report",
+                "--seconds",
+                "1.2",
+                stdout=out,
+                stderr=err,
+            )
+    finally:
+        wiper.join()
+    assert raised.value.returncode == EXIT_LOST
+    report = str(raised.value)
+    assert "nightly_report finished after" in report
+    assert "was lost after" in report
+    assert "nightly report: done" in out.getvalue()  # it was not interrupted
+    assert "WARNING: nightly_report: lost lock 'command:nightly_report'" in err.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_failing_command_releases_its_lock(redlock_settings: list) -> None:
+    with pytest.raises(CommandError, match="unrecognized arguments"):
+        call_command("redlock_run", "--", "nightly_report", "--bogus")
+    assert lock_keys(redlock_settings, "command:nightly_report") == [None] * 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--", "no_such_command"], "unknown command 'no_such_command'"),
+        (["--", "redlock_run", "check"], "cannot guard itself"),
+        (["--ttl", "0", "--", "check"], "ttl"),
+        (["--wait", "-1", "--", "check"], "wait"),
+        (["--ttl", "nan", "--", "check"], "ttl"),
+    ],
+)
+def test_redlock_run_bad_arguments(redlock_settings: list, args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("redlock_run", *args)
+
+
+def test_no_quorum_exits_unavailable(settings: Any, fresh_masters: Any) -> None:
+    masters = fresh_masters(3)
+    settings.REDLOCK = {"NODES": [m.url for m in masters]}
+    masters[0].kill()
+    masters[1].kill()
+    with pytest.raises(CommandError) as raised:
+        call_command("redlock_run", "--", "check")
+    assert raised.value.returncode == EXIT_UNAVAILABLE
+    assert "no quorum" in str(raised.value)
+
+
+# --- real subprocesses: manage.py redlock_run, as cron runs it -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def database_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("subprocess-db") / "db.sqlite3"
+
+
+@pytest.fixture
+def manage(redlock_settings: list, database_file: Path) -> Iterator[Any]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings_subprocess",
+        "REDLOCK_TEST_NODES": ",".join(m.url for m in redlock_settings),
+        "REDLOCK_TEST_DB": str(database_file),
+        "PYTHONPATH": str(ROOT),
+    }
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    if not database_file.exists():
+        done = start("migrate", "--verbosity", "0")
+        assert done.wait(60) == 0, done.communicate()[1]
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 30) -> str:
+    """Read stdout until a line containing ``text`` (the process is then inside its lock)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if text in line:
+            return line
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"no line with {text!r}; exit {proc.poll()}: {proc.communicate()}")
+
+
+def test_subprocess_refused_while_this_process_holds_the_lock(manage: Any) -> None:
+    with redlock("command:check", label="the test process"):
+        proc = manage("redlock_run", "--", "check")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == EXIT_HELD, err
+        assert "check not started: lock 'command:check' is held by another process" in err
+        assert "label 'the test process'" in err
+    proc = manage("redlock_run", "--", "check")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "no issues" in out
+
+
+def test_two_cron_runs_at_once_only_one_works(manage: Any) -> None:
+    first = manage("redlock_run", "--", "nightly_report", "--seconds", "3")
+    wait_for_line(first, "working for 3s")
+    second = manage("redlock_run", "--", "nightly_report", "--seconds", "3")
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == EXIT_HELD, err
+    assert "nightly_report not started" in err
+    assert f"pid {first.pid}" in err  # the holder, by name
+    assert "working for" not in out
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert "nightly report: done" in out
+
+
+def test_subprocess_exits_70_with_a_report_when_the_lock_is_lost(
+    manage: Any, redlock_settings: list
+) -> None:
+    proc = manage("redlock_run", "--ttl", "1", "--", "nightly_report", "--seconds", "2")
+    wait_for_line(proc, "working for 2s")
+    wipe(redlock_settings, "command:nightly_report")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_LOST, err
+    assert "WARNING: nightly_report: lost lock 'command:nightly_report'" in err
+    assert "nightly_report finished after" in err
+    assert "nightly report: done" in out
