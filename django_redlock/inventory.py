@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import NodeFailure, Redlock, protocol
-from .engine.nodes import Command, Node, failure, fan_out
+from .engine.nodes import Node, failure, fan_out
 from .engine.scripts import RELEASE
 from .health import admin_client
 
@@ -411,7 +411,7 @@ def force_release(
         if isinstance(reply, NodeFailure):
             details[i] = f"{reply.reason}: {reply.detail}"
     for value in values:  # one, unless a foreign writer reused the token with another owner
-        command = _release_command(redlock, resource, value)
+        command = redlock.release_command(resource, value)
         replies = fan_out(nodes, [command] * len(nodes), timeout, RELEASE)
         for i, reply in enumerate(replies):
             if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
@@ -423,9 +423,3 @@ def force_release(
         ReleaseOutcome(node.label, released[i], details[i]) for i, node in enumerate(nodes)
     )
     return ForceRelease(resource, fingerprint_, owner, outcomes)
-
-
-def _release_command(redlock: Redlock, resource: str, value: bytes) -> Command:
-    """The request the engine's own release sends for ``value`` (compare-and-delete, then a
-    notice on the resource's channel that wakes processes waiting for the lock)."""
-    return RELEASE.evalsha((redlock.lock_key(resource),), (value, redlock.notice_channel(resource)))

@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
-from . import protocol
+from . import protocol, scripts
 from .errors import LockLost
 from .events import NullObserver, Observer
 from .lock import Lease, Lock
@@ -111,6 +111,13 @@ class Redlock:
 
     def notice_channel(self, resource: str) -> str:
         return f"{self.key_prefix}free:{resource}"
+
+    def release_command(self, resource: str, value: str | bytes) -> tuple[object, ...]:
+        """The request that releases ``resource`` on one master if it still holds ``value``
+        (compare-and-delete, then a notice that wakes waiters). Used by every release: the
+        holder's own, and the admin's force release of exactly the holder it showed."""
+        channel = self.notice_channel(resource)
+        return scripts.RELEASE.evalsha((self.lock_key(resource),), (value, channel))
 
     @property
     def notices(self) -> ReleaseNotices:

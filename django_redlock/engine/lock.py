@@ -501,14 +501,8 @@ class Lock:
         return token
 
     def _release_round(self, value: str, *, cleanup: bool = False) -> Round:
-        channel = self._redlock.notice_channel(self.resource)
-        return Round(
-            tuple(
-                scripts.RELEASE.evalsha((self.key,), (value, channel)) for _ in self._redlock.nodes
-            ),
-            scripts.RELEASE,
-            cleanup,
-        )
+        command = self._redlock.release_command(self.resource, value)
+        return Round((command,) * len(self._redlock.nodes), scripts.RELEASE, cleanup)
 
     # --- helpers ---------------------------------------------------------------------------------
 
