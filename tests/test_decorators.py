@@ -7,6 +7,7 @@ requests at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -27,7 +28,7 @@ from django_redlock.keys import (
     bounded_resource,
     format_key,
 )
-from django_redlock.signals import lock_lost
+from django_redlock.signals import lock_contended, lock_lost
 from testproject.shop.models import Account
 
 pytestmark = pytest.mark.urls("tests.test_decorators")
@@ -206,6 +207,27 @@ urlpatterns = [
 ]
 
 
+@contextlib.contextmanager
+def held_elsewhere(resource: str) -> Iterator[None]:
+    """Hold ``resource`` from another thread: the masters then refuse the view's lock. (Held in
+    the view's own thread or task, the engine would refuse at once without asking them.)"""
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with redlock(resource, label="test holder"):
+            taken.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join(10)
+
+
 @pytest.fixture(autouse=True)
 def _events() -> Iterator[None]:
     inside.clear()
@@ -298,16 +320,27 @@ def test_free_lock_runs_the_view_and_releases(redlock_settings: list) -> None:
 
 def test_held_lock_answers_423_with_retry_after(redlock_settings: list) -> None:
     client = Client()
-    with redlock("order:7"):
-        response = client.get("/order/7/")
-        assert response.status_code == 423
-        assert response["Retry-After"] == "1"
-        assert client.get("/order/8/").status_code == 200  # another order: another lock
+    refusals: list[Exception] = []
+
+    def receiver(sender: object, *, error: Exception, **kwargs: object) -> None:
+        refusals.append(error)
+
+    lock_contended.connect(receiver)
+    try:
+        with held_elsewhere("order:7"):
+            response = client.get("/order/7/")
+            assert response.status_code == 423
+            assert response["Retry-After"] == "1"
+            assert client.get("/order/8/").status_code == 200  # another order: another lock
+    finally:
+        lock_contended.disconnect(receiver)
     assert client.get("/order/7/").status_code == 200
+    # Refused by the masters themselves, each one saying "held":
+    assert [f.reason for f in refusals[0].failures] == ["held"] * 5  # type: ignore[attr-defined]
 
 
 def test_status_and_handlers_are_configurable(redlock_settings: list) -> None:
-    with redlock("busy"):
+    with held_elsewhere("busy"):
         response = Client().get("/conflict/")
         assert response.status_code == 409
         assert response["Retry-After"] == "1"
@@ -329,11 +362,11 @@ def test_no_quorum_answers_503_with_retry_after(settings, fresh_masters) -> None
 
 
 def test_key_from_a_callable_and_bounded(redlock_settings: list) -> None:
-    with redlock("callable:acme:x"):
+    with held_elsewhere("callable:acme:x"):
         assert Client().get("/callable/x/?tenant=acme").status_code == 423
         assert Client().get("/callable/x/?tenant=other").status_code == 200
     long_slug = "s" * 3000
-    with redlock(bounded_resource(f"huge:{long_slug}")):
+    with held_elsewhere(bounded_resource(f"huge:{long_slug}")):
         assert Client().get(f"/huge/{long_slug}/").status_code == 423
 
 
@@ -433,7 +466,7 @@ def test_async_view_is_locked(redlock_settings: list) -> None:
     async def scenario() -> tuple[int, int, bytes]:
         client = AsyncClient()
         free = await client.get("/async-order/3/")
-        with redlock("order:3"):
+        with held_elsewhere("order:3"):
             held = await client.get("/async-order/3/")
         return free.status_code, held.status_code, free.content
 
@@ -468,7 +501,7 @@ def test_async_requests_at_once_one_wins(redlock_settings: list) -> None:
 def test_sync_class_based_views(redlock_settings: list, prefix: str) -> None:
     client = Client()
     assert client.get(f"/{prefix}/5/").content.decode().endswith(" 5")
-    with redlock("cbv:5"):
+    with held_elsewhere("cbv:5"):
         assert client.get(f"/{prefix}/5/").status_code == 423
         assert client.get(f"/{prefix}/6/").status_code == 200
 
@@ -478,7 +511,7 @@ def test_async_class_based_views(redlock_settings: list, prefix: str) -> None:
     async def scenario() -> list[int]:
         client = AsyncClient()
         free = await client.get(f"/{prefix}/5/")
-        with redlock("cbv:5"):
+        with held_elsewhere("cbv:5"):
             held = await client.get(f"/{prefix}/5/")
         return [free.status_code, held.status_code]
 
