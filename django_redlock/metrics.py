@@ -2,9 +2,12 @@
 extra); otherwise every function here does nothing.
 
 The collectors register in ``prometheus_client.REGISTRY`` on first use (never at import), so a
-project's existing ``/metrics`` endpoint exports them. No metric is labelled by resource: resource
-names carry ids from requests, and a label per id would grow without bound. The ``node`` label is
-the master's address with any password masked (bounded by the ``NODES`` setting).
+project's existing ``/metrics`` endpoint exports them; call ``enabled()`` once (in a metrics view
+or ``AppConfig.ready``) to export them, at zero, before the first lock.
+
+No metric is labelled by resource: resource names carry ids from requests, and a label per id
+would grow without bound. The ``node`` label is the master's address with any password masked
+(bounded by the ``NODES`` setting).
 
 ==============================  =========  =========================================================
 name                            type       meaning

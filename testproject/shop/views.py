@@ -1,8 +1,14 @@
-"""Demo views: money moves between accounts under a Redlock.
+"""Demo views: money moves between accounts, and seats are booked, under a Redlock.
 
-The transfer deliberately reads, pauses and writes without any database locking, the way a
-careless view would: only the lock keeps concurrent transfers from losing money. Try
-``?unsafe=1`` to see what happens without it.
+Both deliberately read, pause and write without any database locking, the way a careless view
+would: only the lock keeps concurrent requests from losing money or selling a seat twice. The
+``unsafe`` variants skip the lock so the difference can be seen. Every database access of a locked
+request happens under the lock (SQLite in the tests shares one in-memory database between
+threads, and it refuses concurrent access to a table instead of waiting).
+
+- ``transfer`` uses ``redlock()`` directly: one lock for all accounts.
+- ``book`` uses ``@lock_view("show:{show_id}")``: one lock per show, from the URL kwarg, so
+  bookings for different shows run in parallel.
 """
 
 from __future__ import annotations
@@ -10,21 +16,29 @@ from __future__ import annotations
 import random
 import time
 
-from django.db.models import Sum
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.db.models import Count, Sum
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
 from django_redlock import LockNotAcquired, redlock
+from django_redlock import metrics as redlock_metrics
+from django_redlock.decorators import lock_view
 
-from .models import Account
+from .models import Account, Show, Ticket
 
 DEMO_ACCOUNTS = {"alice": 1000, "bob": 1000, "carol": 1000}
+DEMO_SHOWS = {"Matinee": 40, "Evening": 40}
 
 
 def ensure_accounts() -> None:
     for name, balance in DEMO_ACCOUNTS.items():
         Account.objects.get_or_create(name=name, defaults={"balance": balance})
+
+
+def ensure_shows() -> None:
+    for name, seats in DEMO_SHOWS.items():
+        Show.objects.get_or_create(name=name, defaults={"seats": seats})
 
 
 def index(request: HttpRequest) -> HttpResponse:
@@ -54,13 +68,14 @@ def _move(amount: int) -> None:
 
 @require_POST
 def transfer(request: HttpRequest) -> JsonResponse:
-    ensure_accounts()
     amount = random.randint(1, 50)  # noqa: S311 (demo)
     if request.GET.get("unsafe"):
+        ensure_accounts()
         _move(amount)
         return JsonResponse({"ok": True, "locked": False})
     try:
         with redlock("shop:accounts", ttl=5, wait=5, label="transfer view") as lock:
+            ensure_accounts()
             _move(amount)
             left = round(lock.validity, 3)
             return JsonResponse({"ok": True, "locked": True, "validity_left": left})
@@ -73,3 +88,55 @@ def reset(request: HttpRequest) -> JsonResponse:
     Account.objects.all().delete()
     ensure_accounts()
     return JsonResponse({"ok": True})
+
+
+# --- seats ---------------------------------------------------------------------------------------
+
+
+def seats(request: HttpRequest) -> HttpResponse:
+    ensure_shows()
+    shows = Show.objects.order_by("name").annotate(sold=Count("tickets"))
+    rows = []
+    for show in shows:
+        taken = set(show.tickets.values_list("seat", flat=True))
+        rows.append({"show": show, "sold": show.sold, "double": show.sold - len(taken)})
+    return render(request, "shop/seats.html", {"rows": rows})
+
+
+def _book_a_seat(show_id: int) -> JsonResponse:
+    show = get_object_or_404(Show, pk=show_id)
+    taken = set(show.tickets.values_list("seat", flat=True))
+    free = [seat for seat in range(1, show.seats + 1) if seat not in taken]
+    if not free:
+        return JsonResponse({"ok": False, "error": "sold out"}, status=409)
+    time.sleep(0.02)  # the window in which a concurrent booking would pick the same seat
+    ticket = Ticket.objects.create(show=show, seat=free[0])
+    return JsonResponse({"ok": True, "seat": ticket.seat})
+
+
+@require_POST
+@lock_view("show:{show_id}", ttl=5, wait=5, label="book a seat")
+def book(request: HttpRequest, show_id: int) -> JsonResponse:
+    """One booking at a time per show; a request waits up to 5 s for its turn, then gets 423."""
+    return _book_a_seat(show_id)
+
+
+@require_POST
+def book_unsafe(request: HttpRequest, show_id: int) -> JsonResponse:
+    return _book_a_seat(show_id)
+
+
+@require_POST
+def reset_seats(request: HttpRequest) -> JsonResponse:
+    Ticket.objects.all().delete()
+    ensure_shows()
+    return JsonResponse({"ok": True})
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The Prometheus metrics of this process (``prometheus_client``, in the dev extra)."""
+    if not redlock_metrics.enabled():  # also registers our collectors before the first lock
+        raise Http404("prometheus_client is not installed")
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -1,5 +1,8 @@
 """``manage.py demo``: five local Redis masters, a fresh database, a demo admin, and runserver.
 
+It prints the URLs (transfers, seat booking, admin, metrics), the admin login, and the commands
+to try by hand: ``redlock_status``, the guarded ``nightly_report`` and ``redlock_run``.
+
 Everything stays on loopback. Stop it with Ctrl-C: the masters stop with it.
 """
 
@@ -52,13 +55,23 @@ class Command(BaseCommand):
                 check=True,
             )
             base = f"http://127.0.0.1:{port}"
+            run = f"REDLOCK_NODES={env['REDLOCK_NODES']} {sys.executable} manage.py"
+            if "REDLOCK_DEMO_DIR" in os.environ:
+                run = f"REDLOCK_DEMO_DIR={demo_dir} {run}"
             self.stdout.write(self.style.SUCCESS("django-redlock demo"))
             self.stdout.write(f"  masters : {', '.join(m.url for m in started)}")
-            self.stdout.write(f"  demo    : {base}/")
+            self.stdout.write(f"  demo    : {base}/  (money transfers under redlock())")
+            self.stdout.write(f"  seats   : {base}/seats/  (bookings under @lock_view)")
             self.stdout.write(f"  admin   : {base}/admin/  (user admin, password {password})")
+            self.stdout.write(f"  metrics : {base}/metrics/")
+            self.stdout.write(f"  status  : {run} redlock_status")
             self.stdout.write(
-                f"  status  : REDLOCK_NODES={env['REDLOCK_NODES']} "
-                f"{sys.executable} manage.py redlock_status"
+                f"  guarded : {run} nightly_report  (in two terminals at once: the second "
+                f"exits with status 75, 'held by another process')"
+            )
+            self.stdout.write(
+                f"  any cmd : {run} redlock_run -- clearsessions  (guards any installed command, "
+                f"as a cron line would)"
             )
             self.stdout.write("  Ctrl-C stops the site and the masters.\n")
             self.stdout.flush()
