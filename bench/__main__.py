@@ -17,9 +17,11 @@ def main() -> None:
         help="cycle: uncontended cycle on 5 healthy masters; faults: scenario (d), one master "
         "killed then one paused; all (default): both",
     )
-    parser.add_argument("--rounds", type=int, default=10, help="cycle: rounds (default 10)")
+    # Many short rounds rather than few long ones: load from other processes on the machine
+    # comes and goes in bursts, and short rounds spread each burst over every implementation.
+    parser.add_argument("--rounds", type=int, default=30, help="cycle: rounds (default 30)")
     parser.add_argument(
-        "--cycles", type=int, default=300, help="cycle: cycles per round (default 300)"
+        "--cycles", type=int, default=100, help="cycle: cycles per round (default 100)"
     )
     args = parser.parse_args()
     if args.rounds < 1 or args.cycles < 1:
