@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import math
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -60,6 +61,8 @@ from .engine import Lock, LockContended, LockLost, LockNotAcquired, QuorumUnavai
 from .keys import KeyTemplateError, bounded_resource, format_key, template_fields
 
 __all__ = ["CONTENDED_RETRY_AFTER", "UNAVAILABLE_RETRY_AFTER", "lock_view", "retry_after"]
+
+logger = logging.getLogger("django_redlock")
 
 CONTENDED_RETRY_AFTER = 1.0
 UNAVAILABLE_RETRY_AFTER = 5.0
@@ -385,30 +388,55 @@ def _hand_over_to_stream(response: StreamingHttpResponse, lock: Lock) -> None:
 class _StreamRelease:
     """Release the lock exactly once: when the stream ends (raising ``LockLost`` if the lease ran
     out), fails, or is closed early by the server (``close()``, registered by Django as one of the
-    response's closers; also the fallback when an async stream is abandoned)."""
+    response's closers).
+
+    Only the thread or task that acquired a lock may release it. When the end comes from
+    elsewhere (an ASGI server closing the response from a worker thread, an abandoned async
+    stream finalized in another task), the lock cannot be released here: we drop our reference
+    instead, which stops its renewal, and it expires within its TTL.
+    """
 
     def __init__(self, lock: Lock) -> None:
-        self._lock = lock
+        self._lock: Lock | None = lock
         self._mutex = threading.Lock()
-        self._done = False
 
-    def _claim(self) -> bool:
+    def _take(self) -> Lock | None:
         with self._mutex:
-            done, self._done = self._done, True
-            return not done
+            lock, self._lock = self._lock, None
+            return lock
 
     def _exit(self, exc: BaseException | None) -> None:
-        if self._claim():
-            self._lock.__exit__(*_exc_info(exc))
+        lock = self._take()
+        if lock is not None:
+            try:
+                lock.__exit__(*_exc_info(exc))
+            except RuntimeError as error:  # not the owner: see the class docstring
+                _abandon(lock, error)
 
     async def _aexit(self, exc: BaseException | None) -> None:
-        if self._claim():
-            await self._lock.__aexit__(*_exc_info(exc))
+        lock = self._take()
+        if lock is not None:
+            try:
+                await lock.__aexit__(*_exc_info(exc))
+            except RuntimeError as error:
+                _abandon(lock, error)
 
     def close(self) -> None:
         # Closed before the end: nobody is left to read LockLost (lock_lost and the log said it).
         with contextlib.suppress(LockLost):
             self._exit(None)
+
+
+def _abandon(lock: Lock, error: RuntimeError) -> None:
+    # Log text, not the error: a kept log record must not keep the lock (via the traceback's
+    # frames) alive, or the watchdog would renew it for as long as the record lives.
+    logger.warning(
+        "lock_view: the stream of %r ended outside the thread or task that holds its lock (%s); "
+        "it is no longer renewed and expires within its TTL (%ss)",
+        lock.resource,
+        str(error),
+        lock.ttl,
+    )
 
 
 class _LockedStream(_StreamRelease):

@@ -128,6 +128,11 @@ def stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     return StreamingHttpResponse(body())
 
 
+@lock_view("short-stream:{name}", ttl=0.5)
+def short_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    return StreamingHttpResponse(iter([b"a", b"b"]))
+
+
 @lock_view("astream:{name}")
 async def astream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     async def body() -> AsyncIterator[bytes]:
@@ -198,6 +203,7 @@ urlpatterns = [
     path("atomic-keep/<str:name>/", atomic_keeps),
     path("stream/<str:name>/", stream),
     path("astream/<str:name>/", astream),
+    path("short-stream/<str:name>/", short_stream),
     path("cbv/<int:pk>/", ClassView.as_view()),
     path("method/<int:pk>/", MethodDecoratedView.as_view()),
     path("dispatch/<int:pk>/", DispatchDecoratedView.as_view()),
@@ -444,6 +450,27 @@ def test_streaming_response_closed_early_releases(redlock_settings: list) -> Non
     assert client.get("/stream/c/").status_code == 423
     response.close()  # what a WSGI server does when the client goes away
     assert client.get("/stream/c/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_stream_closed_by_another_thread_expires_within_its_ttl(
+    redlock_settings: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the owner may release: closed from elsewhere, the lock stops being renewed and
+    expires (ttl=0.5) instead of being held for as long as the response object lives."""
+    client = Client()
+    response = client.get("/short-stream/x/")
+    closer = threading.Thread(target=response.close)
+    closer.start()
+    closer.join()
+    assert "no longer renewed" in caplog.text
+    deadline = time.monotonic() + 5
+    while (again := client.get("/short-stream/x/")).status_code == 423:
+        assert time.monotonic() < deadline, "still held long after its TTL"
+        time.sleep(0.1)
+    assert again.status_code == 200
+    assert b"".join(again.streaming_content) == b"ab"  # type: ignore[arg-type]
+    assert response is not None  # the first response object is still alive
 
 
 def test_async_streaming_body_is_sent_under_the_lock(redlock_settings: list) -> None:
