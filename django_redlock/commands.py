@@ -137,8 +137,8 @@ def _holder(resource: str) -> str:
         return f"holder unknown: {type(exc).__name__}"
     if held is None:
         return "it was released just now"
-    since = f", since {time.time() - held.owner.since:.0f}s ago" if held.owner.since else ""
-    return f"held by {held.owner}{since} on {held.held_on} of {held.node_count} masters"
+    age = f" for {time.time() - held.owner.since:.0f}s" if held.owner.since else ""
+    return f"held by {held.owner}{age}, on {held.held_on} of {held.node_count} masters"
 
 
 if TYPE_CHECKING:

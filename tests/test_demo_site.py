@@ -148,6 +148,7 @@ def test_demo_command_starts_everything_and_says_how_to_run_the_guarded_command(
         assert "password" in printed
         assert "nightly_report" in printed
         assert "redlock_run -- " in printed
+        assert "export REDLOCK_NODES=redis://127.0.0.1:" in printed
         page = get_when_up(f"http://127.0.0.1:{port}/seats/")
         assert b"Matinee" in page
     finally:

@@ -55,19 +55,22 @@ class Command(BaseCommand):
                 check=True,
             )
             base = f"http://127.0.0.1:{port}"
-            run = f"REDLOCK_NODES={env['REDLOCK_NODES']} {sys.executable} manage.py"
+            shell_env = f"REDLOCK_NODES={env['REDLOCK_NODES']}"
             if "REDLOCK_DEMO_DIR" in os.environ:
-                run = f"REDLOCK_DEMO_DIR={demo_dir} {run}"
+                shell_env += f" REDLOCK_DEMO_DIR={demo_dir}"
+            run = f"{sys.executable} manage.py"
             self.stdout.write(self.style.SUCCESS("django-redlock demo"))
             self.stdout.write(f"  masters : {', '.join(m.url for m in started)}")
             self.stdout.write(f"  demo    : {base}/  (money transfers under redlock())")
-            self.stdout.write(f"  seats   : {base}/seats/  (bookings under @lock_view)")
+            self.stdout.write(f"  seats   : {base}/seats/  (seat bookings under @lock_view)")
             self.stdout.write(f"  admin   : {base}/admin/  (user admin, password {password})")
             self.stdout.write(f"  metrics : {base}/metrics/")
+            self.stdout.write(f"  In another terminal, in {Path.cwd()}:")
+            self.stdout.write(f"  env     : export {shell_env}")
             self.stdout.write(f"  status  : {run} redlock_status")
             self.stdout.write(
-                f"  guarded : {run} nightly_report  (in two terminals at once: the second "
-                f"exits with status 75, 'held by another process')"
+                f"  guarded : {run} nightly_report  (a guarded command: run it in two terminals "
+                f"at once, the second exits with status 75, 'held by another process')"
             )
             self.stdout.write(
                 f"  any cmd : {run} redlock_run -- clearsessions  (guards any installed command, "
