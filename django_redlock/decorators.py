@@ -29,8 +29,11 @@ Choices, and why:
   checked before the commit, so a lost lease rolls the view's writes back. Prefer that to
   ``ATOMIC_REQUESTS`` or an ``atomic`` outside ``lock_view``: those commit after the lock is
   released, and a second request that gets the lock in between reads data from before our commit.
-  If the lease is lost during a stream, the stream ends with ``LockLost``; the server then cuts the
-  response short, so the client sees an incomplete body rather than a complete-looking one.
+  If the lease is lost during a stream, the stream raises ``LockLost`` after its last chunk; the
+  server then cuts the response short, so the client sees an incomplete body rather than a
+  complete-looking one. A stream closed outside the thread or task that took the lock (an ASGI
+  worker thread, an abandoned async generator) cannot release it: the lock then stops being
+  renewed and expires within its TTL.
 
 Class-based views: decorate the class (``@lock_view(...)`` on a ``View`` subclass wraps its
 ``dispatch``, sync or async), or use ``method_decorator(lock_view(...), name="dispatch")`` on a
