@@ -133,6 +133,17 @@ def short_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     return StreamingHttpResponse(iter([b"a", b"b"]))
 
 
+@lock_view("lost-stream:{name}", ttl=0.3)
+def lost_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    def body() -> Iterator[bytes]:
+        yield b"first"
+        _wipe(f"lost-stream:{name}")  # taken away while the body is being sent
+        time.sleep(0.6)
+        yield b"last"
+
+    return StreamingHttpResponse(body())
+
+
 @lock_view("astream:{name}")
 async def astream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     async def body() -> AsyncIterator[bytes]:
@@ -204,6 +215,7 @@ urlpatterns = [
     path("stream/<str:name>/", stream),
     path("astream/<str:name>/", astream),
     path("short-stream/<str:name>/", short_stream),
+    path("lost-stream/<str:name>/", lost_stream),
     path("cbv/<int:pk>/", ClassView.as_view()),
     path("method/<int:pk>/", MethodDecoratedView.as_view()),
     path("dispatch/<int:pk>/", DispatchDecoratedView.as_view()),
@@ -450,6 +462,14 @@ def test_streaming_response_closed_early_releases(redlock_settings: list) -> Non
     assert client.get("/stream/c/").status_code == 423
     response.close()  # what a WSGI server does when the client goes away
     assert client.get("/stream/c/").status_code == 200
+
+
+def test_lease_lost_during_a_stream_fails_it_after_the_last_chunk(redlock_settings: list) -> None:
+    response = Client().get("/lost-stream/l/")
+    chunks: list[bytes] = []
+    with pytest.raises(LockLost, match="lost-stream:l"):
+        chunks.extend(response.streaming_content)  # type: ignore[arg-type]
+    assert chunks == [b"first", b"last"]  # all sent, but the response is cut before its end
 
 
 @pytest.mark.django_db
