@@ -396,7 +396,7 @@ def force_release(
     check_fingerprint(fingerprint_)
     key = redlock.lock_key(resource)
     nodes = redlock.nodes
-    current = fan_out(nodes, [("GET", key)] * len(nodes), timeout)
+    current = fan_out(nodes, ("GET", key), timeout)
     values: list[bytes] = []
     owner = None
     for reply in current:
@@ -412,7 +412,7 @@ def force_release(
             details[i] = f"{reply.reason}: {reply.detail}"
     for value in values:  # one, unless a foreign writer reused the token with another owner
         command = redlock.release_command(resource, value)
-        replies = fan_out(nodes, [command] * len(nodes), timeout, RELEASE)
+        replies = fan_out(nodes, command, timeout, RELEASE)
         for i, reply in enumerate(replies):
             if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
                 released[i] = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -19,7 +19,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from .lock import Listen, Pause, Procedure, Round, Step
-from .nodes import Command, Node, Reply, failure, lock_connection_kwargs
+from .nodes import LAST_LOOK, Command, Node, Reply, failure, lock_connection_kwargs, pack
 from .notices import Waiter
 from .scripts import Script
 
@@ -40,6 +40,9 @@ AsyncConnection = redis.asyncio.connection.AbstractConnection
 
 # event loop -> node -> idle connections made on that loop
 _idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Node, list[AsyncConnection]]] = (
+    weakref.WeakKeyDictionary()
+)
+_keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIterator[None]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -71,7 +74,7 @@ async def arun(redlock: Redlock, procedure: Procedure[T]) -> T:
 
 async def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Round):
-        return await afan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
+        return await afan_out(redlock.nodes, step.command, redlock.node_timeout, step.script)
     if isinstance(step, Pause):
         await asyncio.sleep(step.seconds)
         return None
@@ -87,46 +90,73 @@ async def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
 
 async def afan_out(
     nodes: Sequence[Node],
-    commands: Sequence[Command],
+    command: Command,
     budget: float,
     script: Script | None = None,
 ) -> list[Reply]:
     """Async ``nodes.fan_out``: write every request, then read every reply, by one deadline
-    ``budget`` seconds away. (No task per master: writes do not wait, and reads in turn under one
-    deadline cost the slowest master's time, as tasks would, for a fraction of the overhead.)"""
-    deadline = asyncio.get_running_loop().time() + budget
+    ``budget`` seconds away.
+
+    No task per master, and one timeout scope for all the reads rather than one per master:
+    writes to open connections do not wait, and reading the replies in turn under one deadline
+    costs the slowest master's time either way. (Each scope and each task costs tens of
+    microseconds, more than a loopback round trip.)"""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget
+    packed = pack(command)
+    await _pool_of_this_loop()
     replies: list[Reply] = [None] * len(nodes)
-    in_flight: list[tuple[int, AsyncConnection]] = []
+    pending: list[tuple[int, AsyncConnection]] = []
+    unconnected = []
     for i, node in enumerate(nodes):
+        conn = _idle_connection(node)
+        if conn is None:
+            unconnected.append(i)
+            continue
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+        except (redis.RedisError, OSError) as exc:
+            replies[i] = await _drop(node, conn, exc)
+        else:
+            pending.append((i, conn))
+    for i in unconnected:
         conn = None
         try:
             async with asyncio.timeout_at(deadline):
-                conn = await _checkout(node)
-                await conn.send_packed_command(conn.pack_command(*commands[i]), check_health=False)
-        except (redis.RedisError, OSError, TimeoutError) as exc:
-            replies[i] = await _drop(node, conn, exc)
-        else:
-            in_flight.append((i, conn))
-    for n, (i, conn) in enumerate(in_flight):
-        try:
-            async with asyncio.timeout_at(deadline):
-                reply = await _read(conn)
-                if isinstance(reply, NoScriptError) and script is not None:
-                    # A flushed or restarted master forgot the script: send its source.
-                    command = ("EVAL", script.source, *commands[i][2:])
-                    await conn.send_packed_command(conn.pack_command(*command), check_health=False)
-                    reply = await _read(conn)
+                conn = await _connect(nodes[i])
+                await conn.send_packed_command(packed, check_health=False)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             replies[i] = await _drop(nodes[i], conn, exc)
-            continue
+        else:
+            pending.append((i, conn))
+    while pending:
+        try:
+            async with asyncio.timeout_at(deadline):
+                while pending:
+                    i, conn = pending[0]
+                    reply = await _read(conn)
+                    if isinstance(reply, NoScriptError) and script is not None:
+                        # A flushed or restarted master forgot the script: send its source.
+                        source = pack(("EVAL", script.source, *command[2:]))
+                        await conn.send_packed_command(source, check_health=False)
+                        reply = await _read(conn)
+                    pending.pop(0)
+                    _checkin(nodes[i], conn)
+                    if isinstance(reply, redis.ResponseError):
+                        reply = failure(nodes[i], reply)
+                    replies[i] = reply
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            i, conn = pending.pop(0)
+            replies[i] = await _drop(nodes[i], conn, exc)
+            # Past the deadline, the others get a last look only: a reply already buffered
+            # still counts, but we no longer wait for one.
+            deadline = max(deadline, loop.time() + LAST_LOOK)
         except BaseException:
             # Cancelled mid-round: replies may still arrive on every unread connection; none of
             # them may be read later as the answer to another request.
-            for _, unread in in_flight[n:]:
+            for _, unread in pending:
                 await asyncio.shield(unread.disconnect(nowait=True))
             raise
-        _checkin(nodes[i], conn)
-        replies[i] = failure(nodes[i], reply) if isinstance(reply, redis.ResponseError) else reply
     return replies
 
 
@@ -144,18 +174,48 @@ async def _drop(node: Node, conn: AsyncConnection | None, exc: BaseException) ->
     return failure(node, exc)
 
 
-async def _checkout(node: Node) -> AsyncConnection:
-    idle = _idle.setdefault(asyncio.get_running_loop(), {}).get(node)
-    if idle:
-        return idle.pop()
+def _idle_connection(node: Node) -> AsyncConnection | None:
+    idle = _idle.get(asyncio.get_running_loop(), {}).get(node)
+    return idle.pop() if idle else None
+
+
+async def _close_with_the_loop(pool: dict[Node, list[AsyncConnection]]) -> AsyncIterator[None]:
+    """Parked at its ``yield`` for the loop's lifetime: ``asyncio.run`` (and any loop shutdown
+    that calls ``shutdown_asyncgens``) closes it, and with it our idle connections, while the loop
+    can still run their clean-up."""
+    try:
+        yield
+    finally:
+        idle = [conn for conns in pool.values() for conn in conns]
+        pool.clear()
+        for conn in idle:
+            await conn.disconnect(nowait=True)
+
+
+async def _pool_of_this_loop() -> dict[Node, list[AsyncConnection]]:
+    loop = asyncio.get_running_loop()
+    pool = _idle.get(loop)
+    if pool is None:
+        pool = _idle[loop] = {}
+        keeper = _close_with_the_loop(pool)
+        await keeper.__anext__()
+        _keepers[loop] = keeper  # held, or it would be finalized (and close the pool) at once
+    return pool
+
+
+async def _connect(node: Node) -> AsyncConnection:
     kwargs = lock_connection_kwargs(node.spec, node.timeout)
     kwargs["retry"] = Retry(NoBackoff(), 0)
-    conn = _ASYNC_CLASS.get(node.spec.connection_class, redis.asyncio.connection.Connection)(
-        **kwargs
-    )
+    # No per-call socket timeout: redis.asyncio would wrap every send and read in wait_for (a
+    # task each). The round's own deadline bounds every await instead.
+    kwargs["socket_timeout"] = None
+    conn_class = _ASYNC_CLASS.get(node.spec.connection_class, redis.asyncio.connection.Connection)
+    conn = conn_class(**kwargs)
     await conn.connect()
     return conn
 
 
 def _checkin(node: Node, conn: AsyncConnection) -> None:
-    _idle.setdefault(asyncio.get_running_loop(), {}).setdefault(node, []).append(conn)
+    pool = _idle.get(asyncio.get_running_loop())
+    if pool is not None:
+        pool.setdefault(node, []).append(conn)

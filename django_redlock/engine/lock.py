@@ -51,9 +51,9 @@ COURTESY = 0.003
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    """Send ``commands[i]`` to master i, all at once; the answer is the list of replies."""
+    """Send ``command`` to every master at once; the answer is the list of their replies."""
 
-    commands: tuple[Command, ...]
+    command: Command
     script: scripts.Script | None = None
     #: Clean-up after an interruption: the async runner shields it from a second cancellation.
     cleanup: bool = False
@@ -112,7 +112,7 @@ def run(redlock: Redlock, procedure: Procedure[T]) -> T:
 
 def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Round):
-        return fan_out(redlock.nodes, step.commands, redlock.node_timeout, step.script)
+        return fan_out(redlock.nodes, step.command, redlock.node_timeout, step.script)
     if isinstance(step, Pause):
         time.sleep(step.seconds)
         return None
@@ -253,6 +253,7 @@ class Lock:
         self.on_lost = on_lost
         self.key = redlock.lock_key(resource)
         self._lease: Lease | None = None
+        self._owner_json: tuple[tuple[int, int, int], str] = ((0, 0, 0), "")
         self._rng = random.Random()  # noqa: S311 (jitter only; tokens come from ``secrets``)
 
     def __repr__(self) -> str:
@@ -350,9 +351,7 @@ class Lock:
 
         lease = self._detach()
         if lease is not None:
-            # Shielded: a task cancelled while releasing still finishes the release, so a
-            # cancellation never leaves the lock held until its TTL.
-            await asyncio.shield(arun(self._redlock, self._release(lease)))
+            await arun(self._redlock, self._release(lease))
 
     async def __aenter__(self) -> Lock:
         return await self.aacquire()
@@ -389,9 +388,7 @@ class Lock:
             value = self._new_value()
             start = time.monotonic()
             try:
-                replies: list[Reply] = yield Round(
-                    tuple(("SET", self.key, value, "NX", "PX", ttl_ms) for _ in redlock.nodes)
-                )
+                replies: list[Reply] = yield Round(("SET", self.key, value, "NX", "PX", ttl_ms))
             except BaseException:
                 # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have
                 # landed. Undo them on every master before letting the interruption through.
@@ -434,11 +431,7 @@ class Lock:
             if lease.check_lost():
                 raise LockLost(lease.resource, lease.lost_message())
             replies: list[Reply] = yield Round(
-                tuple(
-                    scripts.EXTEND.evalsha((lease.key,), (lease.value, ttl_ms))
-                    for _ in redlock.nodes
-                ),
-                scripts.EXTEND,
+                scripts.EXTEND.evalsha((lease.key,), (lease.value, ttl_ms)), scripts.EXTEND
             )
             if lease.released:
                 return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
@@ -469,7 +462,13 @@ class Lock:
     def _release(self, lease: Lease) -> Procedure[None]:
         if lease.owner[0] != os.getpid():
             return  # a forked child never releases its parent's lock
-        replies: list[Reply] = yield self._release_round(lease.value)
+        try:
+            replies: list[Reply] = yield self._release_round(lease.value)
+        except BaseException:
+            # Interrupted (a cancelled task): finish the release, shielded, before letting the
+            # interruption through, so that a cancellation never leaves the lock held.
+            yield self._release_round(lease.value, cleanup=True)
+            raise
         held = time.monotonic() - lease.acquired_at
         woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
         if woken > 0:
@@ -482,7 +481,7 @@ class Lock:
             return lease.fence
         redlock = self._redlock
         fence_key = redlock.fence_key(lease.resource)
-        replies: list[Reply] = yield Round(tuple(("GET", fence_key) for _ in redlock.nodes))
+        replies: list[Reply] = yield Round(("GET", fence_key))
         counters = [None if isinstance(r, NodeFailure) else int(r or 0) for r in replies]  # type: ignore[call-overload]
         token = protocol.fence_merge(counters, len(redlock.nodes))
         if token is None:
@@ -490,8 +489,7 @@ class Lock:
         # Write the token back before anyone uses it: any later reading quorum then meets a
         # master that holds it, so the next token is higher (a majority max-register).
         replies = yield Round(
-            tuple(scripts.FENCE_RAISE.evalsha((fence_key,), (token,)) for _ in redlock.nodes),
-            scripts.FENCE_RAISE,
+            scripts.FENCE_RAISE.evalsha((fence_key,), (token,)), scripts.FENCE_RAISE
         )
         if sum(not isinstance(r, NodeFailure) for r in replies) < redlock.quorum:
             raise self._fence_unavailable(replies)
@@ -502,7 +500,7 @@ class Lock:
 
     def _release_round(self, value: str, *, cleanup: bool = False) -> Round:
         command = self._redlock.release_command(self.resource, value)
-        return Round((command,) * len(self._redlock.nodes), scripts.RELEASE, cleanup)
+        return Round(command, scripts.RELEASE, cleanup)
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -540,11 +538,13 @@ class Lock:
         if outer is None or outer.released or outer.owner != current_owner():
             return False
         if not self.reentrant:
-            raise LockContended(
+            error = LockContended(
                 self.resource,
                 f"lock {self.resource!r} is already held by this same thread/task: acquiring it "
                 f"again would wait for ourselves; pass reentrant=True to re-enter it",
             )
+            notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
+            raise error
         if outer.check_lost():
             raise LockLost(self.resource, outer.lost_message())
         outer.depth += 1
@@ -584,16 +584,21 @@ class Lock:
         return lease
 
     def _new_value(self) -> str:
-        """What we store on each master: an unguessable token, then who we are (for humans)."""
-        owner = {
-            "host": _HOST,
-            "pid": os.getpid(),
-            "thread": threading.current_thread().name,
-            "label": self.label,
-            "since": round(time.time(), 3),  # wall clock, for display only
-            "ttl": self.ttl,
-        }
-        return f"{secrets.token_hex(16)}:{json.dumps(owner, separators=(',', ':'))}"
+        """What we store on each master: an unguessable token, then who we are (for humans):
+        ``<32 hex>:{"host":..,"pid":..,"thread":..,"label":..,"ttl":..,"since":<unix time>}``."""
+        owner = current_owner()
+        if self._owner_json[0] != owner:
+            fields = {
+                "host": _HOST,
+                "pid": owner[0],
+                "thread": threading.current_thread().name,
+                "label": self.label,
+                "ttl": self.ttl,
+            }
+            # Everything but the closing brace: "since" changes with every acquisition.
+            self._owner_json = (owner, json.dumps(fields, separators=(",", ":"))[:-1])
+        since = f"{time.time():.3f}"  # wall clock, for display only
+        return f'{secrets.token_hex(16)}:{self._owner_json[1]},"since":{since}}}'
 
     def _tally(self, replies: list[Reply], start: float, ttl: float | None = None) -> Tally:
         return protocol.tally(

@@ -12,14 +12,15 @@ sockets.
 from __future__ import annotations
 
 import os
-import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis._parsers.encoders import Encoder
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
@@ -29,12 +30,35 @@ from .scripts import Script
 
 #: Shortest read we attempt once the budget is spent: a reply already in the socket buffer still
 #: counts, but we do not wait for one.
-_LAST_LOOK = 0.0001
+LAST_LOOK = 0.0001
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
 
+_ALL_NODES: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+def _forget_all_connections() -> None:
+    for node in list(_ALL_NODES):
+        node.forget_connections()
+
+
+os.register_at_fork(after_in_child=_forget_all_connections)
+
 #: One Redis command: name then arguments, as redis-py packs them.
 Command = tuple[Any, ...]
+
+_PACKER: Any = (
+    redis.connection.HiredisRespSerializer()
+    if redis.utils.HIREDIS_AVAILABLE
+    else redis.connection.PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+)
+
+
+def pack(command: Command) -> list[bytes]:
+    """RESP bytes of ``command``. A round sends the same command to every master, so it is
+    packed once per round, not once per master (and with hiredis even for asyncio, whose own
+    packer is pure Python)."""
+    return _PACKER.pack(*command)  # type: ignore[no-any-return]
 
 
 def mask_url(url: str) -> str:
@@ -102,6 +126,8 @@ def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
         health_check_interval=0,  # a PING before our request would double its round trips
         driver_info=None,  # no CLIENT SETINFO handshake: a new connection costs one round trip
         decode_responses=False,
+        encoding="utf-8",  # the same bytes for every master: a round's request is packed once
+        encoding_errors="strict",
         protocol=2,  # RESP3 would need a HELLO round trip on every new connection
     )
     kwargs.pop("connection_pool", None)
@@ -116,41 +142,42 @@ class Node:
         self.label = spec.label
         self.timeout = timeout
         self._kwargs = lock_connection_kwargs(spec, timeout)
+        # list.pop() and list.append() are atomic: no lock on the hot path.
         self._idle: list[redis.connection.AbstractConnection] = []
-        self._guard = threading.Lock()
-        self._pid = os.getpid()
+        _ALL_NODES.add(self)
 
     def __repr__(self) -> str:
         return f"<Node {self.label}>"
 
     def idle(self) -> redis.connection.AbstractConnection | None:
         """An idle connection, if there is one (no I/O)."""
-        with self._guard:
-            if self._pid != os.getpid():
-                # A forked child must not read replies meant for its parent on shared sockets.
-                self._idle = []
-                self._pid = os.getpid()
-            return self._idle.pop() if self._idle else None
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return None
 
     def connect(self, deadline: float) -> redis.connection.AbstractConnection:
         """A new connection, its handshake (AUTH, SELECT) bounded by ``deadline``."""
         conn = self.spec.connection_class(**self._kwargs)
-        remaining = max(deadline - time.monotonic(), _LAST_LOOK)
+        remaining = max(deadline - time.monotonic(), LAST_LOOK)
         conn.socket_connect_timeout = conn.socket_timeout = remaining
         conn.connect()
         conn.socket_timeout = self.timeout
         return conn
 
     def checkin(self, conn: redis.connection.AbstractConnection) -> None:
-        with self._guard:
-            if conn.pid == os.getpid():
-                self._idle.append(conn)
+        if conn.pid == os.getpid():  # made before a fork: the parent's, never the child's
+            self._idle.append(conn)
 
     def close(self) -> None:
-        with self._guard:
-            idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, []
         for conn in idle:
             conn.disconnect()
+
+    def forget_connections(self) -> None:
+        """After fork: the child must not read replies meant for its parent on shared sockets
+        (nor close them: redis-py only shuts a socket down in the process that opened it)."""
+        self._idle = []
 
     def client(self) -> redis.Redis:
         """A plain redis-py client with this node's settings, for one-off admin commands
@@ -173,15 +200,16 @@ def failure(node: Node, exc: BaseException) -> NodeFailure:
 
 def fan_out(
     nodes: Sequence[Node],
-    commands: Sequence[Command],
+    command: Command,
     budget: float,
     script: Script | None = None,
 ) -> list[Reply]:
-    """Send ``commands[i]`` to ``nodes[i]`` for every i, all before reading any reply; then read
-    every reply by one common deadline ``budget`` seconds from now. A master that has not answered
-    by then counts as failed and its connection is dropped, so a late reply is never mistaken for
-    the answer to a later request."""
+    """Send ``command`` to every master, all before reading any reply; then read every reply by
+    one common deadline ``budget`` seconds from now. A master that has not answered by then
+    counts as failed and its connection is dropped, so a late reply is never mistaken for the
+    answer to a later request. ``script``: resend its source to a master that answers NOSCRIPT."""
     deadline = time.monotonic() + budget
+    packed = pack(command)
     replies: list[Reply] = [None] * len(nodes)
     in_flight: list[tuple[int, redis.connection.AbstractConnection]] = []
     unconnected = []
@@ -191,7 +219,7 @@ def fan_out(
         conn = node.idle()
         if conn is None:
             unconnected.append(i)
-        elif _send(node, conn, commands[i]):
+        elif _send(conn, packed):
             in_flight.append((i, conn))
             reused.add(i)
         else:
@@ -199,7 +227,7 @@ def fan_out(
     for i in unconnected:
         try:
             conn = nodes[i].connect(deadline)
-            conn.send_packed_command(conn.pack_command(*commands[i]), check_health=False)
+            conn.send_packed_command(packed, check_health=False)
         except (redis.RedisError, OSError) as exc:
             replies[i] = failure(nodes[i], exc)
         else:
@@ -215,10 +243,10 @@ def fan_out(
             except (redis.RedisError, OSError) as exc:
                 replies[i] = failure(nodes[i], exc)
                 continue
-            reply = _resend(nodes[i], conn, commands[i], deadline)
+            reply = _resend(nodes[i], conn, packed, deadline)
         if isinstance(reply, NoScriptError) and script is not None:
             # A flushed or restarted master forgot the script: send its source to this one alone.
-            reply = _resend(nodes[i], conn, ("EVAL", script.source, *commands[i][2:]), deadline)
+            reply = _resend(nodes[i], conn, pack(("EVAL", script.source, *command[2:])), deadline)
         if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
             reply = failure(nodes[i], reply)
             nodes[i].checkin(conn)
@@ -228,9 +256,9 @@ def fan_out(
     return replies
 
 
-def _send(node: Node, conn: redis.connection.AbstractConnection, command: Command) -> bool:
+def _send(conn: redis.connection.AbstractConnection, packed: list[bytes]) -> bool:
     try:
-        conn.send_packed_command(conn.pack_command(*command), check_health=False)
+        conn.send_packed_command(packed, check_health=False)
     except (redis.RedisError, OSError):
         conn.disconnect()
         return False
@@ -238,20 +266,17 @@ def _send(node: Node, conn: redis.connection.AbstractConnection, command: Comman
 
 
 def _resend(
-    node: Node,
-    conn: redis.connection.AbstractConnection,
-    command: Command,
-    deadline: float,
+    node: Node, conn: redis.connection.AbstractConnection, packed: list[bytes], deadline: float
 ) -> Reply:
-    if not _send(node, conn, command):
-        return NodeFailure(node.label, "error", "connection lost while resending a script")
+    if not _send(conn, packed):
+        return NodeFailure(node.label, "error", "connection lost while resending")
     return _read(node, conn, deadline)
 
 
 def _read(node: Node, conn: redis.connection.AbstractConnection, deadline: float) -> Reply:
     """The reply, an error reply (``ResponseError``), or a NodeFailure (connection dropped)."""
     try:
-        return conn.read_response(timeout=max(deadline - time.monotonic(), _LAST_LOOK))
+        return conn.read_response(timeout=max(deadline - time.monotonic(), LAST_LOOK))
     except redis.ResponseError as exc:
         return exc
     except (redis.RedisError, OSError) as exc:

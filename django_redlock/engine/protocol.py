@@ -80,10 +80,16 @@ class Tally:
 
 def tally(votes: Sequence[Vote], *, ttl: float, elapsed: float, drift_factor: float) -> Tally:
     """Count the votes of one round that took ``elapsed`` seconds on the monotonic clock."""
+    granted = denied = 0
+    for v in votes:  # one pass: this runs on every round of the hot path
+        if v is Vote.GRANTED:
+            granted += 1
+        elif v is Vote.DENIED:
+            denied += 1
     return Tally(
-        granted=sum(v is Vote.GRANTED for v in votes),
-        denied=sum(v is Vote.DENIED for v in votes),
-        failed=sum(v is Vote.FAILED for v in votes),
+        granted=granted,
+        denied=denied,
+        failed=len(votes) - granted - denied,
         quorum=quorum(len(votes)),
         validity=validity(ttl, elapsed, drift_factor),
     )
@@ -154,6 +160,6 @@ def check_resource(value: object) -> str:
     if len(value) > MAX_RESOURCE_LENGTH:
         raise ValueError(
             f"resource is {len(value)} characters long, more than {MAX_RESOURCE_LENGTH}: "
-            f"{value[:40]!r}...; hash long names (django_redlock.bounded_resource does)"
+            f"{value[:40]!r}...; hash long names (django_redlock.keys.bounded_resource does)"
         )
     return value
