@@ -1,38 +1,121 @@
-"""``python -m bench [cycle|faults|all]``: run scenarios, print markdown, save bench/results/."""
+"""``python -m bench [scenario ...]``: run the scenarios side by side with the peers, print each
+table, save it to bench/results/, and draw bench/results/performance.png (copied to
+docs/performance.png after a full run). See bench/README.md."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
 
-from . import cycle, report
+from . import chart, contention, cycle, memory, report
+
+DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
+
+Scenario = Callable[[argparse.Namespace], tuple[str, dict[str, Any]]]
+
+SCENARIOS: dict[str, tuple[str, Scenario]] = {
+    "a": (
+        "uncontended acquire+release on 5 local masters",
+        lambda args: cycle.uncontended(rounds=args.rounds, cycles=args.cycles),
+    ),
+    "b": (
+        "the same, every master behind a loopback proxy adding 1 ms each way",
+        lambda args: cycle.proxied(delay=args.delay),
+    ),
+    "c": (
+        "contention: 8 processes x 25 acquisitions of one key held 2 ms",
+        lambda args: contention.run(rounds=args.contention_rounds),
+    ),
+    "d": ("1 of 5 masters killed, then 1 of 5 paused", lambda args: cycle.faults()),
+    "e": ("client and Redis memory per held lock", lambda args: memory.run()),
+}
+ALIASES = {
+    "uncontended": "a",
+    "cycle": "a",
+    "proxied": "b",
+    "contention": "c",
+    "faults": "d",
+    "memory": "e",
+}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        epilog="scenarios: "
+        + "; ".join(f"{k} ({n}): {d}" for k, (d, _) in SCENARIOS.items() for n in [_alias(k)])
+        + "; all (default): every scenario, then the chart; chart: redraw the chart from the "
+        "saved numbers; profile: where ours spends its time per cycle (see bench/profile.py)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
-        "scenario",
-        nargs="?",
-        default="all",
-        choices=["all", "cycle", "faults"],
-        help="cycle: uncontended cycle on 5 healthy masters; faults: scenario (d), one master "
-        "killed then one paused; all (default): both",
+        "scenarios",
+        nargs="*",
+        default=["all"],
+        metavar="scenario",
+        help="a b c d e (or their names), all, chart, profile",
     )
     # Many short rounds rather than few long ones: load from other processes on the machine
     # comes and goes in bursts, and short rounds spread each burst over every implementation.
-    parser.add_argument("--rounds", type=int, default=30, help="cycle: rounds (default 30)")
+    parser.add_argument("--rounds", type=int, default=30, help="(a): rounds (default 30)")
     parser.add_argument(
-        "--cycles", type=int, default=100, help="cycle: cycles per round (default 100)"
+        "--cycles", type=int, default=100, help="(a): cycles per round (default 100)"
+    )
+    parser.add_argument(
+        "--delay", type=float, default=0.001, help="(b): proxy delay each way, s (default 0.001)"
+    )
+    parser.add_argument(
+        "--contention-rounds", type=int, default=2, help="(c): races per implementation (2)"
     )
     args = parser.parse_args()
-    if args.rounds < 1 or args.cycles < 1:
-        parser.error(f"--rounds and --cycles must be >= 1, got {args.rounds} and {args.cycles}")
+    if args.rounds < 1 or args.cycles < 1 or args.contention_rounds < 1:
+        parser.error("--rounds, --cycles and --contention-rounds must be >= 1")
+    if not 0 < args.delay < 1:
+        parser.error(f"--delay must be between 0 and 1 second, got {args.delay}")
+    wanted = [ALIASES.get(s, s) for s in args.scenarios]
+    unknown = [s for s in wanted if s not in (*SCENARIOS, "all", "chart", "profile")]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; choose from a b c d e all chart")
 
-    if args.scenario in ("all", "cycle"):
-        text = cycle.healthy(rounds=args.rounds, cycles=args.cycles)
-        print(text, f"\n(saved to {report.save('cycle', text)})\n", flush=True)
-    if args.scenario in ("all", "faults"):
-        text = cycle.faults()
-        print(text, f"\n(saved to {report.save('faults', text)})\n", flush=True)
+    if "profile" in wanted:
+        from . import profile
+
+        profile.main()
+        return
+    full = "all" in wanted
+    started = time.monotonic()
+    for key in SCENARIOS if full else [s for s in SCENARIOS if s in wanted]:
+        text, data = SCENARIOS[key][1](args)
+        print(text, f"\n(saved to {report.save(key, text, data)})\n", flush=True)
+    draw(copy_to_docs=full)  # from every scenario's last saved numbers
+    if full:
+        print(f"All scenarios took {time.monotonic() - started:.0f} s.")
+
+
+def draw(*, copy_to_docs: bool) -> None:
+    if not chart.available():
+        print(
+            "No chart: matplotlib is not installed (pip install -e '.[bench]' adds it); "
+            "the tables above are complete without it."
+        )
+        return
+    path = chart.draw()
+    if path is None:
+        print("No chart: no saved numbers in bench/results/ yet.")
+        return
+    print(f"Chart: {path}")
+    if copy_to_docs:
+        DOCS_PNG.parent.mkdir(exist_ok=True)
+        shutil.copyfile(path, DOCS_PNG)
+        print(f"Copied to {DOCS_PNG} (the README's Performance section shows it).")
+
+
+def _alias(key: str) -> str:
+    return next(name for name, k in ALIASES.items() if k == key)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""The acquire+release cycle benchmark (issue 2, item 8).
+"""The acquire+release cycle benchmarks (issue 6, scenarios a, b and d).
 
-``healthy()``: one uncontended acquire+release cycle on one resource, 5 real local masters, for
-the raw floor of the protocol, our engine (sync and async) and the peer libraries, interleaved in
-rounds so that machine noise hits all of them alike.
+``uncontended()`` (a): one uncontended acquire+release cycle on one resource, 5 real local
+masters, for the raw floor of the protocol, our engine (sync and async) and the peer libraries,
+interleaved in rounds so that machine noise hits all of them alike. ``proxied()`` (b): the same
+with every master behind a loopback proxy that adds a network hop.
 
-``faults()`` (scenario d): the same cycle with one master killed, then with one master paused
-(SIGSTOP), against the floor with a time budget and our engine; peers with a bounded socket
-timeout and few cycles.
+``faults()`` (d): the same cycle with one master killed, then with one master paused (SIGSTOP),
+against the floor with a time budget and our engine; peers with a bounded socket timeout and few
+cycles.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import contextlib
 import gc
 import logging
 import secrets
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import redis
 from redis.asyncio.connection import Connection as AsyncConnection
@@ -39,6 +42,8 @@ from .peers import (
     RedlockPy,
     timed,
 )
+from .proxies import delayed
+from .remote import RemoteContender
 
 MASTERS = 5
 TTL = 10.0
@@ -385,103 +390,220 @@ def describe_leftovers(held: dict[str, int], when: str) -> str:
     )
 
 
-# --- scenario: healthy masters -----------------------------------------------------------------
+# --- redlock-ng (in its own virtual environment) ------------------------------------------------
 
 
-def healthy(*, rounds: int = 30, cycles: int = 100, warmup: int = 100) -> str:
-    """Markdown: the uncontended cycle on 5 healthy masters, every implementation."""
+def redlock_ng(urls: Sequence[str], resource: str, timeout: float | None = None) -> list[Contender]:
+    """redlock-ng's rows: its sync and async client, each in a worker process of its own
+    environment (see ``remote.py``); ``timeout``: its socket budget (default 0.1 s)."""
+    config = {"urls": list(urls), "key": resource, "ttl": TTL, "timeout": timeout}
+    return [
+        RemoteContender(
+            "redlock-ng",
+            "redlock-ng Redlock (sync) over the 5 masters, retry_count=0: acquire()+release(); "
+            "asks the masters one after the other (worker process, own venv)",
+            "redlock-ng",
+            config,
+        ),
+        RemoteContender(
+            "redlock-ng (async)",
+            "redlock-ng AsyncRedlock, retry_count=0: all masters at once (asyncio.gather), "
+            "inside one event loop (worker process, own venv)",
+            "redlock-ng-async",
+            {**config, "key": f"{resource}-async"},
+        ),
+    ]
+
+
+# --- scenarios (a) and (b): uncontended cycle, on loopback and one hop away ---------------------
+
+
+def uncontended(
+    *, rounds: int = 30, cycles: int = 100, warmup: int = 100
+) -> tuple[str, dict[str, Any]]:
+    """Scenario (a): the uncontended cycle on 5 healthy local masters, every implementation."""
     with local_masters(MASTERS) as masters:
         load_scripts(masters)
-        addrs = addresses(masters)
-        urls = [m.url for m in masters]
-        contenders: list[Contender] = [
-            Floor(addrs, "bench:floor"),
-            Ours(urls, "bench:ours-sync"),
-            AsyncFloor(addrs, "bench:floor-async"),
-            OursAsync(urls, "bench:ours-async"),
-            PotteryRedlock(addrs, "bench:pottery"),
-            RedlockPy(addrs, "bench:redlock-py"),
-            RedisPyLock(addrs[0], "bench:redis-py"),
-            PythonRedisLock(addrs[0], "bench:python-redis-lock"),
-        ]
-        started = time.monotonic()
-        with closing_all(contenders):
-            results = measure(contenders, rounds=rounds, cycles=cycles, warmup=warmup)
-        took = time.monotonic() - started
-        left = describe_leftovers(leftovers(masters), "after the run")
+        return _cycle_scenario(
+            "a",
+            "## (a) Uncontended acquire+release, 5 local masters",
+            masters,
+            addresses(masters),
+            rounds=rounds,
+            cycles=cycles,
+            warmup=warmup,
+            unit="us",
+            note="",
+        )
 
+
+def proxied(
+    *, delay: float = 0.001, rounds: int = 10, cycles: int = 20, warmup: int = 10
+) -> tuple[str, dict[str, Any]]:
+    """Scenario (b): the same with every master behind a loopback proxy adding ``delay`` seconds
+    each way (a network hop); the proxies run in a process of their own."""
+    with local_masters(MASTERS) as masters:
+        load_scripts(masters)
+        with delayed([m.port for m in masters], delay) as ports:
+            addrs = [("127.0.0.1", port) for port in ports]
+            rtt = ping_rtt_ms(addrs[0])
+            return _cycle_scenario(
+                "b",
+                f"## (b) Uncontended acquire+release, every master behind a proxy adding "
+                f"{delay * 1000:g} ms each way",
+                masters,
+                addrs,
+                rounds=rounds,
+                cycles=cycles,
+                warmup=warmup,
+                unit="ms",
+                note=f"Round trip through one proxy (PING, median of 50): {rtt:.2f} ms; the "
+                "protocol needs 2 round trips per cycle. ",
+            )
+
+
+def ping_rtt_ms(address: Address) -> float:
+    client = redis.Redis(host=address[0], port=address[1])
+    try:
+        client.ping()
+        times = []
+        for _ in range(50):
+            start = time.perf_counter_ns()
+            client.ping()
+            times.append(time.perf_counter_ns() - start)
+    finally:
+        client.close()
+    return statistics.median(times) / 1e6
+
+
+def _cycle_scenario(
+    scenario: str,
+    title: str,
+    masters: Sequence[LocalMaster],
+    addrs: Sequence[Address],
+    *,
+    rounds: int,
+    cycles: int,
+    warmup: int,
+    unit: str,
+    note: str,
+) -> tuple[str, dict[str, Any]]:
+    urls = [f"redis://{host}:{port}/0" for host, port in addrs]
+    contenders: list[Contender] = [
+        Floor(addrs, "bench:floor"),
+        Ours(urls, "bench:ours-sync"),
+        AsyncFloor(addrs, "bench:floor-async"),
+        OursAsync(urls, "bench:ours-async"),
+        PotteryRedlock(addrs, "bench:pottery"),
+        RedlockPy(addrs, "bench:redlock-py"),
+        *redlock_ng(urls, "bench:redlock-ng"),
+        RedisPyLock(addrs[0], "bench:redis-py"),
+        PythonRedisLock(addrs[0], "bench:python-redis-lock"),
+    ]
+    started = time.monotonic()
+    with closing_all(contenders):
+        results = measure(contenders, rounds=rounds, cycles=cycles, warmup=warmup)
+    took = time.monotonic() - started
+    left = describe_leftovers(leftovers(masters), "after the run")
+
+    scale = 1.0 if unit == "us" else 1000.0
+    digits = 1 if unit == "us" else 2
     summaries = {name: report.summarize(b.times_ns, b.errors) for name, b in results.items()}
-    floor = summaries[Floor.name].median_us
+    floor = summaries[Floor.name]
+    data: dict[str, Any] = {
+        "scenario": scenario,
+        "environment": report.environment(),
+        "unit": unit,
+        "floor": Floor.name,
+        "rows": {},
+    }
     rows = []
     for contender in contenders:
         s = summaries[contender.name]
+        data["rows"][contender.name] = {
+            "median": s.median_us / scale,
+            "p99": s.p99_us / scale,
+            "cycles": s.cycles,
+            "errors": s.errors,
+            "first_error": s.first_error,
+        }
         rows.append(
             [
                 contender.name,
-                report.number(s.median_us, 1),
-                report.number(s.p99_us, 1),
-                report.number(s.median_us / floor, 2) + "x",
+                report.with_ratio(s.median_us / scale, floor.median_us / scale, digits),
+                report.with_ratio(s.p99_us / scale, floor.p99_us / scale, digits),
                 f"{s.cycles}" + (f" ({s.errors} failed: {s.first_error})" if s.errors else ""),
                 contender.meaning,
             ]
         )
-    return "\n".join(
+    headers = [
+        "implementation",
+        f"median {unit} (x floor)",
+        f"p99 {unit} (x floor's p99)",
+        "cycles",
+        "what it is",
+    ]
+    text = "\n".join(
         [
-            "## Uncontended acquire+release cycle, 5 healthy masters",
+            title,
             "",
-            f"{report.environment()}. {rounds} rounds x {cycles} cycles per implementation, "
+            f"{data['environment']}. {note}{rounds} rounds x {cycles} cycles per implementation, "
             f"order rotated each round, {warmup} warm-up cycles each; took {took:.1f} s.",
             "",
-            report.table(
-                ["implementation", "median us", "p99 us", "median / floor", "cycles", "what it is"],
-                rows,
-            ),
+            report.table(headers, rows),
             "",
             left,
         ]
     )
+    return text, data
 
 
 # --- scenario (d): a dead master, a paused master ----------------------------------------------
 
 
-def faults(*, cycles: int = 100, paused_cycles: int = 10, peer_cycles: int = 5) -> str:
+def faults(
+    *, cycles: int = 100, paused_cycles: int = 10, peer_cycles: int = 5
+) -> tuple[str, dict[str, Any]]:
     """Markdown: the cycle with 1 of 5 masters killed, then 1 of 5 paused (SIGSTOP). Each fault
     gets 5 fresh masters; every implementation is first measured healthy on them."""
     started = time.monotonic()
     rows: list[list[str]] = []
     legend: dict[str, str] = {}
     notes: list[str] = []
+    data: dict[str, Any] = {
+        "scenario": "d",
+        "environment": report.environment(),
+        "node_timeout_ms": NODE_TIMEOUT * 1000,
+        "faults": {},
+    }
     with _quiet_peers():
-        rows += _fault_rows(
-            "1 of 5 killed (SIGKILL)",
-            LocalMaster.kill,
-            legend,
-            notes,
-            rounds=5,
-            cycles=cycles,
-            peer_cycles=peer_cycles * 4,
-        )
-        rows += _fault_rows(
-            "1 of 5 paused (SIGSTOP)",
-            LocalMaster.pause,
-            legend,
-            notes,
-            rounds=2,
-            cycles=paused_cycles,
-            peer_cycles=peer_cycles,
-        )
-    headers = ["fault", "implementation", "median ms", "p99 ms", "healthy median ms"]
-    headers += ["extra ms", "extra / NODE_TIMEOUT", "cycles"]
+        for fault, inject, rounds, fault_cycles, fault_peer_cycles in [
+            ("1 of 5 killed", LocalMaster.kill, 5, cycles, peer_cycles * 4),
+            ("1 of 5 paused", LocalMaster.pause, 2, paused_cycles, peer_cycles),
+        ]:
+            fault_rows, data["faults"][fault] = _fault_rows(
+                fault,
+                inject,
+                legend,
+                notes,
+                rounds=rounds,
+                cycles=fault_cycles,
+                peer_cycles=fault_peer_cycles,
+            )
+            rows += fault_rows
+    headers = ["fault", "implementation", "median ms (x floor)", "p99 ms (x floor's p99)"]
+    headers += ["healthy median ms", "extra / NODE_TIMEOUT", "median / bound", "cycles"]
     return "\n".join(
         [
-            "## Scenario (d): one master down",
+            "## (d) One of 5 masters down",
             "",
-            f"{report.environment()}. NODE_TIMEOUT = {NODE_TIMEOUT * 1000:.0f} ms. "
-            "'healthy median' is the same implementation on the same 5 masters just before the "
-            "fault; 'extra' is the fault's median minus that; 'extra / NODE_TIMEOUT' is how many "
-            "per-node budgets the fault costs per cycle (a cycle is 2 rounds: acquire, release, so "
-            "a master that never answers costs a round-by-round implementation about 2).",
+            f"{data['environment']}. NODE_TIMEOUT = {NODE_TIMEOUT * 1000:.0f} ms. Ratios are to "
+            "'floor, bounded' under the same fault. 'healthy median' is the same implementation "
+            "on the same 5 masters just before the fault; 'extra / NODE_TIMEOUT' = (median - "
+            "healthy median) / NODE_TIMEOUT, how many per-node budgets the fault costs per cycle "
+            "(a cycle is 2 rounds, acquire and release: a master that never answers costs a "
+            "round-by-round implementation about 2). bound = the bounded floor's healthy median "
+            "+ NODE_TIMEOUT (the target: at most 1.00).",
             "",
             report.table(headers, rows),
             "",
@@ -489,16 +611,16 @@ def faults(*, cycles: int = 100, paused_cycles: int = 10, peer_cycles: int = 5) 
             "",
             *(f"- **{name}**: {meaning}" for name, meaning in legend.items()),
             "",
-            "Peers here get `socket_timeout=socket_connect_timeout=0.05` and no retries (our "
-            "engine's settings): with redis-py's defaults (no socket timeout, 10 retries) a paused "
-            "master holds them for as long as it is paused. Failed cycles are not in the timings; "
-            "the cycles column counts them with the first error. Single-node locks are left out: "
+            "Peers here get a socket budget of NODE_TIMEOUT and no retries (our engine's "
+            "settings): with redis-py's defaults (no socket timeout, retries) a paused master "
+            "holds them for as long as it is paused. Failed cycles are not in the timings; the "
+            "cycles column counts them with the first error. Single-node locks are left out: "
             "they use either a healthy master (unchanged) or the faulty one (fail).",
             "",
             *(f"{note}\n" for note in notes),
             f"Took {time.monotonic() - started:.1f} s.",
         ]
-    )
+    ), data
 
 
 def _fault_rows(
@@ -510,7 +632,7 @@ def _fault_rows(
     rounds: int,
     cycles: int,
     peer_cycles: int,
-) -> list[list[str]]:
+) -> tuple[list[list[str]], dict[str, Any]]:
     with local_masters(MASTERS) as masters:
         load_scripts(masters)
         addrs = addresses(masters)
@@ -525,6 +647,7 @@ def _fault_rows(
             RedlockPy(
                 addrs, "bench:redlock-py", timeout=NODE_TIMEOUT, fresh_resource_each_cycle=True
             ),
+            *redlock_ng(urls, "bench:redlock-ng", timeout=NODE_TIMEOUT),
         ]
         with closing_all([*ours, *peers]):
             before = measure(ours, rounds=3, cycles=100, warmup=50)
@@ -535,27 +658,40 @@ def _fault_rows(
             inject(masters[0])
             after = measure(ours, rounds=rounds, cycles=cycles, warmup=0)
             after |= measure(peers, rounds=1, cycles=peer_cycles, warmup=0)
+    floor = report.summarize(after[BoundedFloor.name].times_ns, [])
+    floor_healthy_ms = report.summarize(before[BoundedFloor.name].times_ns, []).median_us / 1000
+    bound_ms = floor_healthy_ms + NODE_TIMEOUT * 1000
     rows = []
+    data: dict[str, Any] = {"bound_ms": bound_ms, "rows": {}}
     for contender in [*ours, *peers]:
         legend[contender.name] = contender.meaning
         healthy_ms = report.summarize(before[contender.name].times_ns, []).median_us / 1000
         batch = after[contender.name]
         s = report.summarize(batch.times_ns, batch.errors)
-        extra = s.median_us / 1000 - healthy_ms
+        median_ms = s.median_us / 1000
+        extra = median_ms - healthy_ms
         failed = f" ({s.errors} failed: {s.first_error})" if s.errors else ""
+        data["rows"][contender.name] = {
+            "median_ms": median_ms,
+            "p99_ms": s.p99_us / 1000,
+            "healthy_median_ms": healthy_ms,
+            "cycles": s.cycles,
+            "errors": s.errors,
+            "first_error": s.first_error,
+        }
         rows.append(
             [
                 fault,
                 contender.name,
-                report.number(s.median_us / 1000, 3),
-                report.number(s.p99_us / 1000, 3),
+                report.with_ratio(median_ms, floor.median_us / 1000, 3),
+                report.with_ratio(s.p99_us / 1000, floor.p99_us / 1000, 3),
                 report.number(healthy_ms, 3),
-                report.number(extra, 3),
                 report.number(extra / (NODE_TIMEOUT * 1000), 2),
+                report.number(median_ms / bound_ms, 2),
                 f"{s.cycles}{failed}",
             ]
         )
-    return rows
+    return rows, data
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -10,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -45,6 +47,15 @@ def number(value: float, digits: int = 0) -> str:
     return "n/a" if math.isnan(value) else f"{value:,.{digits}f}"
 
 
+def with_ratio(value: float, reference: float, digits: int = 0) -> str:
+    """``value`` and, in parentheses, ``value / reference`` (e.g. ``125.5 (1.45x)``)."""
+    if math.isnan(value):
+        return "n/a"
+    if math.isnan(reference) or reference == 0:
+        return number(value, digits)
+    return f"{number(value, digits)} ({value / reference:.2f}x)"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = [
         "| " + " | ".join(headers) + " |",
@@ -65,8 +76,20 @@ def environment() -> str:
     )
 
 
-def save(name: str, text: str) -> Path:
+def save(name: str, text: str, data: dict[str, Any] | None = None) -> Path:
+    """Write ``bench/results/<name>.md`` (and ``<name>.json``, the numbers the chart reads)."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.md"
     path.write_text(text + "\n")
+    if data is not None:  # NaN (allowed by json) stands for "not measured"
+        (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+def load(name: str) -> dict[str, Any] | None:
+    """The numbers of the last run of scenario ``name``, if any."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data

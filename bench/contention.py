@@ -1,0 +1,228 @@
+"""Scenario (c): contention. 8 processes x 25 blocking acquisitions of one resource, each held
+2 ms, on 5 local masters (single-node locks: on the first one).
+
+Every implementation that can block (or retry) gets its own 8 worker processes (``worker.py
+contend``), started and warmed up (connections open, scripts loaded) before one ``go`` line
+releases them all at once. Implementations take turns, in rounds, the order rotated each round.
+
+Measured from the workers' monotonic timelines (``CLOCK_MONOTONIC`` is shared by all processes):
+
+- efficiency = ideal hold time (acquisitions x 2 ms) / wall time (first attempt to last release):
+  1.0 means the lock was never idle while someone wanted it;
+- wait: from asking for the lock to holding it, per acquisition (p50, p99, max);
+- overlaps: pairs of holds by different workers that overlap in time (must be 0: a lock that
+  lets two holders in at once is broken, however fast it is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django_redlock.localmasters import local_masters
+
+from . import report
+from .remote import Unavailable, spawn
+
+PROCESSES = 8
+ACQUISITIONS = 25
+HOLD = 0.002
+TTL = 10.0
+#: A worker that has not reported this long after ``go`` is stuck: its row says so.
+DEADLINE = 120.0
+
+#: (row label, worker implementation, masters used, how it waits)
+IMPLEMENTATIONS = [
+    (
+        "ours (sync)",
+        "ours",
+        "5",
+        "lock(r, wait=60).acquire(): a release PUBLISHes a notice, waiters wake at once "
+        "(fallback: retry after 50-100 ms)",
+    ),
+    ("pottery", "pottery", "5", "acquire(): retries after a random 0-200 ms"),
+    ("redlock-py", "redlock-py", "5", "lock() until it returns a lock: 3 tries 200 ms apart each"),
+    ("redlock-ng", "redlock-ng", "5", "acquire(blocking=True): retries after 100-300 ms"),
+    (
+        "single: python-redis-lock",
+        "python-redis-lock",
+        "1",
+        "acquire(): BLPOP on a signal list that the release pushes to",
+    ),
+    ("single: redis-py Lock", "redis-py-lock", "1", "acquire(): polls every 100 ms"),
+]
+
+
+@dataclass
+class Race:
+    """All acquisitions of one implementation over its rounds."""
+
+    efficiencies: list[float] = field(default_factory=list)
+    waits_ns: list[int] = field(default_factory=list)
+    overlaps: int = 0
+    acquired: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def race(implementation: str, urls: Sequence[str], key: str, *, processes: int, count: int) -> Race:
+    """One race: ``processes`` workers, ``count`` acquisitions each, all released by one ``go``."""
+    config = {"urls": list(urls), "key": key, "ttl": TTL, "count": count, "hold": HOLD}
+    result = Race()
+    with _workers(implementation, config, processes) as workers:
+        for proc in workers:
+            assert proc.stdout is not None
+            if not json.loads(proc.stdout.readline() or "{}").get("ready"):
+                result.errors.append(f"a worker did not start (exit {proc.poll()})")
+                return result
+        for proc in workers:  # "go" to all, as close together as we can
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = []
+        for proc in workers:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line:
+                reports.append(json.loads(line))
+            else:
+                result.errors.append(f"a worker died (exit {proc.poll()})")
+    holds = sorted((got, done) for r in reports for got, done in r["holds"])
+    latest_end = 0
+    for got, done in holds:  # in order of acquisition: each must begin after all before it ended
+        result.overlaps += got < latest_end
+        latest_end = max(latest_end, done)
+    result.acquired = len(holds)
+    result.waits_ns = [w for r in reports for w in r["waits_ns"]]
+    for r in reports:
+        result.errors.extend(r["errors"])
+    if reports and holds:
+        wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+        result.efficiencies.append(len(holds) * HOLD * 1e9 / wall)
+    return result
+
+
+@contextlib.contextmanager
+def _workers(
+    implementation: str, config: dict[str, Any], processes: int
+) -> Iterator[list[subprocess.Popen[str]]]:
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(processes):
+            workers.append(spawn("contend", implementation, config))
+        yield workers
+    finally:
+        for proc in workers:
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            try:
+                proc.wait(timeout=DEADLINE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def run(
+    *, rounds: int = 2, processes: int = PROCESSES, count: int = ACQUISITIONS
+) -> tuple[str, dict[str, Any]]:
+    """Markdown and data for scenario (c)."""
+    started = time.monotonic()
+    races = {label: Race() for label, *_ in IMPLEMENTATIONS}
+    with local_masters(5) as masters:
+        urls = [m.url for m in masters]
+        for r in range(rounds):
+            shift = r % len(IMPLEMENTATIONS)
+            for label, implementation, used, _ in [
+                *IMPLEMENTATIONS[shift:],
+                *IMPLEMENTATIONS[:shift],
+            ]:
+                targets = urls if used == "5" else urls[:1]
+                try:
+                    one = race(
+                        implementation,
+                        targets,
+                        f"bench:contend:{implementation}:{r}",
+                        processes=processes,
+                        count=count,
+                    )
+                except Unavailable as exc:
+                    one = Race(errors=[f"not measured: {exc}"])
+                total = races[label]
+                total.efficiencies += one.efficiencies
+                total.waits_ns += one.waits_ns
+                total.overlaps += one.overlaps
+                total.acquired += one.acquired
+                total.errors += one.errors
+    took = time.monotonic() - started
+
+    data: dict[str, Any] = {"scenario": "c", "environment": report.environment(), "rows": {}}
+    for label, race_ in races.items():
+        waits = sorted(race_.waits_ns)
+        data["rows"][label] = {
+            "efficiency": statistics.median(race_.efficiencies) if race_.efficiencies else math.nan,
+            "efficiency_runs": race_.efficiencies,
+            "wait_p50_ms": _pct(waits, 0.50) / 1e6,
+            "wait_p99_ms": _pct(waits, 0.99) / 1e6,
+            "wait_max_ms": waits[-1] / 1e6 if waits else math.nan,
+            "acquired": race_.acquired,
+            "overlaps": race_.overlaps,
+            "errors": race_.errors[:1],
+        }
+    rows_data = data["rows"]
+    peers = [label for label in rows_data if not label.startswith("ours")]
+    best_eff = max((rows_data[p]["efficiency"] for p in peers), default=math.nan)
+    best = {
+        k: min((rows_data[p][k] for p in peers), default=math.nan)
+        for k in ("wait_p50_ms", "wait_p99_ms", "wait_max_ms")
+    }
+    rows = []
+    for label, _, used, how in IMPLEMENTATIONS:
+        d = rows_data[label]
+        runs = ", ".join(f"{e:.2f}" for e in d["efficiency_runs"])
+        rows.append(
+            [
+                label,
+                used,
+                report.with_ratio(d["efficiency"], best_eff, 2) + (f" [{runs}]" if runs else ""),
+                report.with_ratio(d["wait_p50_ms"], best["wait_p50_ms"], 1),
+                report.with_ratio(d["wait_p99_ms"], best["wait_p99_ms"], 1),
+                report.with_ratio(d["wait_max_ms"], best["wait_max_ms"], 1),
+                f"{d['acquired']}/{rounds * processes * count}",
+                str(d["overlaps"]),
+                how + (f" ({d['errors'][0]})" if d["errors"] else ""),
+            ]
+        )
+    headers = ["implementation", "masters", "efficiency [per round]", "wait p50 ms"]
+    headers += ["wait p99 ms", "wait max ms", "acquired", "overlaps", "how it waits"]
+    text = "\n".join(
+        [
+            "## (c) Contention: "
+            f"{processes} processes x {count} acquisitions of one key, each held "
+            f"{HOLD * 1000:.0f} ms",
+            "",
+            f"{data['environment']}. {rounds} rounds, order rotated each round; worker processes "
+            f"started and warm before one 'go'. Efficiency = {processes * count} x "
+            f"{HOLD * 1000:.0f} ms / wall time (median of the rounds; each round in brackets); "
+            "waits over all rounds. No floor here: ratios are to the best peer (ours excluded) "
+            f"for that column. Targets for ours: efficiency >= 0.6, max wait <= 100 ms. "
+            f"Took {took:.1f} s.",
+            "",
+            report.table(headers, rows),
+        ]
+    )
+    return text, data
+
+
+def _pct(ordered: Sequence[int], q: float) -> float:
+    if not ordered:
+        return math.nan
+    return float(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)])

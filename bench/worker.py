@@ -1,0 +1,492 @@
+"""One lock implementation in a process of its own, driven by the benchmark over pipes.
+
+Run by path, ``python bench/worker.py <mode> <implementation> <config json>``, by any virtual
+environment: the benchmark's own (``.venv``) or the one made for redlock-ng (whose ``redlock``
+module would clash with redlock-py's). So this file imports only the standard library at the top;
+each implementation imports its library when it is built.
+
+Modes:
+
+- ``serve``: answers one JSON request per stdin line with one JSON line on stdout:
+  ``{"op": "cycles", "n": N}`` -> ``{"times_ns": [...], "errors": [...]}`` (N uncontended
+  acquire+release cycles on ``config["key"]``, each timed on its own);
+  ``{"op": "hold", "n": N, "prefix": P}`` -> ``{"client_bytes": B, "held": k, "errors": [...]}``
+  (acquire N locks ``P0 .. P{N-1}`` and keep them; B is what tracemalloc saw allocated for them);
+  ``{"op": "drop"}`` -> ``{"released": k}``; end of input ends the worker.
+- ``contend``: prints ``{"ready": true}`` once connected and warm, waits for one ``go`` line, then
+  makes ``config["count"]`` blocking acquisitions of ``config["key"]``, holding each
+  ``config["hold"]`` seconds, and prints what happened as one JSON line (monotonic nanoseconds;
+  ``CLOCK_MONOTONIC`` is one clock for every process on the machine, so the parent can merge
+  the timelines of all workers).
+
+``config``: ``urls`` (the masters), ``ttl`` (seconds), ``timeout`` (per-request socket budget in
+seconds, or null for the library's default), and the mode's keys above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import json
+import secrets
+import sys
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+#: How long our engine may wait for a contended lock in ``contend`` mode: generous, so that every
+#: acquisition succeeds and the scenario measures waiting, not giving up.
+OURS_WAIT = 60.0
+
+
+class Failed(Exception):
+    """An implementation said no by a return value instead of an exception."""
+
+
+class Impl:
+    """What the worker needs from a lock implementation. ``acquire`` is one attempt (returns a
+    handle or raises ``Failed``), ``acquire_blocking`` waits until it holds the lock."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.urls: list[str] = config["urls"]
+        self.ttl: float = config.get("ttl", 10.0)
+        self.timeout: float | None = config.get("timeout")
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def acquire_blocking(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 6379
+
+
+def redis_kwargs(timeout: float | None) -> dict[str, Any]:
+    """A bounded budget and no retries (what our engine uses), or redis-py's defaults."""
+    if timeout is None:
+        return {}
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
+# --- implementations --------------------------------------------------------------------------
+
+
+class Floor(Impl):
+    """For memory only: what a client must keep per held lock (key and token) and what a master
+    must store (``SET key <32 hex> NX PX``). Sequential: its speed is measured in-process."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        import redis
+
+        self.clients = [redis.Redis.from_url(u) for u in self.urls]
+        self.release_script = self.clients[0].register_script(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+            "end return 0"
+        )
+
+    def acquire(self, key: str) -> Any:
+        token = secrets.token_hex(16)
+        granted = sum(
+            bool(c.set(key, token, nx=True, px=int(self.ttl * 1000))) for c in self.clients
+        )
+        if granted < len(self.clients) // 2 + 1:
+            raise Failed(f"{granted} masters granted")
+        return (key, token)
+
+    def release(self, handle: Any) -> None:
+        for client in self.clients:
+            self.release_script(keys=[handle[0]], args=[handle[1]], client=client)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+class Ours(Impl):
+    """django-redlock's engine (sync): ``Redlock(urls).lock(key, ttl, wait)``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        from django_redlock.engine import Redlock
+
+        kwargs = {} if self.timeout is None else {"node_timeout": self.timeout}
+        self.redlock = Redlock(self.urls, **kwargs)
+
+    def acquire(self, key: str) -> Any:
+        return self.redlock.lock(key, ttl=self.ttl).acquire()
+
+    def acquire_blocking(self, key: str) -> Any:
+        return self.redlock.lock(key, ttl=self.ttl, wait=OURS_WAIT).acquire()
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        self.redlock.close()
+
+
+class Pottery(Impl):
+    """pottery ``Redlock`` over every master, one object per resource as its docs show."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        import redis
+
+        self.clients = {redis.Redis.from_url(u, **redis_kwargs(self.timeout)) for u in self.urls}
+
+    def _lock(self, key: str) -> Any:
+        import pottery
+
+        return pottery.Redlock(key=key, masters=self.clients, auto_release_time=self.ttl)
+
+    def acquire(self, key: str) -> Any:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=False):
+            raise Failed("acquire() returned False")
+        return lock
+
+    def acquire_blocking(self, key: str) -> Any:
+        lock = self._lock(key)
+        lock.acquire()  # blocking=True, timeout=-1: its default, retries every 0-200 ms
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+class RedlockPy(Impl):
+    """redlock-py: ``Redlock([{host, port}...]).lock(resource, ttl_ms)`` (3 tries, 200 ms apart,
+    then False: a blocking acquisition calls it again until it wins)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        import redlock
+
+        self.dlm = redlock.Redlock(
+            [
+                {"host": h, "port": p, **redis_kwargs(self.timeout)}
+                for h, p in map(host_port, self.urls)
+            ]
+        )
+
+    def acquire(self, key: str) -> Any:
+        held = self.dlm.lock(key, int(self.ttl * 1000))
+        if not held:
+            raise Failed("lock() returned False")
+        return held
+
+    def acquire_blocking(self, key: str) -> Any:
+        while True:
+            held = self.dlm.lock(key, int(self.ttl * 1000))
+            if held:
+                return held
+
+    def release(self, handle: Any) -> None:
+        self.dlm.unlock(handle)
+
+    def close(self) -> None:
+        for server in self.dlm.servers:
+            server.close()
+
+
+class RedlockNg(Impl):
+    """redlock-ng (sync): ``Redlock(RedlockConfig(masters=urls))``; asks the masters one after
+    the other. One attempt: ``retry_count=0``; blocking: its own loop, 100-300 ms apart."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        from redlock import Redlock, RedlockConfig
+
+        budget = {} if self.timeout is None else {"socket_timeout": self.timeout}
+        if self.timeout is not None:
+            budget["socket_connect_timeout"] = self.timeout
+        self.config = RedlockConfig(masters=self.urls, **budget)
+        self.once = Redlock(self.config, retry_count=0)
+        self.blocking = Redlock(self.config)
+
+    def acquire(self, key: str) -> Any:
+        held = self.once.acquire(key, int(self.ttl * 1000))
+        if held is None:
+            raise Failed("acquire() returned None")
+        return held
+
+    def acquire_blocking(self, key: str) -> Any:
+        return self.blocking.acquire(key, int(self.ttl * 1000), blocking=True)
+
+    def release(self, handle: Any) -> None:
+        self.once.release(handle)
+
+    def close(self) -> None:
+        for redlock in (self.once, self.blocking):
+            for client in redlock.client.instances:
+                client.close()
+
+
+class RedisPyLock(Impl):
+    """redis-py ``Redis.lock(name, timeout=ttl)`` on the first master only (single node)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        import redis
+
+        self.client = redis.Redis.from_url(self.urls[0], **redis_kwargs(self.timeout))
+
+    def acquire(self, key: str) -> Any:
+        lock = self.client.lock(key, timeout=self.ttl)
+        if not lock.acquire(blocking=False):
+            raise Failed("acquire() returned False")
+        return lock
+
+    def acquire_blocking(self, key: str) -> Any:
+        lock = self.client.lock(key, timeout=self.ttl)
+        lock.acquire()  # blocking, polls every 100 ms (its default)
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class PythonRedisLock(Impl):
+    """python-redis-lock ``Lock(client, name, expire=ttl)`` on the first master only (single
+    node); a release pushes to a list that a blocked waiter BLPOPs."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        import redis
+
+        self.client = redis.Redis.from_url(self.urls[0], **redis_kwargs(self.timeout))
+
+    def _lock(self, key: str) -> Any:
+        import redis_lock
+
+        return redis_lock.Lock(self.client, key, expire=int(self.ttl))
+
+    def acquire(self, key: str) -> Any:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=False):
+            raise Failed("acquire() returned False")
+        return lock
+
+    def acquire_blocking(self, key: str) -> Any:
+        lock = self._lock(key)
+        lock.acquire()
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any]], Impl]] = {
+    "floor": Floor,
+    "ours": Ours,
+    "pottery": Pottery,
+    "redlock-py": RedlockPy,
+    "redlock-ng": RedlockNg,
+    "redis-py-lock": RedisPyLock,
+    "python-redis-lock": PythonRedisLock,
+}
+
+
+# --- async implementations (uncontended cycles only) ------------------------------------------
+
+
+def async_cycle(name: str, config: dict[str, Any]) -> Callable[[], Awaitable[None]]:
+    """One uncontended acquire+release cycle of an async implementation, inside one loop."""
+    if name != "redlock-ng-async":
+        raise ValueError(f"no async implementation {name!r}")
+    from redlock import AsyncRedlock, RedlockConfig
+
+    budget: dict[str, float] = {}
+    if config.get("timeout") is not None:
+        budget = {"socket_timeout": config["timeout"], "socket_connect_timeout": config["timeout"]}
+    redlock = AsyncRedlock(RedlockConfig(masters=config["urls"], **budget), retry_count=0)
+    key, ttl_ms = config["key"], int(config.get("ttl", 10.0) * 1000)
+
+    async def cycle() -> None:
+        held = await redlock.acquire(key, ttl_ms)
+        if held is None:
+            raise Failed("acquire() returned None")
+        await redlock.release(held)
+
+    return cycle
+
+
+# --- modes ------------------------------------------------------------------------------------
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def cycle(impl: Impl, key: str) -> None:
+    impl.release(impl.acquire(key))
+
+
+def timed_cycles(cycle: Callable[[], None], n: int) -> dict[str, list[Any]]:
+    times: list[int] = []
+    errors: list[str] = []
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        start = clock()
+        try:
+            cycle()
+        except Exception as exc:  # noqa: BLE001 (a failed cycle is a result to report)
+            errors.append(error_text(exc))
+            continue
+        times.append(clock() - start)
+    return {"times_ns": times, "errors": errors}
+
+
+async def atimed_cycles(cycle: Callable[[], Awaitable[None]], n: int) -> dict[str, list[Any]]:
+    times: list[int] = []
+    errors: list[str] = []
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        start = clock()
+        try:
+            await cycle()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(error_text(exc))
+            continue
+        times.append(clock() - start)
+    return {"times_ns": times, "errors": errors}
+
+
+def reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def serve(name: str, config: dict[str, Any]) -> None:
+    """Answer ``cycles`` / ``hold`` / ``drop`` requests until stdin ends."""
+    runner: asyncio.Runner | None = None
+    impl: Impl | None = None
+    if name.endswith("-async"):
+        runner = asyncio.Runner()  # one loop for every request: connections stay pooled
+        acycle = runner.run(_build_async(name, config))
+    else:
+        impl = IMPLEMENTATIONS[name](config)
+    held: list[Any] = []
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request["op"]
+        if op == "cycles" and runner is not None:
+            reply(runner.run(atimed_cycles(acycle, request["n"])))
+        elif op == "cycles" and impl is not None:
+            reply(timed_cycles(functools.partial(cycle, impl, config["key"]), request["n"]))
+        elif op == "hold" and impl is not None:
+            reply(hold(impl, request["n"], request["prefix"], held))
+        elif op == "drop" and impl is not None:
+            for handle in held:
+                impl.release(handle)
+            reply({"released": len(held)})
+            held.clear()
+        else:
+            reply({"error": f"{name} cannot do {op!r}"})
+    if impl is not None:
+        impl.close()
+    if runner is not None:
+        runner.close()
+
+
+async def _build_async(name: str, config: dict[str, Any]) -> Callable[[], Awaitable[None]]:
+    return async_cycle(name, config)  # built inside the loop: redis.asyncio binds to it
+
+
+def hold(impl: Impl, n: int, prefix: str, held: list[Any]) -> dict[str, Any]:
+    """Acquire ``n`` locks and keep them; what the client allocated for them, per tracemalloc.
+    Connections are opened (and scripts loaded) by a warm-up lock first, so that only what each
+    held lock costs is counted."""
+    impl.release(impl.acquire(f"{prefix}warm-up"))
+    errors: list[str] = []
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(n):
+        try:
+            held.append(impl.acquire(f"{prefix}{i}"))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(error_text(exc))
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"client_bytes": after - before, "held": len(held), "errors": errors[:3]}
+
+
+def contend(name: str, config: dict[str, Any]) -> None:
+    """Blocking acquisitions of one key against the other workers, after a ``go`` line."""
+    impl = IMPLEMENTATIONS[name](config)
+    key, count, hold_s = config["key"], config["count"], config["hold"]
+    # Warm: connections open, scripts loaded, imports done, so the race measures the lock.
+    impl.release(impl.acquire(f"{key}:warm-up:{secrets.token_hex(4)}"))
+    reply({"ready": True})
+    if sys.stdin.readline().strip() != "go":
+        return
+    clock = time.monotonic_ns
+    waits: list[int] = []
+    holds: list[tuple[int, int]] = []
+    errors: list[str] = []
+    start = clock()
+    for _ in range(count):
+        asked = clock()
+        try:
+            handle = impl.acquire_blocking(key)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(error_text(exc))
+            continue
+        got = clock()
+        time.sleep(hold_s)
+        done = clock()
+        try:
+            impl.release(handle)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(error_text(exc))
+        waits.append(got - asked)
+        holds.append((got, done))
+    end = clock()
+    impl.close()
+    reply({"start": start, "end": end, "waits_ns": waits, "holds": holds, "errors": errors[:3]})
+
+
+def main() -> None:
+    mode, name, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if mode == "serve":
+        serve(name, config)
+    elif mode == "contend":
+        contend(name, config)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
