@@ -17,7 +17,6 @@ One asyncio event loop in a daemon thread serves every connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Coroutine
 from types import TracebackType
@@ -36,9 +35,13 @@ class _Link:
 
     def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         self.writers = (client, upstream)
+        self.deliveries: set[asyncio.Task[None]] = set()
         self.lost_bytes = False
 
     def close(self) -> None:
+        """Close both sides at once, dropping whatever was still being delayed."""
+        for delivery in self.deliveries:
+            delivery.cancel()
         for writer in self.writers:
             writer.close()
 
@@ -55,6 +58,8 @@ class DelayProxy:
         self.port = 0
         self._blackholed = False
         self._links: set[_Link] = set()
+        self._serving: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -62,6 +67,11 @@ class DelayProxy:
     @property
     def url(self) -> str:
         return f"redis://{_HOST}:{self.port}/0"
+
+    @property
+    def open_connections(self) -> int:
+        """Connections currently proxied (a test can prove that a client closed its sockets)."""
+        return len(self._links)
 
     def __repr__(self) -> str:
         state = "blackholed" if self._blackholed else f"delay={self.delay}s"
@@ -74,6 +84,7 @@ class DelayProxy:
             raise RuntimeError(f"{self!r} is already started")
         loop = asyncio.new_event_loop()
         self._loop = loop
+        self._stopping = False
         self._thread = threading.Thread(
             target=loop.run_forever, name=f"DelayProxy->{self.target_port}", daemon=True
         )
@@ -126,13 +137,22 @@ class DelayProxy:
     async def _serve(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
+        # Never let this task end cancelled or raising: asyncio (3.11) would log the client
+        # callback's failure. Stopping closes the links instead, and each pump ends by itself.
         self.accepted += 1
+        serving = asyncio.current_task()
+        if serving is not None:
+            self._serving.add(serving)
+            serving.add_done_callback(self._serving.discard)
         try:
             upstream_in, upstream_out = await asyncio.open_connection(_HOST, self.target_port)
         except OSError:
             client_out.close()  # the master is down: the client sees its connection refused late
             return
         link = _Link(client_out, upstream_out)
+        if self._stopping:
+            link.close()
+            return
         self._links.add(link)
         try:
             await asyncio.gather(
@@ -159,22 +179,27 @@ class DelayProxy:
                 await asyncio.sleep(max(0.0, due - loop.time()))
                 if not data:  # end of stream, after everything sent before it
                     return
-                sink.write(data)
-                await sink.drain()
+                try:
+                    sink.write(data)
+                    await sink.drain()
+                except OSError:
+                    return  # the receiving side is gone
 
         delivery = asyncio.create_task(deliver())
+        link.deliveries.add(delivery)
         try:
             while True:
-                data = await source.read(_CHUNK)
+                try:
+                    data = await source.read(_CHUNK)
+                except OSError:
+                    data = b""  # a reset ends this direction like an end of stream
                 if data and self._blackholed:
                     link.lost_bytes = True
                     continue
                 queue.put_nowait((loop.time() + self.delay, data))
                 if not data:
                     break
-            await delivery
-        except OSError:
-            pass  # a reset on either side ends this link
+            await asyncio.wait([delivery])  # done, or cancelled by link.close()
         finally:
             delivery.cancel()
             # Closing the sink ends the other direction too (its reader sees end of stream).
@@ -185,14 +210,12 @@ class DelayProxy:
             link.close()
 
     async def _shutdown(self) -> None:
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         for link in list(self._links):
             link.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._serving:
+            await asyncio.wait(set(self._serving), timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
