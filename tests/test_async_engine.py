@@ -1,0 +1,331 @@
+"""The async twin on real masters: the same lock through ``async with`` / ``aacquire``.
+
+Each test drives its own event loop with ``asyncio.run`` (no pytest plugin needed). Time bounds as
+in test_engine_faults: one round within ``3 * NODE_TIMEOUT + 0.25 s``; a failed attempt (SET
+round + cleanup round) within ``2 * NODE_TIMEOUT + 0.25 s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+import warnings
+
+import pytest
+
+from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable, Redlock
+from django_redlock.localproxy import DelayProxy
+
+NODE_TIMEOUT = 0.05
+ROUND_BOUND = 3 * NODE_TIMEOUT + 0.25
+FAILED_ATTEMPT_BOUND = 2 * NODE_TIMEOUT + 0.25
+KEY = "redlock:lock:job"
+
+
+@pytest.fixture
+def engine_of():
+    """An engine over any URLs (proxies included); its sync connections closed after the test
+    (async ones belong to the loop of the ``asyncio.run`` that made them)."""
+    made = []
+
+    def make(urls, **options):
+        options.setdefault("node_timeout", NODE_TIMEOUT)
+        engine = Redlock(urls, **options)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def keys_of(masters, key=KEY):
+    values = []
+    for m in masters:
+        client = m.client()
+        try:
+            values.append(client.get(key))
+        finally:
+            client.close()
+    return values
+
+
+def urls(masters):
+    return [m.url for m in masters]
+
+
+def run(main):
+    """``asyncio.run(main())``, then collect what it left behind. A connection the engine leaked
+    (see the leak tests at the end) would otherwise be garbage-collected during some later,
+    unrelated test, whose ResourceWarning then fails that test under ``filterwarnings = error``.
+    The leak tests below check for leaks on purpose; the other tests keep them contained."""
+    result = asyncio.run(main())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+    return result
+
+
+def resource_warnings(main):
+    """The ResourceWarnings raised by running ``main`` in its own loop and collecting after."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+async def timed(awaitable):
+    started = time.monotonic()
+    result = await awaitable
+    return result, time.monotonic() - started
+
+
+async def acquire_extend_release(engine, healthy, ttl=5.0):
+    lock = engine.lock("job", ttl=ttl)
+    _, elapsed = await timed(lock.aacquire())
+    assert elapsed < ROUND_BOUND
+    assert lock.held
+    assert None not in keys_of(healthy)
+    validity, elapsed = await timed(lock.aextend())
+    assert elapsed < ROUND_BOUND
+    assert 0 < validity < ttl
+    _, elapsed = await timed(lock.arelease())
+    assert elapsed < ROUND_BOUND
+    assert keys_of(healthy) == [None] * len(healthy)
+
+
+def test_async_with_holds_on_every_master_then_releases(any_masters, engine_of):
+    engine = engine_of(urls(any_masters))
+
+    async def main():
+        async with engine.lock("job", ttl=5) as lock:
+            assert lock.held
+            assert 0 < lock.validity < 5
+            values = keys_of(any_masters)
+            assert None not in values
+            assert len(set(values)) == 1
+        assert not lock.held
+        assert keys_of(any_masters) == [None] * len(any_masters)
+        await acquire_extend_release(engine, any_masters)
+
+    run(main)
+
+
+def test_async_extend_renews_on_every_master(masters, engine_of):
+    engine = engine_of(urls(masters))
+
+    async def main():
+        async with engine.lock("job", ttl=1) as lock:
+            await asyncio.sleep(0.2)
+            assert 0.9 < await lock.aextend() < 1
+            for m in masters:
+                assert 900 < m.client().pttl(KEY) <= 1000
+
+    run(main)
+
+
+def test_async_contention_names_every_master(masters, engine_of):
+    engine, other = engine_of(urls(masters)), engine_of(urls(masters))
+
+    async def main():
+        async with engine.lock("job", ttl=5):
+            with pytest.raises(LockContended) as caught:
+                await other.lock("job", ttl=5).aacquire()
+            assert caught.value.failures == tuple(NodeFailure(n.label, "held") for n in other.nodes)
+            # Another task of the same engine is another owner too.
+            with pytest.raises(LockContended):
+                await asyncio.create_task(engine.lock("job", ttl=5).aacquire())
+
+    run(main)
+
+
+def test_async_wait_gets_the_lock_when_the_holder_releases(masters, engine_of):
+    engine = engine_of(urls(masters), retry_delay=0.02)
+
+    async def hold(holding):
+        async with engine.lock("job", ttl=5):
+            holding.set()
+            await asyncio.sleep(0.2)
+
+    async def main():
+        holding = asyncio.Event()
+        holder = asyncio.create_task(hold(holding))
+        await holding.wait()
+        started = time.monotonic()
+        async with engine.lock("job", ttl=5, wait=5) as lock:
+            assert lock.held
+            assert 0.1 < time.monotonic() - started < 4
+        await holder
+
+    run(main)
+
+
+def test_async_lost_lease_raises_on_exit(masters, engine_of):
+    engine = engine_of(urls(masters))
+
+    async def main():
+        with pytest.raises(LockLost):
+            async with engine.lock("job", ttl=0.05):
+                await asyncio.sleep(0.1)
+
+    run(main)
+
+
+@pytest.mark.parametrize("paused", [1, 2])
+def test_async_minority_paused_within_bound(fresh_masters, engine_of, paused):
+    """Each operation within 3 * NODE_TIMEOUT + 0.25 s while 1 or 2 of 5 masters are SIGSTOPped."""
+    masters = fresh_masters(5)
+    engine = engine_of(urls(masters))
+
+    async def main():
+        await acquire_extend_release(engine, masters)  # connections pooled on this loop
+        for m in masters[:paused]:
+            m.pause()
+        for _ in range(3):
+            await acquire_extend_release(engine, masters[paused:])
+
+    run(main)
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_async_majority_down_is_quorum_unavailable_within_bound(fresh_masters, engine_of, fault):
+    """SET round + cleanup round: within 2 * NODE_TIMEOUT + 0.25 s; healthy masters cleaned."""
+    masters = fresh_masters(5)
+    engine = engine_of(urls(masters))
+
+    async def main():
+        await acquire_extend_release(engine, masters)
+        for m in masters[:3]:
+            getattr(m, fault)()
+        lock = engine.lock("job", ttl=0.5)
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable, match="only 2 of 5"):
+            await lock.aacquire()
+        assert time.monotonic() - started < FAILED_ATTEMPT_BOUND
+        assert not lock.held
+        assert keys_of(masters[3:]) == [None, None]
+
+    run(main)
+
+
+# --- cancellation --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_first(masters):
+    """The five shared masters, the first behind a proxy that adds 30 ms each way."""
+    with DelayProxy(masters[0].port, delay=0.03) as proxy:
+        yield [proxy.url, *urls(masters[1:])]
+
+
+@pytest.mark.parametrize("cancel_after", [0.0, 0.002, 0.01, 0.04])
+def test_cancelled_acquisition_leaves_no_stale_reply_and_no_key(
+    masters, slow_first, engine_of, cancel_after
+):
+    """Cancel a task mid-acquisition (the slow master's reply still in flight). In the same loop,
+    the same engine must then read true answers: a stale "OK" left on a pooled connection would
+    count as a vote for the next request. We make that next request one that must be refused
+    everywhere (another owner holds the resource), then a normal acquisition. And the cancelled
+    attempt's keys must not outlive its TTL (in fact its shielded cleanup removes them at once)."""
+    engine = engine_of(slow_first, node_timeout=0.5)  # long enough to wait for the slow master
+    other = engine_of(urls(masters))
+    ttl = 2.0
+
+    async def main():
+        task = asyncio.create_task(engine.lock("job", ttl=ttl).aacquire())
+        await asyncio.sleep(cancel_after)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        cancelled_at = time.monotonic()
+        # Every master now refuses "held": any granted vote would be a stale reply.
+        async with other.lock("taken", ttl=ttl):
+            with pytest.raises(LockContended) as caught:
+                await engine.lock("taken", ttl=ttl).aacquire()
+        assert [f.reason for f in caught.value.failures] == ["held"] * 5
+        # And a normal acquisition works, on all five masters.
+        while time.monotonic() - cancelled_at < ttl + 0.5:
+            if keys_of(masters) == [None] * 5:
+                break
+            await asyncio.sleep(0.02)
+        assert keys_of(masters) == [None] * 5, "the cancelled attempt left a key past its TTL"
+        async with engine.lock("job", ttl=ttl) as lock:
+            assert lock.held
+            assert None not in keys_of(masters)
+        return time.monotonic() - cancelled_at
+
+    run(main)
+    assert keys_of(masters) == [None] * 5
+
+
+def test_cancelled_acquisition_cleans_up_at_once(masters, slow_first, engine_of):
+    """Stronger than 'gone after the TTL': the interrupted attempt undoes its SETs before the
+    cancellation propagates (the cleanup round is shielded), on the slow master too."""
+    engine = engine_of(slow_first, node_timeout=0.5)
+
+    async def main():
+        task = asyncio.create_task(engine.lock("job", ttl=30).aacquire())
+        await asyncio.sleep(0.01)  # fast masters have granted; the slow one has not answered
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+        assert keys_of(masters[1:]) == [None] * 4
+        await asyncio.sleep(0.2)  # anything still in the proxy has arrived
+        assert keys_of(masters) == [None] * 5
+
+    run(main)
+
+
+# --- connections do not outlive their use --------------------------------------------------------
+
+
+def test_pooled_connections_close_with_their_event_loop(masters, engine_of):
+    """Idle async connections belong to the loop that made them; when ``asyncio.run`` ends they
+    must be closed, not left open (one socket per master per loop, for the life of the process)
+    nor reported as unclosed transports by the garbage collector. Counted at the masters' end,
+    through proxies."""
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(DelayProxy(m.port)) for m in masters]
+        engine = engine_of([p.url for p in proxies])
+
+        async def main():
+            async with engine.lock("job", ttl=5):
+                pass
+            assert sum(p.open_connections for p in proxies) == 5  # pooled while the loop runs
+
+        for _ in range(3):
+            assert resource_warnings(main) == []
+        deadline = time.monotonic() + 1.0
+        while sum(p.open_connections for p in proxies) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [p.open_connections for p in proxies] == [0] * 5
+        assert sum(p.accepted for p in proxies) == 15  # 5 per loop: pooled within each run
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine bug: a task cancelled while the async fan-out is still connecting leaks the "
+    "connections already opened in that round (neither disconnected nor pooled); the garbage "
+    "collector later reports them as unclosed transports",
+)
+def test_cancel_while_connecting_leaks_no_connection(masters, engine_of):
+    """The last master's connection handshake is slow (its URL selects db 1, so connecting costs
+    a SELECT round trip through a 0.1 s proxy): cancel while the engine waits for it, after the
+    four others were connected and sent their SET."""
+    with DelayProxy(masters[4].port, delay=0.1) as slow:
+        engine = engine_of(
+            [*urls(masters[:4]), f"redis://127.0.0.1:{slow.port}/1"], node_timeout=0.5
+        )
+
+        async def main():
+            task = asyncio.create_task(engine.lock("job", ttl=2).aacquire())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        assert resource_warnings(main) == []
