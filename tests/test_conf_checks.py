@@ -179,6 +179,7 @@ def test_ttl_too_short_is_also_a_node_timeout_problem(settings, urls):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="conf.problems() reports a zero or negative TTL twice (not > 0, and below 0.01)",
 )
 @pytest.mark.parametrize("ttl", [0, -1])
@@ -260,6 +261,7 @@ def test_cache_alias_nodes_are_labelled_without_password(settings, masters):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="duplicates are found by label text: a master named once by URL and once through a "
     "cache alias votes twice (same root cause as test_engine_rejects_one_master_spelled_two_ways)",
 )

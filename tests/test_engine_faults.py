@@ -94,14 +94,6 @@ def urls(masters):
     return [m.url for m in masters]
 
 
-def restart_empty(master):
-    """``LocalMaster.restart()`` (kill, then a new empty process on the same port), but through
-    ``stop()``, which also closes the old process's stderr pipe: ``restart()``/``start()`` leak it,
-    and the ResourceWarning fails the test under ``filterwarnings = error`` (reported)."""
-    master.stop()
-    master.start()
-
-
 # --- a minority of masters down or paused: everything keeps working ------------------------------
 
 
@@ -217,7 +209,7 @@ def test_majority_killed_then_restarted_works_again(fresh_masters, engine_of):
     with pytest.raises(QuorumUnavailable):
         engine.lock("job", ttl=5).acquire()
     for m in masters[:3]:
-        restart_empty(m)
+        m.start()
     acquire_extend_release(engine, masters)
 
 
@@ -227,7 +219,7 @@ def test_restart_with_pooled_connections_is_absorbed(fresh_masters, engine_of):
     masters = fresh_masters(5)
     engine = engine_of(urls(masters))
     acquire_extend_release(engine, masters)
-    restart_empty(masters[0])
+    masters[0].restart()
     with engine.lock("job", ttl=5) as lock:
         assert lock.held
         assert None not in keys_of(masters[1:])
@@ -266,6 +258,7 @@ def test_slow_masters_are_outvoted_and_still_released(fresh_masters, engine_of, 
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="engine bug: release is sent as EVALSHA only; a slow master with a cold script cache "
     "answers NOSCRIPT after the deadline, nobody resends the source, and the key stays until TTL",
 )
