@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
+from redis._parsers.encoders import Encoder
 from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import Connection
 
@@ -65,6 +66,18 @@ return 0
 #: One Redis command, name first, as redis-py packs it.
 Command = tuple[bytes | str | int | float, ...]
 
+# The floors pack each round's command once and send the same bytes to every master, as the
+# engine does; with hiredis' packer when installed (redis.asyncio's own packer is pure Python).
+_PACKER: Any = (
+    redis.connection.HiredisRespSerializer()
+    if redis.utils.HIREDIS_AVAILABLE
+    else redis.connection.PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+)
+
+
+def pack(command: Command) -> list[bytes]:
+    return _PACKER.pack(*command)  # type: ignore[no-any-return]
+
 
 def addresses(masters: Sequence[LocalMaster]) -> list[Address]:
     return [("127.0.0.1", m.port) for m in masters]
@@ -81,8 +94,8 @@ class Floor:
 
     name = "floor"
     meaning = (
-        "raw protocol: SET NX PX written to all 5 connections, then all replies read; then "
-        "EVALSHA compare-and-delete the same way; redis-py defaults, no quorum logic"
+        "raw protocol: SET NX PX packed once, written to all 5 connections, then all replies "
+        "read; then EVALSHA compare-and-delete the same way; redis-py defaults, no quorum logic"
     )
 
     def __init__(self, addresses: Sequence[Address], resource: str) -> None:
@@ -95,17 +108,13 @@ class Floor:
     def _cycle(self) -> None:
         token = secrets.token_hex(16)
         conns = self._conns
+        packed = pack(("SET", self._key, token, "NX", "PX", self._ttl_ms))
         for conn in conns:
-            conn.send_packed_command(
-                conn.pack_command("SET", self._key, token, "NX", "PX", self._ttl_ms),
-                check_health=False,
-            )
+            conn.send_packed_command(packed, check_health=False)
         granted = [conn.read_response() for conn in conns]
+        packed = pack(("EVALSHA", FLOOR_RELEASE.sha, 1, self._key, token))
         for conn in conns:
-            conn.send_packed_command(
-                conn.pack_command("EVALSHA", FLOOR_RELEASE.sha, 1, self._key, token),
-                check_health=False,
-            )
+            conn.send_packed_command(packed, check_health=False)
         released = [conn.read_response() for conn in conns]
         if not (all(granted) and all(released)):  # a benchmark sanity check, not quorum logic
             raise CycleFailed(f"SET replies {granted}, release replies {released}")
@@ -124,8 +133,8 @@ class AsyncFloor:
 
     name = "floor (asyncio)"
     meaning = (
-        "the floor on redis.asyncio connections with no socket timeout, all cycles inside one "
-        "long-lived event loop"
+        "the floor on redis.asyncio connections with no socket timeout (commands packed by "
+        "hiredis, once per round), all cycles inside one long-lived event loop"
     )
 
     def __init__(self, addresses: Sequence[Address], resource: str) -> None:
@@ -141,8 +150,9 @@ class AsyncFloor:
         self._ttl_ms = int(TTL * 1000)
 
     async def _round(self, command: Command) -> list[object]:
+        packed = pack(command)
         for conn in self._conns:
-            await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+            await conn.send_packed_command(packed, check_health=False)
         return [await conn.read_response() for conn in self._conns]
 
     async def _batch(self, cycles: int) -> Batch:
@@ -213,6 +223,7 @@ class BoundedFloor:
         """Send ``command`` to each target master, then read replies by one deadline. Returns
         how many said yes; ``targets`` is updated in place to the masters it was sent to."""
         deadline = time.monotonic() + self._timeout
+        packed = pack(command)
         sent = []
         for i in targets:
             conn = self._conns[i]
@@ -221,7 +232,7 @@ class BoundedFloor:
             if conn is None:
                 continue
             try:
-                conn.send_packed_command(conn.pack_command(*command), check_health=False)
+                conn.send_packed_command(packed, check_health=False)
             except (redis.RedisError, OSError):
                 self._drop(i)
                 continue
@@ -283,6 +294,21 @@ class Ours:
 
     def close(self) -> None:
         self.redlock.close()
+
+
+class OursWith(Ours):
+    """How Django code uses it: ``with redlock(r):`` makes a new ``Lock`` every time."""
+
+    name = "ours (sync, with)"
+    meaning = "the same engine as `with redlock.lock(r, ttl=10):`, a new Lock object every cycle"
+
+    def __init__(self, urls: Sequence[str], resource: str) -> None:
+        super().__init__(urls, resource)
+        self._resource = resource
+
+    def _cycle(self) -> None:
+        with self.redlock.lock(self._resource, ttl=TTL):
+            pass
 
 
 class OursAsync:
@@ -492,6 +518,7 @@ def _cycle_scenario(
     contenders: list[Contender] = [
         Floor(addrs, "bench:floor"),
         Ours(urls, "bench:ours-sync"),
+        OursWith(urls, "bench:ours-with"),
         AsyncFloor(addrs, "bench:floor-async"),
         OursAsync(urls, "bench:ours-async"),
         PotteryRedlock(addrs, "bench:pottery"),

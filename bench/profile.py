@@ -1,0 +1,178 @@
+"""``python -m bench profile``: where an uncontended acquire+release of ours spends its time,
+next to the floor, on 5 local masters. Not part of ``all``: it prints, it saves nothing.
+
+1. cProfile over many cycles of each (floor, ours sync, floor asyncio, ours async): the top
+   functions by own time, in microseconds and calls per cycle. cProfile slows every Python call
+   down, so read the shares and call counts, not the absolute times.
+2. What the engine's pure steps cost on their own (timeit, no I/O): the work ours does per cycle
+   that the floor does not.
+
+For a sampling view without cProfile's overhead, run ``py-spy record -r 1000 -o out.svg --
+python -m bench a`` (py-spy is not a dependency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import pstats
+import random
+import statistics
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+from django_redlock.engine import Lock, Redlock, protocol
+from django_redlock.engine.lock import current_owner, vote
+from django_redlock.engine.nodes import fan_out, pack
+from django_redlock.localmasters import local_masters
+
+from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, addresses, load_scripts
+
+CYCLES = 2000
+TOP = 14
+
+
+def main() -> None:
+    with local_masters(5) as masters:
+        load_scripts(masters)
+        addrs = addresses(masters)
+        urls = [m.url for m in masters]
+        floor = Floor(addrs, "bench:profile:floor")
+        ours = Ours(urls, "bench:profile:ours")
+        afloor = AsyncFloor(addrs, "bench:profile:floor-async")
+        aours = OursAsync(urls, "bench:profile:ours-async")
+        for name, contender in [
+            ("floor", floor),
+            ("ours (sync)", ours),
+            ("floor (asyncio)", afloor),
+            ("ours (async)", aours),
+        ]:
+            contender.run(200)  # warm
+            profiled(name, lambda c=contender: c.run(CYCLES))
+            contender.close()
+        pure_steps(urls)
+
+
+def profiled(name: str, work: Callable[[], object]) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    work()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    print(f"\n### {name}: {total / CYCLES * 1e6:.1f} us per cycle under cProfile\n")
+    print("| own us/cycle | share | calls/cycle | function |")
+    print("|---|---|---|---|")
+    entries: Any = stats.stats  # type: ignore[attr-defined]
+    rows = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)[:TOP]
+    for (path, line, func), (_, calls, tottime, _, _) in rows:
+        where = path.split("site-packages/")[-1].split("/work/main/")[-1]
+        print(
+            f"| {tottime / CYCLES * 1e6:.1f} | {tottime / total:.0%} | {calls / CYCLES:.1f} | "
+            f"`{func}` {where}:{line} |"
+        )
+
+
+def pure_steps(urls: list[str]) -> None:
+    """The engine's per-cycle work that involves no I/O, each step timed alone."""
+    redlock = Redlock(urls)
+    lock = redlock.lock("bench:profile:pure", ttl=TTL)
+    value = lock._new_value()  # noqa: SLF001 (measuring the engine's own steps)
+    granted = [b"OK"] * 5
+    command = ("SET", lock.key, value, "NX", "PX", 10_000)
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("Lock._new_value() (token + owner JSON)", lock._new_value),  # noqa: SLF001
+        ("current_owner() (called 3x per cycle)", current_owner),
+        ("redlock.lock(r) (a new Lock object)", lambda: redlock.lock("bench:profile:x")),
+        ("pack(SET ...) once per round", lambda: pack(command)),
+        (
+            "release_command(r, value)",
+            lambda: redlock.release_command(lock.resource, value),
+        ),
+        (
+            "tally of 5 votes (vote() x5 + protocol.tally)",
+            lambda: protocol.tally(
+                [vote(r) for r in granted], ttl=TTL, elapsed=0.0002, drift_factor=0.01
+            ),
+        ),
+        ("Node.idle() + Node.checkin() x5", lambda: _pool_round(redlock)),
+        ("random.Random() (every Lock object seeds its own)", random.Random),
+        ("Lock._hold() + Lock._detach() (Lease, holders, notify)", lambda: _bookkeeping(lock)),
+    ]
+    print("\n### ours: pure steps per cycle (timeit, no I/O)\n")
+    print("| us per call | step |")
+    print("|---|---|")
+    for label, step in steps:
+        n, took = timeit.Timer(step).autorange()
+        best = min(timeit.Timer(step).repeat(5, n)) / n
+        print(f"| {best * 1e6:.2f} | {label} |")
+    asyncio.run(_async_steps(redlock))
+    round_overhead(redlock)
+    redlock.close()
+
+
+def _bookkeeping(lock: Lock) -> None:
+    now = time.monotonic()
+    lock._hold("v", now, now, 1)  # noqa: SLF001
+    lock._detach()  # noqa: SLF001
+
+
+def round_overhead(redlock: Redlock, rounds: int = 3000) -> None:
+    """One round through ``fan_out`` against the same round written by hand on the same pooled
+    connections (send to all, read all, no deadline, no pool), interleaved: what the fan-out's
+    budget, pool and bookkeeping cost per round on real sockets."""
+    command = ("GET", "bench:profile:missing")
+    fan_out(redlock.nodes, command, redlock.node_timeout)  # connect
+    conns = [node.idle() for node in redlock.nodes]
+    assert all(conns)
+    packed = pack(command)
+    clock = time.perf_counter_ns
+    raw_ns: list[int] = []
+    ours_ns: list[int] = []
+    for _ in range(rounds):
+        start = clock()
+        for conn in conns:
+            conn.send_packed_command(packed, check_health=False)  # type: ignore[union-attr]
+        for conn in conns:
+            conn.read_response()  # type: ignore[union-attr]
+        raw_ns.append(clock() - start)
+        for node, conn in zip(redlock.nodes, conns, strict=True):
+            node.checkin(conn)  # type: ignore[arg-type]
+        start = clock()
+        fan_out(redlock.nodes, command, redlock.node_timeout)
+        ours_ns.append(clock() - start)
+        conns = [node.idle() for node in redlock.nodes]
+    raw, ours = statistics.median(raw_ns) / 1000, statistics.median(ours_ns) / 1000
+    print("\n### one round on 5 masters: fan_out vs the same round by hand (real I/O)\n")
+    print(f"by hand {raw:.1f} us, fan_out {ours:.1f} us: +{ours - raw:.1f} us per round (median)")
+
+
+def _pool_round(redlock: Redlock) -> None:
+    for node in redlock.nodes:
+        conn = node.idle()
+        if conn is not None:
+            node.checkin(conn)
+
+
+async def _async_steps(redlock: Redlock) -> None:
+    """What asyncio costs per step in the async engine's fan-out."""
+    loop = asyncio.get_running_loop()
+
+    async def timeout_scope() -> None:
+        async with asyncio.timeout_at(loop.time() + 1):
+            pass
+
+    async def nothing() -> None:
+        pass
+
+    for label, make in [
+        ("an asyncio.timeout_at scope (afan_out opens 1 per round for the reads)", timeout_scope),
+        ("an empty coroutine await (reference)", nothing),
+    ]:
+        n = 20000
+        start = loop.time()
+        for _ in range(n):
+            await make()
+        print(f"| {(loop.time() - start) / n * 1e6:.2f} | {label} |")
