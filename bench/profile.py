@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import functools
 import pstats
 import random
 import statistics
@@ -29,6 +30,7 @@ from django_redlock.engine.nodes import fan_out, pack
 from django_redlock.localmasters import local_masters
 
 from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, addresses, load_scripts
+from .peers import Contender
 
 CYCLES = 2000
 TOP = 14
@@ -43,14 +45,15 @@ def main() -> None:
         ours = Ours(urls, "bench:profile:ours")
         afloor = AsyncFloor(addrs, "bench:profile:floor-async")
         aours = OursAsync(urls, "bench:profile:ours-async")
-        for name, contender in [
+        contenders: list[tuple[str, Contender]] = [
             ("floor", floor),
             ("ours (sync)", ours),
             ("floor (asyncio)", afloor),
             ("ours (async)", aours),
-        ]:
+        ]
+        for name, contender in contenders:
             contender.run(200)  # warm
-            profiled(name, lambda c=contender: c.run(CYCLES))
+            profiled(name, functools.partial(contender.run, CYCLES))
             contender.close()
         pure_steps(urls)
 

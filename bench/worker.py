@@ -129,8 +129,7 @@ class Ours(Impl):
         super().__init__(config)
         from django_redlock.engine import Redlock
 
-        kwargs = {} if self.timeout is None else {"node_timeout": self.timeout}
-        self.redlock = Redlock(self.urls, **kwargs)
+        self.redlock = Redlock(self.urls, node_timeout=self.timeout or 0.05)
 
     def acquire(self, key: str) -> Any:
         return self.redlock.lock(key, ttl=self.ttl).acquire()
@@ -184,7 +183,7 @@ class RedlockPy(Impl):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
-        import redlock
+        import redlock  # type: ignore[import-untyped]
 
         self.dlm = redlock.Redlock(
             [
@@ -284,7 +283,7 @@ class PythonRedisLock(Impl):
         self.client = redis.Redis.from_url(self.urls[0], **redis_kwargs(self.timeout))
 
     def _lock(self, key: str) -> Any:
-        import redis_lock
+        import redis_lock  # type: ignore[import-untyped]
 
         return redis_lock.Lock(self.client, key, expire=int(self.ttl))
 
