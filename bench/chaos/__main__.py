@@ -1,6 +1,7 @@
 """``python -m bench.chaos``: the fault-injection suite at full size, or a soak; prints a summary
-table and writes it to ``bench/results/chaos.md``. Exits 1 if any scenario is not as it must be
-(a violation where none is allowed, a hazard or self-test that did not trip, a failed check)."""
+table and writes it to ``bench/results/chaos.md`` (a soak: ``chaos-soak.md``). Exits 1 if any
+scenario is not as it must be (a violation where none is allowed, a hazard or self-test that did
+not trip, a failed check)."""
 
 from __future__ import annotations
 
@@ -110,13 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         [
             f"# Chaos: {what}",
             "",
-            f"`python -m bench.chaos {' '.join(argv if argv is not None else sys.argv[1:])}`"
+            f"`{' '.join(['python -m bench.chaos', *(sys.argv[1:] if argv is None else argv)])}`"
             f" — {report.environment()}",
             "",
             table(results),
         ]
     )
-    print("\n" + text + f"\n\n(saved to {report.save('chaos', text)})")
+    saved = report.save("chaos-soak" if args.soak is not None else "chaos", text)
+    print("\n" + text + f"\n\n(saved to {saved})")
     return 0 if all(result.ok for result, _ in results) else 1
 
 

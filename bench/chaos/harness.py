@@ -532,13 +532,16 @@ class Clients:
     def wait_progress(self, fraction: float, timeout: float = 120.0) -> bool:
         """Wait until ``fraction`` of all sections are done (or every client exited)."""
         total = self.total
-        target = 1 if total is None else max(1, int(total * fraction))
+        return self.wait_done(1 if total is None else max(1, int(total * fraction)), timeout)
+
+    def wait_done(self, sections: int, timeout: float = 120.0) -> bool:
+        """Wait until ``sections`` sections are done in all (or every client exited)."""
         deadline = time.monotonic() + timeout
-        while self.done() < target and time.monotonic() < deadline:
+        while self.done() < sections and time.monotonic() < deadline:
             if not any(p.is_alive() for p in self.procs):
                 return False
             time.sleep(0.005)
-        return self.done() >= target
+        return self.done() >= sections
 
     def wait_holding(self, process: int, timeout: float = 60.0) -> dict[str, Any]:
         """Wait for a client to reach its hold point; its "holding" record. For a ``stop`` hold,
@@ -546,8 +549,7 @@ class Clients:
         path = Path(self.plan.journal_dir) / f"{process}.jsonl"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in path.read_text().splitlines() if path.exists() else []:
-                record = json.loads(line)
+            for record in read_journal(path):
                 if record["type"] == "holding":
                     hold = self.plan.hold
                     if hold is not None and hold.how == "stop":
@@ -575,8 +577,7 @@ class Clients:
         holding: list[dict[str, Any]] = []
         intruders: list[dict[str, Any]] = []
         for path in sorted(Path(self.plan.journal_dir).glob("*.jsonl")):
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
+            for record in read_journal(path):
                 kind = record.pop("type")
                 if kind == "section":
                     sections.append(Section(**record))
@@ -608,6 +609,15 @@ class Clients:
             done=self.done(),
             events=self.events,
         )
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a journal; a line still being written (no newline yet) is left
+    for the next read."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    return [json.loads(line) for line in lines[:-1] if line]
 
 
 def stopped(pid: int) -> bool:

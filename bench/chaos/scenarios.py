@@ -367,7 +367,7 @@ def holder_paused(size: Size, workdir: Path) -> Result:
             paused["at"] = clients.note("holder stopped")
             done = clients.done()
             time.sleep(2 * ttl)
-            clients.wait_progress((done + 1) / (clients.total or 1))  # others went on
+            clients.wait_done(done + 1)  # others went on meanwhile
             signal_process(record["pid"], signal.SIGCONT)
             paused["resumed"] = clients.note("holder resumed")
 
