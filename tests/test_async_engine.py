@@ -56,12 +56,17 @@ def urls(masters):
     return [m.url for m in masters]
 
 
-def run(main):
+def run(main, *, leaks_expected=False):
     """``asyncio.run(main())``, then collect what it left behind. A connection the engine leaked
-    (see the leak tests at the end) would otherwise be garbage-collected during some later,
-    unrelated test, whose ResourceWarning then fails that test under ``filterwarnings = error``.
-    The leak tests below check for leaks on purpose; the other tests keep them contained."""
-    result = asyncio.run(main())
+    would otherwise be garbage-collected during some later, unrelated test, whose ResourceWarning
+    then fails that test under ``filterwarnings = error``. With ``leaks_expected`` (cancellation
+    tests: see test_cancel_while_connecting_leaks_no_connection, a known engine bug) the
+    ResourceWarnings of a collection during the run itself are ignored too. The leak tests at the
+    end check for leaks on purpose."""
+    with warnings.catch_warnings():
+        if leaks_expected:
+            warnings.simplefilter("ignore", ResourceWarning)
+        result = asyncio.run(main())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
@@ -257,7 +262,7 @@ def test_cancelled_acquisition_leaves_no_stale_reply_and_no_key(
             assert None not in keys_of(masters)
         return time.monotonic() - cancelled_at
 
-    run(main)
+    run(main, leaks_expected=True)
     assert keys_of(masters) == [None] * 5
 
 
@@ -277,7 +282,7 @@ def test_cancelled_acquisition_cleans_up_at_once(masters, slow_first, engine_of)
         await asyncio.sleep(0.2)  # anything still in the proxy has arrived
         assert keys_of(masters) == [None] * 5
 
-    run(main)
+    run(main, leaks_expected=True)
 
 
 # --- connections do not outlive their use --------------------------------------------------------
