@@ -19,6 +19,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .engine import Redlock, protocol
+from .engine.client import duplicate_masters
 from .engine.nodes import NodeSpec, check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
@@ -99,7 +100,7 @@ def problems() -> list[Problem]:
             Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
         )
     ttl, timeout, factor = raw["TTL"], raw["NODE_TIMEOUT"], raw["CLOCK_DRIFT_FACTOR"]
-    if _finite(ttl) and ttl < 0.01:
+    if _finite(ttl) and 0 < ttl < 0.01:
         found.append(Problem("E005", f"REDLOCK['TTL'] must be at least 0.01 seconds, got {ttl!r}"))
     if _finite(factor) and factor >= 1:
         found.append(
@@ -135,19 +136,20 @@ def _node_problems(nodes: object) -> list[Problem]:
             )
         ]
     found = []
-    labels: list[str] = []
+    specs = []
     for entry in nodes:
         try:
-            labels.append(node_spec(entry).label)
+            specs.append(node_spec(entry))
         except (ValueError, ImproperlyConfigured) as exc:
             found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
-    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    duplicates = duplicate_masters(specs)
     if duplicates:
         found.append(
             Problem(
                 "E004",
-                f"REDLOCK['NODES'] lists the same master more than once: {', '.join(duplicates)}",
-                hint="a master listed twice votes twice, so a 'quorum' could be one real master",
+                f"REDLOCK['NODES'] lists the same master more than once: {'; '.join(duplicates)}",
+                hint="a master listed twice (by any spelling, db number or cache alias) votes "
+                "twice, so a 'quorum' could be one real master",
             )
         )
     if len(nodes) % 2 == 0:

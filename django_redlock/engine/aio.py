@@ -16,10 +16,9 @@ import redis.asyncio
 import redis.asyncio.connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
 
 from .lock import Listen, Pause, Procedure, Round, Step
-from .nodes import LAST_LOOK, Command, Node, Reply, failure, lock_connection_kwargs, pack
+from .nodes import LAST_LOOK, Command, Node, Reply, Requests, failure, lock_connection_kwargs
 from .notices import Waiter
 from .scripts import Script
 
@@ -103,60 +102,68 @@ async def afan_out(
     microseconds, more than a loopback round trip.)"""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + budget
-    packed = pack(command)
+    requests = Requests(command, script)
     await _pool_of_this_loop()
     replies: list[Reply] = [None] * len(nodes)
     pending: list[tuple[int, AsyncConnection]] = []
-    unconnected = []
-    for i, node in enumerate(nodes):
-        conn = _idle_connection(node)
-        if conn is None:
-            unconnected.append(i)
-            continue
-        try:
-            await conn.send_packed_command(packed, check_health=False)
-        except (redis.RedisError, OSError) as exc:
-            replies[i] = await _drop(node, conn, exc)
-        else:
-            pending.append((i, conn))
-    for i in unconnected:
-        conn = None
-        try:
-            async with asyncio.timeout_at(deadline):
-                conn = await _connect(nodes[i])
-                await conn.send_packed_command(packed, check_health=False)
-        except (redis.RedisError, OSError, TimeoutError) as exc:
-            replies[i] = await _drop(nodes[i], conn, exc)
-        else:
-            pending.append((i, conn))
-    while pending:
-        try:
-            async with asyncio.timeout_at(deadline):
-                while pending:
-                    i, conn = pending[0]
-                    reply = await _read(conn)
-                    if isinstance(reply, NoScriptError) and script is not None:
-                        # A flushed or restarted master forgot the script: send its source.
-                        source = pack(("EVAL", script.source, *command[2:]))
-                        await conn.send_packed_command(source, check_health=False)
+    connecting: AsyncConnection | None = None
+    try:
+        unconnected = []
+        for i, node in enumerate(nodes):
+            conn = _idle_connection(node)
+            if conn is None:
+                unconnected.append(i)
+                continue
+            try:
+                await conn.send_packed_command(requests.for_node(node), check_health=False)
+            except (redis.RedisError, OSError) as exc:
+                replies[i] = await _drop(node, conn, exc)
+            else:
+                pending.append((i, conn))
+        for i in unconnected:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    connecting = _new_connection(nodes[i])
+                    await connecting.connect()
+                    await connecting.send_packed_command(
+                        requests.for_node(nodes[i]), check_health=False
+                    )
+            except (redis.RedisError, OSError, TimeoutError) as exc:
+                replies[i] = await _drop(nodes[i], connecting, exc)
+            else:
+                pending.append((i, connecting))
+            connecting = None
+        while pending:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    while pending:
+                        i, conn = pending[0]
+                        node = nodes[i]
                         reply = await _read(conn)
-                    pending.pop(0)
-                    _checkin(nodes[i], conn)
-                    if isinstance(reply, redis.ResponseError):
-                        reply = failure(nodes[i], reply)
-                    replies[i] = reply
-        except (redis.RedisError, OSError, TimeoutError) as exc:
-            i, conn = pending.pop(0)
-            replies[i] = await _drop(nodes[i], conn, exc)
-            # Past the deadline, the others get a last look only: a reply already buffered
-            # still counts, but we no longer wait for one.
-            deadline = max(deadline, loop.time() + LAST_LOOK)
-        except BaseException:
-            # Cancelled mid-round: replies may still arrive on every unread connection; none of
-            # them may be read later as the answer to another request.
-            for _, unread in pending:
-                await asyncio.shield(unread.disconnect(nowait=True))
-            raise
+                        if requests.forgot_script(node, reply):
+                            await conn.send_packed_command(
+                                requests.with_source(), check_health=False
+                            )
+                            reply = await _read(conn)
+                        pending.pop(0)
+                        _checkin(node, conn)
+                        if isinstance(reply, redis.ResponseError):
+                            reply = failure(node, reply)
+                        else:
+                            requests.answered(node)
+                        replies[i] = reply
+            except (redis.RedisError, OSError, TimeoutError) as exc:
+                i, conn = pending.pop(0)
+                replies[i] = await _drop(nodes[i], conn, exc)
+                # Past the deadline, the others get a last look only: a reply already buffered
+                # still counts, but we no longer wait for one.
+                deadline = max(deadline, loop.time() + LAST_LOOK)
+    except BaseException:
+        # Cancelled mid-round: replies may still arrive on every connection not yet read, and
+        # one may be half connected; none may be read later as the answer to another request.
+        for conn in [c for _, c in pending] + ([connecting] if connecting else []):
+            await asyncio.shield(conn.disconnect(nowait=True))
+        raise
     return replies
 
 
@@ -203,16 +210,14 @@ async def _pool_of_this_loop() -> dict[Node, list[AsyncConnection]]:
     return pool
 
 
-async def _connect(node: Node) -> AsyncConnection:
+def _new_connection(node: Node) -> AsyncConnection:
     kwargs = lock_connection_kwargs(node.spec, node.timeout)
     kwargs["retry"] = Retry(NoBackoff(), 0)
     # No per-call socket timeout: redis.asyncio would wrap every send and read in wait_for (a
     # task each). The round's own deadline bounds every await instead.
     kwargs["socket_timeout"] = None
     conn_class = _ASYNC_CLASS.get(node.spec.connection_class, redis.asyncio.connection.Connection)
-    conn = conn_class(**kwargs)
-    await conn.connect()
-    return conn
+    return conn_class(**kwargs)
 
 
 def _checkin(node: Node, conn: AsyncConnection) -> None:

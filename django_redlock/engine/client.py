@@ -18,6 +18,22 @@ from .watchdog import WATCHDOG
 DEFAULT_KEY_PREFIX = "redlock:"
 
 
+def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
+    """The entries that name a redis-server already named (by host and port or socket path,
+    whatever the URL spelling or db number)."""
+    seen: dict[tuple[str, ...], str] = {}
+    out = []
+    for spec in specs:
+        first = seen.get(spec.identity)
+        if first == spec.label:
+            out.append(spec.label)
+        elif first is not None:
+            out.append(f"{spec.label} (the same redis-server as {first})")
+        else:
+            seen[spec.identity] = spec.label
+    return out
+
+
 class Redlock:
     """Locks over N independent Redis masters. Django-free: give it URLs or ``NodeSpec``s.
 
@@ -41,11 +57,10 @@ class Redlock:
         if isinstance(nodes, str | bytes) or not nodes:
             raise ValueError(f"nodes must be a non-empty list of URLs, got {nodes!r}")
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_url(n) for n in nodes]
-        labels = [s.label for s in specs]
-        duplicates = sorted({label for label in labels if labels.count(label) > 1})
+        duplicates = duplicate_masters(specs)
         if duplicates:
             # The same master twice would vote twice: a "quorum" of one real master.
-            raise ValueError(f"nodes listed more than once: {', '.join(duplicates)}")
+            raise ValueError(f"nodes listed more than once: {'; '.join(duplicates)}")
         if not isinstance(key_prefix, str):
             raise ValueError(f"key_prefix must be a str, got {key_prefix!r}")
         self.key_prefix = key_prefix
@@ -137,6 +152,11 @@ class Redlock:
         return self._courtesy.get(resource, 0.0)
 
     def close(self) -> None:
-        """Close idle connections (sync ones; async ones close with their event loop)."""
+        """Stop the release-notice listeners and close idle connections (sync ones; async ones
+        close with their event loop)."""
+        with self._notices_guard:
+            notices, self._notices = self._notices, None
+        if notices is not None:
+            notices.close()
         for node in self.nodes:
             node.close()

@@ -537,6 +537,8 @@ class Lock:
         outer = self._redlock.holders.get(self.key)
         if outer is None or outer.released or outer.owner != current_owner():
             return False
+        if outer.check_lost() and not self.reentrant:
+            return False  # its lease ran out: we do not hold it any more, so acquire for real
         if not self.reentrant:
             error = LockContended(
                 self.resource,

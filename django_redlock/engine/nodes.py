@@ -115,6 +115,16 @@ class NodeSpec:
         """Reuse an existing pool's settings (a django-redis cache) without sharing its sockets."""
         return cls(label, pool.connection_class, dict(pool.connection_kwargs))
 
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """Which redis-server this is, whatever the spelling: host and port (or socket path),
+        not the db number. Two entries with one identity are one failure domain and must not
+        vote twice. (Names are compared as written: no DNS lookup at configuration time.)"""
+        kwargs = self.connection_kwargs
+        if "path" in kwargs:
+            return ("unix", str(kwargs["path"]))
+        return (str(kwargs.get("host", "localhost")).lower(), str(kwargs.get("port", 6379)))
+
 
 # Settings that every one of our connections overrides, whatever the node's URL or cache says.
 def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
@@ -144,6 +154,10 @@ class Node:
         self._kwargs = lock_connection_kwargs(spec, timeout)
         # list.pop() and list.append() are atomic: no lock on the hot path.
         self._idle: list[redis.connection.AbstractConnection] = []
+        #: SHAs of the scripts this master has run for us: those go as EVALSHA, others with
+        #: their source (EVAL), so that a master too slow to answer in time is never left with
+        #: a request it cannot run (a late NOSCRIPT would be read by no one).
+        self.warm: set[str] = set()
         _ALL_NODES.add(self)
 
     def __repr__(self) -> str:
@@ -198,6 +212,39 @@ def failure(node: Node, exc: BaseException) -> NodeFailure:
     return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
 
 
+class Requests:
+    """One round's request, packed once in each form it is sent in."""
+
+    def __init__(self, command: Command, script: Script | None) -> None:
+        self.command = command
+        self.script = script
+        self._packed = pack(command)
+        self._with_source: list[bytes] | None = None
+
+    def for_node(self, node: Node) -> list[bytes]:
+        if self.script is None or self.script.sha in node.warm:
+            return self._packed
+        return self.with_source()
+
+    def with_source(self) -> list[bytes]:
+        """The script request as EVAL with the script's source (no NOSCRIPT possible)."""
+        if self._with_source is None:
+            assert self.script is not None  # noqa: S101
+            self._with_source = pack(("EVAL", self.script.source, *self.command[2:]))
+        return self._with_source
+
+    def forgot_script(self, node: Node, reply: Reply) -> bool:
+        """Whether ``reply`` says the master lost our script (flushed, restarted)."""
+        if self.script is not None and isinstance(reply, NoScriptError):
+            node.warm.discard(self.script.sha)
+            return True
+        return False
+
+    def answered(self, node: Node) -> None:
+        if self.script is not None:
+            node.warm.add(self.script.sha)
+
+
 def fan_out(
     nodes: Sequence[Node],
     command: Command,
@@ -207,9 +254,10 @@ def fan_out(
     """Send ``command`` to every master, all before reading any reply; then read every reply by
     one common deadline ``budget`` seconds from now. A master that has not answered by then
     counts as failed and its connection is dropped, so a late reply is never mistaken for the
-    answer to a later request. ``script``: resend its source to a master that answers NOSCRIPT."""
+    answer to a later request. ``script``: the script ``command`` runs (EVALSHA), sent with its
+    source to masters not known to have it, and resent so to one that answers NOSCRIPT."""
     deadline = time.monotonic() + budget
-    packed = pack(command)
+    requests = Requests(command, script)
     replies: list[Reply] = [None] * len(nodes)
     in_flight: list[tuple[int, redis.connection.AbstractConnection]] = []
     unconnected = []
@@ -219,7 +267,7 @@ def fan_out(
         conn = node.idle()
         if conn is None:
             unconnected.append(i)
-        elif _send(conn, packed):
+        elif _send(conn, requests.for_node(node)):
             in_flight.append((i, conn))
             reused.add(i)
         else:
@@ -227,31 +275,32 @@ def fan_out(
     for i in unconnected:
         try:
             conn = nodes[i].connect(deadline)
-            conn.send_packed_command(packed, check_health=False)
+            conn.send_packed_command(requests.for_node(nodes[i]), check_health=False)
         except (redis.RedisError, OSError) as exc:
             replies[i] = failure(nodes[i], exc)
         else:
             in_flight.append((i, conn))
     for i, conn in in_flight:
-        reply = _read(nodes[i], conn, deadline)
+        node = nodes[i]
+        reply = _read(node, conn, deadline)
         if i in reused and isinstance(reply, NodeFailure) and reply.reason == "error":
             # The idle connection was closed by the master (restart, client timeout) and the
             # send went into the void: one fresh try within the same deadline. Safe to repeat:
             # our scripts are idempotent, and a repeated SET NX can only under-count our votes.
             try:
-                conn = nodes[i].connect(deadline)
+                conn = node.connect(deadline)
             except (redis.RedisError, OSError) as exc:
-                replies[i] = failure(nodes[i], exc)
+                replies[i] = failure(node, exc)
                 continue
-            reply = _resend(nodes[i], conn, packed, deadline)
-        if isinstance(reply, NoScriptError) and script is not None:
-            # A flushed or restarted master forgot the script: send its source to this one alone.
-            reply = _resend(nodes[i], conn, pack(("EVAL", script.source, *command[2:])), deadline)
+            reply = _resend(node, conn, requests.for_node(node), deadline)
+        if requests.forgot_script(node, reply):
+            reply = _resend(node, conn, requests.with_source(), deadline)
         if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
-            reply = failure(nodes[i], reply)
-            nodes[i].checkin(conn)
+            reply = failure(node, reply)
+            node.checkin(conn)
         elif not isinstance(reply, NodeFailure):
-            nodes[i].checkin(conn)
+            requests.answered(node)
+            node.checkin(conn)
         replies[i] = reply
     return replies
 

@@ -109,7 +109,7 @@ class _Listener(threading.Thread):
             self.subscribed.add(channel)
 
     def run(self) -> None:
-        while True:
+        while not self.hub.closed:
             wanted = self.hub.wanted_channels()
             if not wanted and not self.subscribed:
                 self.hub.idle.wait(timeout=LINGER)
@@ -130,6 +130,7 @@ class _Listener(threading.Thread):
                 self.hub.confirm(channel, self)
             elif message["type"] == "message":
                 self.hub.deliver(channel)
+        self._reset()
 
     def _follow(self, wanted: set[str]) -> None:
         with self.lock:
@@ -170,6 +171,16 @@ class ReleaseNotices:
         self._confirmed_by: dict[str, set[_Listener]] = {}
         self._listeners: list[_Listener] = []
         self._pid = os.getpid()
+        self.closed = False
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the listener threads and close their connections (waits up to ``timeout``)."""
+        self.closed = True
+        self.idle.set()
+        with self._guard:
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.join(timeout)
 
     def listen(self, channel: str) -> Waiter:
         """Register a waiter; its ``subscribed`` beacon fires once a quorum of masters will
