@@ -11,6 +11,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 
@@ -368,6 +369,24 @@ def rediss(port: int, ca: Path) -> str:
     return f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def subscribers(masters: list[LocalMaster], channel: str) -> list[int]:
+    counts = []
+    for m in masters:
+        client = m.client()
+        try:
+            counts.append(dict(client.pubsub_numsub(channel))[channel.encode()])
+        finally:
+            client.close()
+    return counts
+
+
 def test_rediss_nodes_with_certificate_checks_lock_fence_wait_and_release(tls_masters):
     masters, ports, certs = tls_masters
     engine = Redlock([rediss(p, certs["ca.crt"]) for p in ports], node_timeout=0.5, retry_delay=3)
@@ -393,8 +412,10 @@ def test_rediss_nodes_with_certificate_checks_lock_fence_wait_and_release(tls_ma
         thread.join(10)
         assert got, "the waiter never got the lock"
         assert got[0] - released < 1.0  # woken by a notice over TLS, not the 1.5-3 s retry
+        assert subscribers(masters, engine.notice_channel("job")) == [1, 1, 1]  # over TLS
     finally:
-        engine.close()
+        engine.close()  # stops the notice listeners: no TLS reconnects once the masters stop
+    assert wait_until(lambda: subscribers(masters, engine.notice_channel("job")) == [0, 0, 0])
 
 
 def test_rediss_refuses_a_server_certificate_from_another_ca(tls_masters, tmp_path):
