@@ -1,10 +1,12 @@
 """``python -m bench profile``: where an uncontended acquire+release of ours spends its time,
 next to the floor, on 5 local masters. Not part of ``all``: it prints, it saves nothing.
 
-1. cProfile over many cycles of each (floor, ours sync, floor asyncio, ours async): the top
+1. Client CPU time per cycle of each (floor, ours sync, floor asyncio, ours async),
+   interleaved: robust to other load on the machine.
+2. cProfile over many cycles of each (floor, ours sync, floor asyncio, ours async): the top
    functions by own time, in microseconds and calls per cycle. cProfile slows every Python call
    down, so read the shares and call counts, not the absolute times.
-2. What the engine's pure steps cost on their own (timeit, no I/O): the work ours does per cycle
+3. What the engine's pure steps cost on their own (timeit, no I/O): the work ours does per cycle
    that the floor does not.
 
 For a sampling view without cProfile's overhead, run ``py-spy record -r 1000 -o out.svg --
@@ -29,7 +31,7 @@ from django_redlock.engine.lock import current_owner, vote
 from django_redlock.engine.nodes import fan_out, pack
 from django_redlock.localmasters import local_masters
 
-from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, addresses, load_scripts
+from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, OursWith, addresses, load_scripts
 from .peers import Contender
 
 CYCLES = 2000
@@ -48,14 +50,36 @@ def main() -> None:
         contenders: list[tuple[str, Contender]] = [
             ("floor", floor),
             ("ours (sync)", ours),
+            ("ours (sync, with)", OursWith(urls, "bench:profile:ours-with")),
             ("floor (asyncio)", afloor),
             ("ours (async)", aours),
         ]
-        for name, contender in contenders:
+        for _, contender in contenders:
             contender.run(200)  # warm
+        cpu_per_cycle(contenders)
+        for name, contender in contenders:
             profiled(name, functools.partial(contender.run, CYCLES))
             contender.close()
         pure_steps(urls)
+
+
+def cpu_per_cycle(contenders: list[tuple[str, Contender]], rounds: int = 7) -> None:
+    """This process's CPU time per cycle (``time.process_time``), interleaved rounds, median:
+    the client-side work of each, much less disturbed by other load on the machine than wall
+    time (waiting for the masters costs no CPU here)."""
+    per: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for r in range(rounds):
+        for name, contender in contenders[r % 2 :] + contenders[: r % 2]:
+            start = time.process_time()
+            contender.run(CYCLES // 2)
+            per[name].append((time.process_time() - start) / (CYCLES // 2))
+    floor = statistics.median(per[contenders[0][0]])
+    print("\n### client CPU per cycle (process_time, median of interleaved rounds)\n")
+    print("| implementation | CPU us per cycle | x floor |")
+    print("|---|---|---|")
+    for name, times in per.items():
+        cpu = statistics.median(times)
+        print(f"| {name} | {cpu * 1e6:.1f} | {cpu / floor:.2f}x |")
 
 
 def profiled(name: str, work: Callable[[], object]) -> None:

@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,8 +73,32 @@ def environment() -> str:
     return (
         f"{time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
         f"redis-py {redis.__version__}, redis-server {server}, {os.cpu_count()} CPUs, "
-        f"load average {load}, all masters on 127.0.0.1"
+        f"load average {load}, all masters on 127.0.0.1, {engine_version()}"
     )
+
+
+def engine_version() -> str:
+    """Which engine was measured: the commit, and whether ``django_redlock/`` had changes on
+    top of it (the numbers move with the engine)."""
+    repo = RESULTS.parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "django_redlock"],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "engine version unknown (no git)"
+    return f"engine at {commit}" + (" + uncommitted changes" if dirty else "")
 
 
 def save(name: str, text: str, data: dict[str, Any] | None = None) -> Path:
