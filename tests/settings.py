@@ -4,54 +4,22 @@ a shared SQLite file through REDLOCK_NODES and REDLOCK_TEST_DB."""
 
 import os
 
+# The demo site's apps, middleware, templates and URLs: the tests drive the same site.
+from testproject.settings import *  # noqa: E402, F403
+from testproject.settings import INSTALLED_APPS as DEMO_APPS  # noqa: E402
+
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105
 DEBUG = False
-USE_TZ = True
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
-ROOT_URLCONF = "testproject.urls"
-INSTALLED_APPS = [
-    "django.contrib.admin",
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
-    "django.contrib.sessions",
-    "django.contrib.messages",
-    "django.contrib.staticfiles",
-    "django_redlock",
-    "testproject.shop",
-    "tests.fencedapp",
-]
-MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-]
-TEMPLATES = [
-    {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
-        "APP_DIRS": True,
-        "OPTIONS": {
-            "context_processors": [
-                "django.template.context_processors.request",
-                "django.contrib.auth.context_processors.auth",
-                "django.contrib.messages.context_processors.messages",
-            ]
-        },
-    }
-]
+INSTALLED_APPS = [*DEMO_APPS, "tests.fencedapp"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("REDLOCK_TEST_DB", ":memory:"),
     }
 }
-STATIC_URL = "/static/"
-DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
-# Filled in by the ``redlock_masters`` fixture; empty here so that a test that forgets it fails
-# with the E001 "no nodes" error instead of touching a developer's local Redis.
+# Filled in by the ``redlock_settings`` fixture (or REDLOCK_NODES for child processes); empty
+# here, so a test that forgets it fails with E001 instead of touching a developer's local Redis.
 REDLOCK: dict[str, object] = {
     "NODES": [n for n in os.environ.get("REDLOCK_NODES", "").split(",") if n]
 }
