@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -321,6 +322,8 @@ def tls_missing() -> str | None:
     """Why the configured redis-server cannot serve TLS, or None if it can. A build without TLS
     rejects the ``tls-*`` directives ("Bad directive"); a build with TLS gets past them and stops
     at the missing certificate."""
+    if shutil.which("openssl") is None:
+        return "no openssl command to make the throwaway CA with"
     binary = find_redis_server()
     probe = subprocess.run(
         [binary, "--port", "0", "--tls-port", str(free_port()), "--save", "",

@@ -273,8 +273,8 @@ class Client:
                         self.intruder.target = None
         except LockLost:
             record["lost"] = True
-        except BaseException:
-            record["note"] = (record["note"] + " terminated").strip()
+        except BaseException as exc:
+            record["note"] = f"{record['note']} terminated by {type(exc).__name__}".strip()
             self.journal.write("section", **record)
             raise
         self.journal.write("section", **record)
@@ -302,6 +302,8 @@ class Client:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 else:
                     time.sleep(hold.seconds)
+                # What others did to the counter meanwhile (nothing, if the lock held).
+                record["note"] = f"held: read {value}, counter {self.store.read()} after the hold"
         if plan.fork_every and seq % plan.fork_every == 0:
             record["note"] = self.fork_check(lock)
         if lock.held:
