@@ -26,6 +26,8 @@ from functools import cache
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = ["LocalMaster", "find_redis_server", "local_masters", "redis_server_version"]
 
@@ -118,11 +120,14 @@ class LocalMaster:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
         self.paused = False
         deadline = time.monotonic() + timeout
-        client = self.client()
+        # No retries with backoff inside ping(): this loop is the retry, and a dead start must
+        # be reported at once.
+        client = self.client(retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                    self.kill()  # reaps it and closes its pipe
                     log = self.workdir / "redis.log"
                     tail = log.read_text()[-2000:] if log.exists() else ""
                     raise RuntimeError(
