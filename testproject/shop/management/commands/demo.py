@@ -47,6 +47,7 @@ class Command(BaseCommand):
                 [
                     *manage,
                     "shell",
+                    "--no-imports",
                     "-c",
                     "from django.contrib.auth.models import User; "
                     f"User.objects.create_superuser('admin', 'admin@localhost', {password!r})",
