@@ -78,19 +78,19 @@ def environment() -> str:
 
 
 def engine_version() -> str:
-    """Which engine was measured: the commit, and whether ``django_redlock/`` had changes on
+    """Which engine was measured: the commit, and whether ``django_redlock/engine`` had changes on
     top of it (the numbers move with the engine)."""
     repo = RESULTS.parent.parent
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+        commit = subprocess.run(  # the last commit that changed the library
+            ["git", "log", "-1", "--format=%h", "--", "django_redlock/engine"],
             capture_output=True,
             text=True,
             cwd=repo,
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "django_redlock"],
+            ["git", "status", "--porcelain", "--", "django_redlock/engine"],
             capture_output=True,
             text=True,
             cwd=repo,
