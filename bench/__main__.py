@@ -89,7 +89,9 @@ def main() -> None:
     full = "all" in wanted
     started = time.monotonic()
     for key in SCENARIOS if full else [s for s in SCENARIOS if s in wanted]:
+        before = report.cpu_times()
         text, data = SCENARIOS[key][1](args)
+        text += "\n\n" + report.cpu_note(before, report.cpu_times())
         print(text, f"\n(saved to {report.save(key, text, data)})\n", flush=True)
     draw(copy_to_docs=full)  # from every scenario's last saved numbers
     if full:

@@ -101,6 +101,30 @@ def engine_version() -> str:
     return f"engine at {commit}" + (" + uncommitted changes" if dirty else "")
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (``/proc/stat``: user nice system idle iowait irq softirq
+    steal), or [] where there are none."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
+def cpu_note(before: list[int], after: list[int]) -> str:
+    """How busy the machine was between two ``cpu_times()``: load from elsewhere (and time the
+    host stole from this virtual machine) is what makes one run differ from the next."""
+    if len(before) < 8 or len(after) < 8:
+        return ""
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(delta) or 1
+    busy = total - delta[3] - delta[4]
+    return (
+        f"During this scenario the CPUs were {busy / total:.0%} busy (everything on the "
+        f"machine, this benchmark included) and {delta[7] / total:.0%} stolen by the host."
+    )
+
+
 def save(name: str, text: str, data: dict[str, Any] | None = None) -> Path:
     """Write ``bench/results/<name>.md`` (and ``<name>.json``, the numbers the chart reads)."""
     RESULTS.mkdir(exist_ok=True)
