@@ -82,8 +82,8 @@ async def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
         waiters.append(waiter)
         await waiter.subscribed.await_(redlock.node_timeout)
         return waiter
-    notified = await step.waiter.notified.await_(step.timeout)
-    step.waiter.notified.clear()
+    notified = await step.beacon.await_(step.timeout)
+    step.beacon.clear()
     return notified
 
 

@@ -31,7 +31,7 @@ from . import protocol, scripts
 from .errors import LockContended, LockLost, NodeFailure, QuorumUnavailable
 from .events import notify
 from .nodes import Command, Reply, fan_out
-from .notices import Waiter
+from .notices import Beacon, Waiter
 from .protocol import Tally, Vote
 
 if TYPE_CHECKING:
@@ -74,11 +74,16 @@ class Listen:
 
 @dataclass(frozen=True, slots=True)
 class AwaitNotice:
-    """Sleep until a release notice for ``waiter`` arrives, or ``timeout``; answers True if one
-    did. The waiter is re-armed for the next notice."""
+    """Sleep until a notice for ``waiter`` arrives, or ``timeout``; answers True if one did.
+    ``taken``: wait for "another waiter took it" instead of a release. The beacon is re-armed."""
 
     waiter: Waiter
     timeout: float
+    taken: bool = False
+
+    @property
+    def beacon(self) -> Beacon:
+        return self.waiter.taken if self.taken else self.waiter.notified
 
 
 Step = Round | Pause | Listen | AwaitNotice
@@ -121,8 +126,8 @@ def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
         waiters.append(waiter)
         waiter.subscribed.wait(redlock.node_timeout)
         return waiter
-    notified = step.waiter.notified.wait(step.timeout)
-    step.waiter.notified.clear()
+    notified = step.beacon.wait(step.timeout)
+    step.beacon.clear()
     return notified
 
 
@@ -380,15 +385,22 @@ class Lock:
         waiter: Waiter | None = None
         courtesy = redlock.courtesy_until(self.resource) - began
         if courtesy > 0 and self.wait > 0:
-            # We just woke a waiter by releasing this lock: let it go first.
+            # We just woke a waiter by releasing this lock: let it go first, then compete as a
+            # newcomer (the hand-off delay puts those who waited longer ahead of us).
             waiter = yield Listen(channel)
-            yield AwaitNotice(waiter, min(courtesy, self.wait))
+            if (yield AwaitNotice(waiter, min(courtesy, self.wait))):
+                yield Pause(protocol.handoff_delay(time.monotonic() - began, self._rng))
         while True:
             attempts += 1
             value = self._new_value()
             start = time.monotonic()
+            if waiter is None:
+                request = Round(("SET", self.key, value, "NX", "PX", ttl_ms))
+            else:  # the same SET, which also tells the other waiters if it wins
+                command = scripts.ACQUIRE_WAITING.evalsha((self.key,), (value, ttl_ms, channel))
+                request = Round(command, scripts.ACQUIRE_WAITING)
             try:
-                replies: list[Reply] = yield Round(("SET", self.key, value, "NX", "PX", ttl_ms))
+                replies: list[Reply] = yield request
             except BaseException:
                 # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have
                 # landed. Undo them on every master before letting the interruption through.
@@ -411,10 +423,17 @@ class Lock:
                 waiter = yield Listen(channel)
                 continue
             if result.contended and waiter is not None:
-                fallback = protocol.retry_delay(redlock.retry_delay, self._rng)
-                notified = yield AwaitNotice(waiter, min(fallback, deadline - now))
-                if notified:
-                    yield Pause(protocol.handoff_delay(time.monotonic() - began, self._rng))
+                while True:
+                    fallback = protocol.retry_delay(redlock.retry_delay, self._rng)
+                    remaining = deadline - time.monotonic()
+                    if not (yield AwaitNotice(waiter, min(fallback, remaining))):
+                        break  # no notice in time: try anyway (a lease may expire unreleased)
+                    # Released: spread the waiters out, older ones first; if one of them takes
+                    # the lock meanwhile, there is no point in trying: wait for the next release.
+                    waiter.taken.clear()
+                    delay = protocol.handoff_delay(time.monotonic() - began, self._rng)
+                    if not (yield AwaitNotice(waiter, min(delay, remaining), taken=True)):
+                        break
                 continue
             delay = protocol.retry_delay(redlock.retry_delay, self._rng)
             if now + delay > deadline:

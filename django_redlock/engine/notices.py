@@ -76,12 +76,14 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 class Waiter:
-    """One waiter's interest in one channel. ``notified`` fires on a release notice;
-    ``subscribed`` once enough masters confirmed the subscription that no notice can be missed."""
+    """One waiter's interest in one channel. ``notified`` fires on a release notice, ``taken``
+    when another waiter won the lock; ``subscribed`` once enough masters confirmed the
+    subscription that no notice can be missed."""
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
         self.notified = Beacon()
+        self.taken = Beacon()
         self.subscribed = Beacon()
 
 
@@ -129,7 +131,7 @@ class _Listener(threading.Thread):
             if message["type"] == "subscribe":
                 self.hub.confirm(channel, self)
             elif message["type"] == "message":
-                self.hub.deliver(channel)
+                self.hub.deliver(channel, message["data"])
         self._reset()
 
     def _follow(self, wanted: set[str]) -> None:
@@ -169,6 +171,7 @@ class ReleaseNotices:
         self._waiters: dict[str, list[Waiter]] = {}
         self._last_used: dict[str, float] = {}
         self._confirmed_by: dict[str, set[_Listener]] = {}
+        self._last_release: dict[str, bytes] = {}
         self._listeners: list[_Listener] = []
         self._pid = os.getpid()
         self.closed = False
@@ -217,6 +220,7 @@ class ReleaseNotices:
                 if not self._waiters.get(channel) and now - used > LINGER:
                     del self._last_used[channel]
                     self._waiters.pop(channel, None)
+                    self._last_release.pop(channel, None)
             return {c for c, w in self._waiters.items() if w or c in self._last_used}
 
     def confirm(self, channel: str, listener: _Listener) -> None:
@@ -232,8 +236,13 @@ class ReleaseNotices:
             for channel in channels:
                 self._confirmed_by.get(channel, set()).discard(listener)
 
-    def deliver(self, channel: str) -> None:
+    def deliver(self, channel: str, notice: bytes) -> None:
+        """Wake the waiters of ``channel`` once per notice (every master announces each one):
+        a release (a digest of the lease), or ``+`` and a digest when a waiter took the lock."""
         with self._guard:
+            if self._last_release.get(channel) == notice:
+                return
+            self._last_release[channel] = notice
             waiters = list(self._waiters.get(channel, ()))
         for waiter in waiters:
-            waiter.notified.fire()
+            (waiter.taken if notice.startswith(b"+") else waiter.notified).fire()

@@ -103,14 +103,14 @@ def retry_delay(base: float, rng: random.Random) -> float:
 
 #: After a release notice, waiters spread their next attempt over up to this many seconds, so that
 #: one of them reaches every master first instead of all splitting the vote.
-HANDOFF_SPREAD = 0.001
+HANDOFF_SPREAD = 0.004
 
 
 def handoff_delay(waited: float, rng: random.Random) -> float:
     """Pause before competing after a release notice: random within HANDOFF_SPREAD, and shorter
     the longer this waiter has waited already, so that old waiters tend to go first and none
     starves behind luckier newcomers."""
-    return rng.random() * HANDOFF_SPREAD / (1.0 + waited / 0.02)
+    return rng.random() * HANDOFF_SPREAD / (1.0 + waited / 0.01)
 
 
 def fence_merge(counters: Sequence[int | None], node_count: int) -> int | None:

@@ -26,7 +26,9 @@ class Script:
 
 
 # KEYS[1] lock key; ARGV[1] our full value (token + owner); ARGV[2] the resource's notice channel.
-# Deletes the key only if it still holds our value, then tells waiters (PUBLISH) that it is free.
+# Deletes the key only if it still holds our value, then tells waiters (PUBLISH) that it is free;
+# the message names the lease released (a digest, never the token) so that a waiter hearing the
+# same release from every master wakes once.
 # Returns 0 if the key was not ours, else 1 + the number of subscribers notified (so the releaser
 # learns that others wait, and can let them go first).
 # Also serves the admin's force release, with the exact value shown on its confirmation page.
@@ -35,7 +37,22 @@ RELEASE = Script(
     """
 if redis.call('get', KEYS[1]) == ARGV[1] then
     redis.call('del', KEYS[1])
-    return 1 + redis.call('publish', ARGV[2], '')
+    return 1 + redis.call('publish', ARGV[2], string.sub(redis.sha1hex(ARGV[1]), 1, 16))
+end
+return 0
+""",
+)
+
+# KEYS[1] lock key; ARGV[1] our full value; ARGV[2] TTL in milliseconds; ARGV[3] the resource's
+# notice channel. SET NX PX as an uncontended acquisition does, for a waiter: if it wins, it tells
+# the other waiters at once ("+" and a digest of the new lease), so that they go back to sleep
+# instead of all trying after every release. Returns 1 if set, else 0.
+ACQUIRE_WAITING = Script(
+    "acquire_waiting",
+    """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    redis.call('publish', ARGV[3], '+' .. string.sub(redis.sha1hex(ARGV[1]), 1, 16))
+    return 1
 end
 return 0
 """,
@@ -70,4 +87,4 @@ return current
 """,
 )
 
-ALL = (RELEASE, EXTEND, FENCE_RAISE)
+ALL = (RELEASE, ACQUIRE_WAITING, EXTEND, FENCE_RAISE)
