@@ -79,7 +79,8 @@ def main() -> None:
     wanted = [ALIASES.get(s, s) for s in args.scenarios]
     unknown = [s for s in wanted if s not in (*SCENARIOS, "all", "chart", "profile")]
     if unknown:
-        parser.error(f"unknown scenario {', '.join(unknown)}; choose from a b c d e all chart")
+        choices = "a b c d e all chart profile"
+        parser.error(f"unknown scenario {', '.join(unknown)}; choose from {choices}")
 
     if "profile" in wanted:
         from . import profile
