@@ -127,11 +127,15 @@ class Redlock:
     def notice_channel(self, resource: str) -> str:
         return f"{self.key_prefix}free:{resource}"
 
-    def release_command(self, resource: str, value: str | bytes) -> tuple[object, ...]:
+    def release_command(
+        self, resource: str, value: str | bytes, *, notify: bool = True
+    ) -> tuple[object, ...]:
         """The request that releases ``resource`` on one master if it still holds ``value``
-        (compare-and-delete, then a notice that wakes waiters). Used by every release: the
-        holder's own, and the admin's force release of exactly the holder it showed."""
-        channel = self.notice_channel(resource)
+        (compare-and-delete, then a notice that wakes waiters unless ``notify`` is false). Used
+        by every release: the holder's own, the undoing of a failed attempt (quietly: waking
+        every waiter for keys that never made a lock is how a thundering herd starts), and the
+        admin's force release of exactly the holder it showed."""
+        channel = self.notice_channel(resource) if notify else ""
         return scripts.RELEASE.evalsha((self.lock_key(resource),), (value, channel))
 
     @property

@@ -41,6 +41,12 @@ T = TypeVar("T")
 
 _HOST = socket.gethostname()
 
+#: Jitter for retries and hand-offs (one per process: seeding one per lock cost ~8 us and ~3 KB).
+#: Tokens never come from here but from ``secrets``.
+_JITTER = random.Random()  # noqa: S311
+# Forked children must not all draw the same "random" delays as their parent and each other.
+os.register_at_fork(after_in_child=_JITTER.seed)
+
 #: A process that released a lock other processes were waiting for stays out of the next round
 #: for this long, so that the waiter it woke gets the lock instead of the releaser barging back in.
 COURTESY = 0.003
@@ -259,7 +265,6 @@ class Lock:
         self.key = redlock.lock_key(resource)
         self._lease: Lease | None = None
         self._owner_json: tuple[tuple[int, int, int], str] = ((0, 0, 0), "")
-        self._rng = random.Random()  # noqa: S311 (jitter only; tokens come from ``secrets``)
 
     def __repr__(self) -> str:
         lease = self._lease
@@ -389,7 +394,7 @@ class Lock:
             # newcomer (the hand-off delay puts those who waited longer ahead of us).
             waiter = yield Listen(channel)
             if (yield AwaitNotice(waiter, min(courtesy, self.wait))):
-                yield Pause(protocol.handoff_delay(time.monotonic() - began, self._rng))
+                yield Pause(protocol.handoff_delay(time.monotonic() - began, _JITTER))
         while True:
             attempts += 1
             value = self._new_value()
@@ -404,7 +409,7 @@ class Lock:
             except BaseException:
                 # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have
                 # landed. Undo them on every master before letting the interruption through.
-                yield self._release_round(value, cleanup=True)
+                yield self._release_round(value, cleanup=True, notify=False)
                 raise
             result = self._tally(replies, start)
             if result.won:
@@ -413,7 +418,7 @@ class Lock:
             if result.granted or result.failed:
                 # Undo partial success everywhere, failed masters included: a SET that timed out
                 # may still have landed, and would otherwise block others until its TTL.
-                yield self._release_round(value)
+                yield self._release_round(value, notify=False)
             now = time.monotonic()
             if now >= deadline:
                 raise self._not_acquired(result, replies, attempts, now - began)
@@ -424,18 +429,18 @@ class Lock:
                 continue
             if result.contended and waiter is not None:
                 while True:
-                    fallback = protocol.retry_delay(redlock.retry_delay, self._rng)
+                    fallback = protocol.retry_delay(redlock.retry_delay, _JITTER)
                     remaining = deadline - time.monotonic()
                     if not (yield AwaitNotice(waiter, min(fallback, remaining))):
                         break  # no notice in time: try anyway (a lease may expire unreleased)
                     # Released: spread the waiters out, older ones first; if one of them takes
                     # the lock meanwhile, there is no point in trying: wait for the next release.
                     waiter.taken.clear()
-                    delay = protocol.handoff_delay(time.monotonic() - began, self._rng)
+                    delay = protocol.handoff_delay(time.monotonic() - began, _JITTER)
                     if not (yield AwaitNotice(waiter, min(delay, remaining), taken=True)):
                         break
                 continue
-            delay = protocol.retry_delay(redlock.retry_delay, self._rng)
+            delay = protocol.retry_delay(redlock.retry_delay, _JITTER)
             if now + delay > deadline:
                 raise self._not_acquired(result, replies, attempts, now - began)
             yield Pause(delay)
@@ -468,7 +473,7 @@ class Lock:
                     f"lock {lease.resource!r} is gone from {result.denied} of {result.total} "
                     f"masters: it expired or was released by force"
                 )
-            delay = protocol.retry_delay(redlock.retry_delay, self._rng)
+            delay = protocol.retry_delay(redlock.retry_delay, _JITTER)
             if time.monotonic() + delay >= lease.valid_until:
                 raise lease.mark_lost(
                     f"could not renew lock {lease.resource!r} on a quorum before its lease ran "
@@ -517,8 +522,8 @@ class Lock:
         lease.fence = token
         return token
 
-    def _release_round(self, value: str, *, cleanup: bool = False) -> Round:
-        command = self._redlock.release_command(self.resource, value)
+    def _release_round(self, value: str, *, cleanup: bool = False, notify: bool = True) -> Round:
+        command = self._redlock.release_command(self.resource, value, notify=notify)
         return Round(command, scripts.RELEASE, cleanup)
 
     # --- helpers ---------------------------------------------------------------------------------

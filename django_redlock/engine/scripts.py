@@ -25,7 +25,8 @@ class Script:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
-# KEYS[1] lock key; ARGV[1] our full value (token + owner); ARGV[2] the resource's notice channel.
+# KEYS[1] lock key; ARGV[1] our full value (token + owner); ARGV[2] the resource's notice channel,
+# or '' to undo a failed attempt quietly (it freed nothing another waiter was waiting for).
 # Deletes the key only if it still holds our value, then tells waiters (PUBLISH) that it is free;
 # the message names the lease released (a digest, never the token) so that a waiter hearing the
 # same release from every master wakes once.
@@ -37,6 +38,9 @@ RELEASE = Script(
     """
 if redis.call('get', KEYS[1]) == ARGV[1] then
     redis.call('del', KEYS[1])
+    if ARGV[2] == '' then
+        return 1
+    end
     return 1 + redis.call('publish', ARGV[2], string.sub(redis.sha1hex(ARGV[1]), 1, 16))
 end
 return 0
