@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench.chaos.__main__ import main
-from bench.chaos.scenarios import CI, SCENARIOS, Result, soak
+from bench.chaos.scenarios import CI, SCENARIOS, Result, Size, soak
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,10 @@ def test_a_master_restarted_empty_within_the_ttl_is_caught_by_the_checkers(tmp_p
 def test_the_checker_self_test_trips_every_checker(tmp_path):
     """A quorum of 1 (patched inside the client processes only) lets two clients hold the lock
     at once: lost updates, overlaps and fence violations must all be reported."""
-    result = SCENARIOS["self-test"].run(CI, tmp_path)
+    # Larger than CI size: overlaps and lost updates show at once, but a fence violation needs an
+    # overlapping pair whose tokens were issued out of acquisition order (a matter of timing);
+    # 6 x 60 broken sections make one near-certain and still take only a few seconds.
+    result = SCENARIOS["self-test"].run(Size(6, 60), tmp_path)
     verdict = result.outcome.verdict
     assert verdict.lost_updates > 0, explain(result)
     assert verdict.overlaps > 0, explain(result)

@@ -178,8 +178,16 @@ class Client:
         self.plan = plan
         self.index = index
         self.progress = progress
+        nodes = list(plan.nodes)
+        if plan.broken_quorum:
+            # Each client lists the masters starting from a different one, as differently
+            # configured clients would: with a quorum of 1, two contenders then each win "their"
+            # first master, so the broken lock overlaps for sure, even on a busy machine where
+            # the processes might otherwise happen to take turns.
+            shift = index % len(nodes)
+            nodes = nodes[shift:] + nodes[:shift]
         self.engine = Redlock(
-            list(plan.nodes),
+            nodes,
             ttl=plan.ttl,
             wait=plan.wait,
             node_timeout=plan.node_timeout,
