@@ -150,6 +150,15 @@ class LocalMaster:
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kwargs)  # type: ignore[arg-type]
 
+    def call(self, *command: object) -> object:
+        """Run one command on a short-lived connection (for tests and tools: read a key, PTTL,
+        CONFIG SET, ...)."""
+        client = self.client()
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
     def kill(self) -> None:
         """SIGKILL: the master vanishes with its data, as in a crash."""
         if self.proc is not None:

@@ -22,14 +22,7 @@ RELEASE_URL = "/admin/django_redlock/heldlock/release/"
 
 
 def values(masters, key):
-    out = []
-    for m in masters:
-        client = m.client()
-        try:
-            out.append(client.get(key))
-        finally:
-            client.close()
-    return out
+    return [m.call("GET", key) for m in masters]
 
 
 def tokens(masters, key):

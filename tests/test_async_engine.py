@@ -42,14 +42,7 @@ def engine_of():
 
 
 def keys_of(masters, key=KEY):
-    values = []
-    for m in masters:
-        client = m.client()
-        try:
-            values.append(client.get(key))
-        finally:
-            client.close()
-    return values
+    return [m.call("GET", key) for m in masters]
 
 
 def urls(masters):

@@ -35,14 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def lock_keys(masters: list[LocalMaster], resource: str) -> list[bytes | None]:
     key = get_redlock().lock_key(resource)
-    values = []
-    for m in masters:
-        client = m.client()
-        try:
-            values.append(client.get(key))
-        finally:
-            client.close()
-    return values
+    return [m.call("GET", key) for m in masters]
 
 
 def wipe(masters: list[LocalMaster], resource: str) -> None:

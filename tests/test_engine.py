@@ -30,14 +30,7 @@ def redlock_of(redlock_of):
 
 def keys_on(masters, key):
     """The value of ``key`` on each master (None where absent)."""
-    values = []
-    for m in masters:
-        client = m.client()
-        try:
-            values.append(client.get(key))
-        finally:
-            client.close()
-    return values
+    return [m.call("GET", key) for m in masters]
 
 
 def test_acquire_sets_the_key_on_every_master_and_release_removes_it(any_masters, redlock_of):

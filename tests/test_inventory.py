@@ -23,14 +23,7 @@ FOREIGN_TOKEN = "0123456789abcdef0123456789abcdef"
 
 def raw_values(masters, key):
     """What each master stores at ``key`` (bytes or None), read directly."""
-    out = []
-    for m in masters:
-        client = m.client()
-        try:
-            out.append(client.get(key))
-        finally:
-            client.close()
-    return out
+    return [m.call("GET", key) for m in masters]
 
 
 def put(master, key, value, ttl_ms=20_000):

@@ -25,14 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pttls(masters: list[LocalMaster], key: str) -> list[int]:
-    out = []
-    for m in masters:
-        client = m.client()
-        try:
-            out.append(client.pttl(key))
-        finally:
-            client.close()
-    return out
+    return [m.call("PTTL", key) for m in masters]
 
 
 # --- auto-extension and lost notice -----------------------------------------------------------

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -186,7 +186,6 @@ class Lease:
     lost: bool = False
     fence: int | None = None
     extensions: int = 0
-    io_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def validity(self) -> float:

@@ -49,10 +49,6 @@ class Beacon:
     def clear(self) -> None:
         self._event.clear()
 
-    @property
-    def fired(self) -> bool:
-        return self._event.is_set()
-
     def wait(self, timeout: float) -> bool:
         return self._event.wait(max(timeout, 0.0))
 

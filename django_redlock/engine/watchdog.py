@@ -98,8 +98,7 @@ class Watchdog:
             # Stop renewing; look again when the lease runs out, to report it lost at once.
             return lease.valid_until if not lease.check_lost() else None
         try:
-            with lease.io_lock:
-                validity = run(lease.redlock, handle._extend(lease, once=True))
+            validity = run(lease.redlock, handle._extend(lease, once=True))
         except LockLost:
             return None  # marked lost (event and on_lost fired) by the extend procedure
         except Exception:  # noqa: BLE001 (the watchdog must outlive any one lease's bug)
