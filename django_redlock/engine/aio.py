@@ -103,14 +103,15 @@ async def afan_out(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + budget
     requests = Requests(command, script)
-    await _pool_of_this_loop()
+    pool = await _pool_of_this_loop()  # looked up once per round, not per master
     replies: list[Reply] = [None] * len(nodes)
     pending: list[tuple[int, AsyncConnection]] = []
     connecting: AsyncConnection | None = None
     try:
         unconnected = []
         for i, node in enumerate(nodes):
-            conn = _idle_connection(node)
+            idle = pool.get(node)
+            conn = idle.pop() if idle else None
             if conn is None:
                 unconnected.append(i)
                 continue
@@ -146,7 +147,7 @@ async def afan_out(
                             )
                             reply = await _read(conn)
                         pending.pop(0)
-                        _checkin(node, conn)
+                        pool.setdefault(node, []).append(conn)
                         if isinstance(reply, redis.ResponseError):
                             reply = failure(node, reply)
                         else:
@@ -181,11 +182,6 @@ async def _drop(node: Node, conn: AsyncConnection | None, exc: BaseException) ->
     return failure(node, exc)
 
 
-def _idle_connection(node: Node) -> AsyncConnection | None:
-    idle = _idle.get(asyncio.get_running_loop(), {}).get(node)
-    return idle.pop() if idle else None
-
-
 async def _close_with_the_loop(pool: dict[Node, list[AsyncConnection]]) -> AsyncIterator[None]:
     """Parked at its ``yield`` for the loop's lifetime: ``asyncio.run`` (and any loop shutdown
     that calls ``shutdown_asyncgens``) closes it, and with it our idle connections, while the loop
@@ -218,9 +214,3 @@ def _new_connection(node: Node) -> AsyncConnection:
     kwargs["socket_timeout"] = None
     conn_class = _ASYNC_CLASS.get(node.spec.connection_class, redis.asyncio.connection.Connection)
     return conn_class(**kwargs)
-
-
-def _checkin(node: Node, conn: AsyncConnection) -> None:
-    pool = _idle.get(asyncio.get_running_loop())
-    if pool is not None:
-        pool.setdefault(node, []).append(conn)

@@ -35,9 +35,12 @@ LAST_LOOK = 0.0001
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
 
 _ALL_NODES: weakref.WeakSet[Node] = weakref.WeakSet()
+_PID = os.getpid()  # kept current by the at-fork hook: no getpid() call per connection
 
 
 def _forget_all_connections() -> None:
+    global _PID
+    _PID = os.getpid()
     for node in list(_ALL_NODES):
         node.forget_connections()
 
@@ -180,7 +183,7 @@ class Node:
         return conn
 
     def checkin(self, conn: redis.connection.AbstractConnection) -> None:
-        if conn.pid == os.getpid():  # made before a fork: the parent's, never the child's
+        if conn.pid == _PID:  # made before a fork: the parent's, never the child's
             self._idle.append(conn)
 
     def close(self) -> None:
