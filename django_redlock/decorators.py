@@ -60,7 +60,7 @@ from django.http.response import HttpResponseBase, StreamingHttpResponse
 from django.views import View
 
 from . import redlock
-from .engine import Lock, LockContended, LockLost, LockNotAcquired, QuorumUnavailable, protocol
+from .engine import Lock, LockContended, LockLost, LockNotAcquired, protocol
 from .keys import KeyTemplateError, bounded_resource, format_key, template_fields
 
 __all__ = ["CONTENDED_RETRY_AFTER", "UNAVAILABLE_RETRY_AFTER", "lock_view", "retry_after"]
@@ -290,10 +290,8 @@ class _ViewLock:
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(lock)
-            except LockContended as error:
-                return self.answer(_refuse_contended(self.options, request, error))
-            except QuorumUnavailable as error:
-                return self.answer(_refuse_unavailable(self.options, request, error))
+            except LockNotAcquired as error:
+                return self.answer(_refuse(self.options, request, error))
             if self.options.atomic is False:
                 response = call()
             else:
@@ -326,12 +324,8 @@ class _ViewLock:
         async with contextlib.AsyncExitStack() as held:
             try:
                 await held.enter_async_context(lock)
-            except LockContended as error:
-                refusal = _refuse_contended(self.options, request, error)
-                return self.answer(await _maybe_await(refusal))
-            except QuorumUnavailable as error:
-                refusal = _refuse_unavailable(self.options, request, error)
-                return self.answer(await _maybe_await(refusal))
+            except LockNotAcquired as error:
+                return self.answer(await _maybe_await(_refuse(self.options, request, error)))
             response = await call()
             if isinstance(response, StreamingHttpResponse):
                 held.pop_all()  # from here the stream releases the lock, not this block
@@ -350,26 +344,21 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-def _refuse_contended(options: _Options, request: HttpRequest, error: LockContended) -> Any:
-    if options.on_contended is not None:
-        return options.on_contended(request, error)
-    seconds = retry_after(error, CONTENDED_RETRY_AFTER)
+def _refuse(options: _Options, request: HttpRequest, error: LockNotAcquired) -> Any:
+    """The answer when the lock was not acquired: the configured handler's, else 423 (or
+    ``status``) for contention and 503 when no quorum answered, with ``Retry-After``."""
+    if isinstance(error, LockContended):
+        handler, status, default = options.on_contended, options.status, CONTENDED_RETRY_AFTER
+        text = "This resource is busy with another request"
+    else:
+        handler, status, default = options.on_unavailable, 503, UNAVAILABLE_RETRY_AFTER
+        text = "The lock service is unavailable"
+    if handler is not None:
+        return handler(request, error)
+    seconds = retry_after(error, default)
     response = HttpResponse(
-        f"This resource is busy with another request. Retry in {seconds} s.\n",
-        status=options.status,
-        content_type="text/plain; charset=utf-8",
-    )
-    response["Retry-After"] = str(seconds)
-    return response
-
-
-def _refuse_unavailable(options: _Options, request: HttpRequest, error: QuorumUnavailable) -> Any:
-    if options.on_unavailable is not None:
-        return options.on_unavailable(request, error)
-    seconds = retry_after(error, UNAVAILABLE_RETRY_AFTER)
-    response = HttpResponse(
-        f"The lock service is unavailable. Retry in {seconds} s.\n",
-        status=503,
+        f"{text}. Retry in {seconds} s.\n",
+        status=status,
         content_type="text/plain; charset=utf-8",
     )
     response["Retry-After"] = str(seconds)
