@@ -71,11 +71,12 @@ def fresh_masters(tmp_path: Path) -> Iterator[Callable[[int], list[LocalMaster]]
 
 @pytest.fixture
 def redlock_of() -> Iterator[Callable[..., Redlock]]:
-    """Build an engine over some masters; its connections are closed after the test."""
+    """Build an engine over some masters (or URLs, proxies included); closed after the test."""
     made: list[Redlock] = []
 
-    def make(masters: list[LocalMaster], **options: object) -> Redlock:
-        engine = Redlock([m.url for m in masters], **options)  # type: ignore[arg-type]
+    def make(masters: list[LocalMaster] | list[str], **options: object) -> Redlock:
+        urls = [m if isinstance(m, str) else m.url for m in masters]  # masters, or any URLs
+        engine = Redlock(urls, **options)  # type: ignore[arg-type]
         made.append(engine)
         return engine
 

@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable, Redlock
+from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable
 from django_redlock.localproxy import DelayProxy
 
 NODE_TIMEOUT = 0.1  # as in test_engine_faults: healthy masters answer in time on a busy machine
@@ -25,20 +25,9 @@ KEY = "redlock:lock:job"
 
 
 @pytest.fixture
-def engine_of():
-    """An engine over any URLs (proxies included); its sync connections closed after the test
-    (async ones belong to the loop of the ``asyncio.run`` that made them)."""
-    made = []
-
-    def make(urls, **options):
-        options.setdefault("node_timeout", NODE_TIMEOUT)
-        engine = Redlock(urls, **options)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        engine.close()
+def engine_of(redlock_of):
+    """An engine over any URLs, with this module's NODE_TIMEOUT."""
+    return lambda urls, **options: redlock_of(urls, **{"node_timeout": NODE_TIMEOUT, **options})
 
 
 def keys_of(masters, key=KEY):

@@ -29,18 +29,9 @@ KEY = "redlock:lock:job"
 
 
 @pytest.fixture
-def engine_of():
-    """An engine over any URLs (proxies included), closed after the test."""
-    made = []
-
-    def make(urls, **options):
-        engine = Redlock(urls, node_timeout=NODE_TIMEOUT, **options)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        engine.close()
+def engine_of(redlock_of):
+    """An engine over any URLs (proxies included), with this module's NODE_TIMEOUT."""
+    return lambda urls, **options: redlock_of(urls, **{"node_timeout": NODE_TIMEOUT, **options})
 
 
 @pytest.fixture
