@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -90,3 +92,24 @@ def redlock_settings(settings: object, masters: list[LocalMaster]) -> list[Local
     """``settings.REDLOCK`` pointing at the five shared masters."""
     settings.REDLOCK = {"NODES": [m.url for m in masters]}  # type: ignore[attr-defined]
     return masters
+
+
+def hand_off_time(engine: Redlock, resource: str, *, settle: float = 0.4) -> float:
+    """Seconds from a holder's release to a waiting thread's acquisition: the waiter first
+    fails, subscribes to release notices and sleeps (``settle``). With a large ``retry_delay``
+    on ``engine``, only a notice can make this short. Fails if the waiter never gets the lock."""
+    holder = engine.lock(resource, ttl=5).acquire()
+    got: list[float] = []
+
+    def waiter() -> None:
+        with engine.lock(resource, ttl=5, wait=10):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(settle)
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert got, "the waiter never got the lock"
+    return got[0] - released

@@ -20,6 +20,7 @@ from django_redlock import LockContended, LockLost, redlock
 from django_redlock.engine.watchdog import WATCHDOG
 from django_redlock.localmasters import LocalMaster
 from django_redlock.signals import lock_lost
+from tests.conftest import hand_off_time
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -242,22 +243,7 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_and_its_fenced_write_is_r
 
 def test_a_release_wakes_a_waiter_at_once_not_after_its_retry_delay(masters, redlock_of):
     engine = redlock_of(masters, retry_delay=3.0)  # blind polling would take 1.5-3 s
-    holder = engine.lock("handoff", ttl=5)
-    holder.acquire()
-    got_it: list[float] = []
-
-    def wait_for_it() -> None:
-        with engine.lock("handoff", ttl=5, wait=10):
-            got_it.append(time.monotonic())
-
-    waiter = threading.Thread(target=wait_for_it)
-    waiter.start()
-    time.sleep(0.3)  # the waiter has tried, subscribed, and sleeps
-    released = time.monotonic()
-    holder.release()
-    waiter.join(5)
-    assert got_it
-    assert got_it[0] - released < 0.5
+    assert hand_off_time(engine, "handoff", settle=0.3) < 0.5
 
 
 def test_a_lease_that_expires_unreleased_is_taken_after_the_fallback_delay(masters, redlock_of):

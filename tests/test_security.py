@@ -10,7 +10,6 @@ import logging
 import os
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from io import StringIO
@@ -29,6 +28,7 @@ from django_redlock.localmasters import (
     free_port,
     redis_server_version,
 )
+from tests.conftest import hand_off_time
 
 pytestmark = pytest.mark.django_db
 
@@ -226,21 +226,7 @@ def test_an_acl_user_limited_to_the_prefix_can_lock_extend_fence_wait_and_releas
 
         # Waiting uses release notices (SUBSCRIBE on redlock:free:job): woken at once, not
         # after the 1.5-3 s blind retry.
-        holder = engine.lock("job", ttl=5).acquire()
-        got: list[float] = []
-
-        def waiter() -> None:
-            with engine.lock("job", ttl=5, wait=10):
-                got.append(time.monotonic())
-
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        time.sleep(0.4)
-        released = time.monotonic()
-        holder.release()
-        thread.join(10)
-        assert got, "the waiter never got the lock"
-        assert got[0] - released < 1.0
+        assert hand_off_time(engine, "job", settle=0.4) < 1.0
     finally:
         engine.close()
 
@@ -400,21 +386,8 @@ def test_rediss_nodes_with_certificate_checks_lock_fence_wait_and_release(tls_ma
             assert lock.fence >= 1
         assert tokens_on(masters, engine.lock_key("job")) == set()
 
-        holder = engine.lock("job", ttl=5).acquire()
-        got: list[float] = []
-
-        def waiter() -> None:
-            with engine.lock("job", ttl=5, wait=10):
-                got.append(time.monotonic())
-
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        time.sleep(0.5)
-        released = time.monotonic()
-        holder.release()
-        thread.join(10)
-        assert got, "the waiter never got the lock"
-        assert got[0] - released < 1.0  # woken by a notice over TLS, not the 1.5-3 s retry
+        # Woken by a notice over TLS, not after the 1.5-3 s blind retry.
+        assert hand_off_time(engine, "job", settle=0.5) < 1.0
         assert subscribers(masters, engine.notice_channel("job")) == [1, 1, 1]  # over TLS
     finally:
         engine.close()  # stops the notice listeners: no TLS reconnects once the masters stop
