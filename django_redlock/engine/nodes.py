@@ -12,6 +12,9 @@ sockets.
 from __future__ import annotations
 
 import os
+import select
+import socket
+import ssl
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -19,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import hiredis
 import redis
+from redis._parsers.base import BaseParser
 from redis._parsers.encoders import Encoder
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
@@ -156,7 +161,7 @@ class Node:
         self.timeout = timeout
         self._kwargs = lock_connection_kwargs(spec, timeout)
         # list.pop() and list.append() are atomic: no lock on the hot path.
-        self._idle: list[redis.connection.AbstractConnection] = []
+        self._idle: list[Wire] = []
         #: SHAs of the scripts this master has run for us: those go as EVALSHA, others with
         #: their source (EVAL), so that a master too slow to answer in time is never left with
         #: a request it cannot run (a late NOSCRIPT would be read by no one).
@@ -166,30 +171,29 @@ class Node:
     def __repr__(self) -> str:
         return f"<Node {self.label}>"
 
-    def idle(self) -> redis.connection.AbstractConnection | None:
+    def idle(self) -> Wire | None:
         """An idle connection, if there is one (no I/O)."""
         try:
             return self._idle.pop()
         except IndexError:
             return None
 
-    def connect(self, deadline: float) -> redis.connection.AbstractConnection:
-        """A new connection, its handshake (AUTH, SELECT) bounded by ``deadline``."""
+    def connect(self, deadline: float) -> Wire:
+        """A new connection, its handshake (TLS, AUTH, SELECT) bounded by ``deadline``."""
         conn = self.spec.connection_class(**self._kwargs)
         remaining = max(deadline - time.monotonic(), LAST_LOOK)
         conn.socket_connect_timeout = conn.socket_timeout = remaining
         conn.connect()
-        conn.socket_timeout = self.timeout
-        return conn
+        return Wire(conn)
 
-    def checkin(self, conn: redis.connection.AbstractConnection) -> None:
-        if conn.pid == _PID:  # made before a fork: the parent's, never the child's
-            self._idle.append(conn)
+    def checkin(self, wire: Wire) -> None:
+        if wire.pid == _PID:  # made before a fork: the parent's, never the child's
+            self._idle.append(wire)
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.disconnect()
+        for wire in idle:
+            wire.close()
 
     def forget_connections(self) -> None:
         """After fork: the child must not read replies meant for its parent on shared sockets
@@ -205,6 +209,81 @@ class Node:
         kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
         pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
         return redis.Redis(connection_pool=pool)
+
+
+#: The socket has no data yet (plain, or TLS with no complete record).
+_NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
+
+
+class Wire:
+    """One open connection of the lock path. redis-py opens it (TLS, AUTH, SELECT, its URL
+    options); after that we talk to its socket ourselves, non-blocking, through our own hiredis
+    reader. A round's reply is usually there by the time we read it, so a read is one
+    ``recv_into``: no timeout juggling (two ``ioctl`` per read in redis-py), no poll before
+    every read, no per-call layers. We wait (``poll``) only when a master has not answered yet,
+    and never past the round's deadline."""
+
+    __slots__ = ("_buffer", "_conn", "_reader", "_sock", "pid")
+
+    def __init__(self, conn: redis.connection.AbstractConnection) -> None:
+        self._conn = conn
+        sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
+        if sock is None:
+            raise redis.ConnectionError("connection closed during its handshake")
+        sock.setblocking(False)
+        self._sock: socket.socket = sock
+        self._reader: hiredis.Reader = hiredis.Reader(
+            # Error replies come back (not raised) as redis-py's classes: NoScriptError, ...
+            protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+        )
+        self._buffer: bytearray = bytearray(4096)  # hiredis copies what it is fed
+        self.pid: int = conn.pid
+
+    def send(self, packed: list[bytes]) -> bool:
+        """Write a request; False (connection closed) if it could not be written whole."""
+        try:
+            self._sock.sendall(packed[0] if len(packed) == 1 else b"".join(packed))
+        except OSError:  # also BlockingIOError: a request that does not fit is not half-sent
+            self.close()
+            return False
+        return True
+
+    def read(self, deadline: float) -> object:
+        """The next reply (an error reply is a ``ResponseError`` object, returned), waiting for
+        it until ``deadline`` (monotonic); a reply already received counts even after it.
+        Raises ``TimeoutError`` or ``ConnectionError``/``OSError`` with the connection closed,
+        so that a late reply is never read as the answer to a later request."""
+        reader = self._reader
+        reply = reader.gets()
+        try:
+            while reply is False:
+                try:
+                    received = self._sock.recv_into(self._buffer)
+                except _NOT_YET:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not _readable(self._sock, remaining):
+                        raise TimeoutError("no reply within the node budget") from None
+                    continue
+                if not received:
+                    raise redis.ConnectionError("connection closed by the master")
+                reader.feed(self._buffer, 0, received)  # type: ignore[arg-type]
+                reply = reader.gets()
+        except (redis.RedisError, OSError):
+            self.close()
+            raise
+        return reply
+
+    def close(self) -> None:
+        self._conn.disconnect()
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``sock`` to have data (or be closed)."""
+    if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
+        return bool(select.select([sock], [], [], timeout)[0])
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
@@ -262,75 +341,60 @@ def fan_out(
     deadline = time.monotonic() + budget
     requests = Requests(command, script)
     replies: list[Reply] = [None] * len(nodes)
-    in_flight: list[tuple[int, redis.connection.AbstractConnection]] = []
+    in_flight: list[tuple[int, Wire, bool]] = []  # (master, connection, was idle)
     unconnected = []
-    reused: set[int] = set()
     # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
     for i, node in enumerate(nodes):
-        conn = node.idle()
-        if conn is None:
+        wire = node.idle()
+        if wire is not None and wire.send(requests.for_node(node)):
+            in_flight.append((i, wire, True))
+        else:  # none idle, or it went stale while idle (master restarted): one fresh try
             unconnected.append(i)
-        elif _send(conn, requests.for_node(node)):
-            in_flight.append((i, conn))
-            reused.add(i)
-        else:
-            unconnected.append(i)  # went stale while idle (master restarted): one fresh try
     for i in unconnected:
-        try:
-            conn = nodes[i].connect(deadline)
-            conn.send_packed_command(requests.for_node(nodes[i]), check_health=False)
-        except (redis.RedisError, OSError) as exc:
-            replies[i] = failure(nodes[i], exc)
-        else:
-            in_flight.append((i, conn))
-    for i, conn in in_flight:
         node = nodes[i]
-        reply = _read(node, conn, deadline)
-        if i in reused and isinstance(reply, NodeFailure) and reply.reason == "error":
+        try:
+            wire = node.connect(deadline)
+        except (redis.RedisError, OSError) as exc:
+            replies[i] = failure(node, exc)
+            continue
+        if wire.send(requests.for_node(node)):
+            in_flight.append((i, wire, False))
+        else:
+            replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+    for i, wire, reused in in_flight:
+        node = nodes[i]
+        reply = _read(node, wire, deadline)
+        if reused and isinstance(reply, NodeFailure) and reply.reason == "error":
             # The idle connection was closed by the master (restart, client timeout) and the
             # send went into the void: one fresh try within the same deadline. Safe to repeat:
             # our scripts are idempotent, and a repeated SET NX can only under-count our votes.
             try:
-                conn = node.connect(deadline)
+                wire = node.connect(deadline)
             except (redis.RedisError, OSError) as exc:
                 replies[i] = failure(node, exc)
                 continue
-            reply = _resend(node, conn, requests.for_node(node), deadline)
+            reply = _resend(node, wire, requests.for_node(node), deadline)
         if requests.forgot_script(node, reply):
-            reply = _resend(node, conn, requests.with_source(), deadline)
+            reply = _resend(node, wire, requests.with_source(), deadline)
         if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
             reply = failure(node, reply)
-            node.checkin(conn)
+            node.checkin(wire)
         elif not isinstance(reply, NodeFailure):
             requests.answered(node)
-            node.checkin(conn)
+            node.checkin(wire)
         replies[i] = reply
     return replies
 
 
-def _send(conn: redis.connection.AbstractConnection, packed: list[bytes]) -> bool:
-    try:
-        conn.send_packed_command(packed, check_health=False)
-    except (redis.RedisError, OSError):
-        conn.disconnect()
-        return False
-    return True
-
-
-def _resend(
-    node: Node, conn: redis.connection.AbstractConnection, packed: list[bytes], deadline: float
-) -> Reply:
-    if not _send(conn, packed):
+def _resend(node: Node, wire: Wire, packed: list[bytes], deadline: float) -> Reply:
+    if not wire.send(packed):
         return NodeFailure(node.label, "error", "connection lost while resending")
-    return _read(node, conn, deadline)
+    return _read(node, wire, deadline)
 
 
-def _read(node: Node, conn: redis.connection.AbstractConnection, deadline: float) -> Reply:
-    """The reply, an error reply (``ResponseError``), or a NodeFailure (connection dropped)."""
+def _read(node: Node, wire: Wire, deadline: float) -> Reply:
+    """The reply, an error reply (``ResponseError``), or a NodeFailure (connection closed)."""
     try:
-        return conn.read_response(timeout=max(deadline - time.monotonic(), LAST_LOOK))
-    except redis.ResponseError as exc:
-        return exc
+        return wire.read(deadline)
     except (redis.RedisError, OSError) as exc:
-        conn.disconnect()  # redis-py usually has; a late reply must never be read as a new one
         return failure(node, exc)
