@@ -158,10 +158,10 @@ def failures(redlock: Redlock, replies: list[Reply]) -> list[NodeFailure]:
 def current_owner() -> tuple[int, int, int]:
     """Who is acting: (process, thread, asyncio task or 0). Re-entry and release are allowed to
     the owner that acquired, and no one else."""
-    try:
-        task = id(asyncio.current_task())
-    except RuntimeError:  # no running event loop in this thread
-        task = 0
+    # _get_running_loop() answers None outside a loop, where current_task() raises (and an
+    # exception raised and caught on every sync acquire and release is not free).
+    loop = asyncio._get_running_loop()  # noqa: SLF001 (public in asyncio's namespace)
+    task = 0 if loop is None else id(asyncio.current_task(loop))
     return (os.getpid(), threading.get_ident(), task)
 
 
