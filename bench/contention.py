@@ -44,8 +44,8 @@ IMPLEMENTATIONS = [
         "ours (sync)",
         "ours",
         "5",
-        "lock(r, wait=60).acquire(): a release PUBLISHes a notice that wakes the waiters, the "
-        "winner announces itself so the others sleep again (fallback: retry after 50-100 ms)",
+        "lock(r, wait=60).acquire(): waiters queue on the masters; a release wakes the head of "
+        "the queue alone, through its process's inbox (fallback: retry after 50-100 ms)",
     ),
     ("pottery", "pottery", "5", "acquire(): retries after a random 0-200 ms"),
     ("redlock-py", "redlock-py", "5", "lock() until it returns a lock: 3 tries 200 ms apart each"),

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from django_redlock import LockContended, LockLost, redlock
+from django_redlock.engine import Lock
+from django_redlock.engine.events import NullObserver
 from django_redlock.engine.watchdog import WATCHDOG
 from django_redlock.localmasters import LocalMaster
 from django_redlock.signals import lock_lost
@@ -244,6 +246,61 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_and_its_fenced_write_is_r
 def test_a_release_wakes_a_waiter_at_once_not_after_its_retry_delay(masters, redlock_of):
     engine = redlock_of(masters, retry_delay=3.0)  # blind polling would take 1.5-3 s
     assert hand_off_time(engine, "handoff", settle=0.3) < 0.5
+
+
+class Attempts(NullObserver):
+    """Records how many attempts each acquisition took."""
+
+    def __init__(self) -> None:
+        self.attempts: list[int] = []
+
+    def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None:
+        self.attempts.append(attempts)
+
+
+def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlock_of):
+    # Four clients, each with its own engine (its own release-notice inbox), as four processes
+    # would be. retry_delay=3: only a notice can hand the lock on in well under a second.
+    holder = redlock_of(masters, retry_delay=3.0).lock("queue", ttl=5).acquire()
+    observers = [Attempts() for _ in range(3)]
+    engines = [redlock_of(masters, retry_delay=3.0, observer=o) for o in observers]
+    order: list[int] = []
+
+    def waiter(n: int) -> None:
+        with engines[n].lock("queue", ttl=5, wait=20):
+            order.append(n)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=waiter, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.3)  # queued before the next one comes
+    queue_key = engines[0].queue_key("queue")
+    inboxes = [e.notices.inbox.rsplit(":", 1)[1] for e in engines]
+    for master in masters:  # every master has them queued, first come first
+        queued = [m.decode().split(".")[0] for m in master.call("ZRANGE", queue_key, 0, -1)]
+        assert queued == inboxes
+    released = time.monotonic()
+    holder.release()
+    for thread in threads:
+        thread.join(10)
+    assert order == [0, 1, 2]
+    assert time.monotonic() - released < 1.0
+    # A plain SET, then a SET that queues it, then the one it was woken for. A waiter woken by
+    # a release that was not its turn would have tried once more.
+    assert [o.attempts for o in observers] == [[3], [3], [3]]
+    assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
+
+
+def test_a_release_skips_a_queued_waiter_whose_process_is_gone(masters, redlock_of):
+    engine = redlock_of(masters, retry_delay=3.0)
+    queue_key = engine.queue_key("orphaned")
+    for master in masters:  # first in line, waiting 10 s more, but no one listens on its inbox
+        seconds, micros = master.call("TIME")
+        deadline = int(seconds) * 1000 + int(micros) // 1000 + 10_000
+        master.call("ZADD", queue_key, deadline, "deadbeef0000.0")
+    assert hand_off_time(engine, "orphaned", settle=0.3) < 0.5  # the next in line was woken
+    assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
 
 
 def test_a_lease_that_expires_unreleased_is_taken_after_the_fallback_delay(masters, redlock_of):

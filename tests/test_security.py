@@ -185,11 +185,13 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
 # --- a Redis ACL user limited to the key prefix ---
 
 #: What the library sends: the lock path (SET, GET, EVALSHA/EVAL and, inside our scripts, DEL,
-#: PEXPIRE, SET, PUBLISH), release notices (SUBSCRIBE), and the read-only status/admin probes
-#: (PING, INFO, TIME, SCAN, PTTL). No CONFIG: the status command must cope with its refusal.
+#: PEXPIRE, SET, PUBLISH, TIME, PTTL and the waiter queue's ZADD, ZREM, ZPOPMIN, ZCARD), release
+#: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL). No
+#: CONFIG: the status command must cope with its refusal.
 LOCKER_RULES = [
     "reset", "on", ">pw", "~redlock:*", "resetchannels", "&redlock:*", "-@all",
     "+set", "+get", "+evalsha", "+eval", "+del", "+pexpire", "+publish",
+    "+zadd", "+zrem", "+zpopmin", "+zcard",
     "+subscribe", "+unsubscribe", "+ping", "+info", "+time", "+scan", "+pttl",
 ]  # fmt: skip
 

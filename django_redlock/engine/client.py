@@ -124,8 +124,17 @@ class Redlock:
     def fence_key(self, resource: str) -> str:
         return f"{self.key_prefix}fence:{resource}"
 
+    def queue_key(self, resource: str) -> str:
+        """The sorted set of waiters for ``resource`` on each master (see ``scripts``)."""
+        return f"{self.key_prefix}queue:{resource}"
+
     def notice_channel(self, resource: str) -> str:
         return f"{self.key_prefix}free:{resource}"
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Each process's waiters are woken by name on ``<this><process inbox id>``."""
+        return f"{self.key_prefix}wake:"
 
     def release_command(
         self, resource: str, value: str | bytes, *, notify: bool = True
@@ -135,15 +144,19 @@ class Redlock:
         by every release: the holder's own, the undoing of a failed attempt (quietly: waking
         every waiter for keys that never made a lock is how a thundering herd starts), and the
         admin's force release of exactly the holder it showed."""
-        channel = self.notice_channel(resource) if notify else ""
-        return scripts.RELEASE.evalsha((self.lock_key(resource),), (value, channel))
+        keys = (self.lock_key(resource), self.queue_key(resource))
+        if not notify:
+            return scripts.RELEASE.evalsha(keys, (value, "", "", ""))
+        notice = protocol.notice_digest(value)
+        args = (value, self.notice_channel(resource), notice, self.inbox_prefix)
+        return scripts.RELEASE.evalsha(keys, args)
 
     @property
     def notices(self) -> ReleaseNotices:
         """Release notices for waiters; its listener threads start on first wait."""
         with self._notices_guard:
             if self._notices is None:
-                self._notices = ReleaseNotices(self.nodes, self.quorum)
+                self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
             return self._notices
 
     def give_way(self, resource: str, seconds: float) -> None:

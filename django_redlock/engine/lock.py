@@ -385,6 +385,7 @@ class Lock:
         deadline = began + self.wait
         ttl_ms = int(self.ttl * 1000)
         channel = redlock.notice_channel(self.resource)
+        queue = redlock.queue_key(self.resource)
         attempts = 0
         waiter: Waiter | None = None
         courtesy = redlock.courtesy_until(self.resource) - began
@@ -400,8 +401,12 @@ class Lock:
             start = time.monotonic()
             if waiter is None:
                 request = Round(("SET", self.key, value, "NX", "PX", ttl_ms))
-            else:  # the same SET, which also tells the other waiters if it wins
-                command = scripts.ACQUIRE_WAITING.evalsha((self.key,), (value, ttl_ms, channel))
+            else:  # the same SET; if it loses, we queue up on the masters to be woken in turn
+                wait_ms = max(int((deadline - start) * 1000), 1)
+                command = scripts.ACQUIRE_WAITING.evalsha(
+                    (self.key, queue),
+                    (value, ttl_ms, channel, protocol.notice_digest(value), waiter.id, wait_ms),
+                )
                 request = Round(command, scripts.ACQUIRE_WAITING)
             try:
                 replies: list[Reply] = yield request
@@ -427,13 +432,21 @@ class Lock:
                 waiter = yield Listen(channel)
                 continue
             if result.contended and waiter is not None:
+                if result.granted:
+                    # Some masters were free: most likely a split vote with another waiter and
+                    # no holder, so no release notice will come. Try again shortly.
+                    yield Pause(protocol.handoff_delay(now - began, _JITTER))
+                    continue
                 while True:
                     fallback = protocol.retry_delay(redlock.retry_delay, _JITTER)
                     remaining = deadline - time.monotonic()
                     if not (yield AwaitNotice(waiter, min(fallback, remaining))):
                         break  # no notice in time: try anyway (a lease may expire unreleased)
-                    # Released: spread the waiters out, older ones first; if one of them takes
-                    # the lock meanwhile, there is no point in trying: wait for the next release.
+                    if waiter.called:  # we are next in a masters' queue: the others sleep on
+                        waiter.called = False
+                        break
+                    # Released, no one queued: spread the waiters out, older ones first; if one
+                    # of them takes the lock meanwhile, do not try: wait for the next release.
                     waiter.taken.clear()
                     delay = protocol.handoff_delay(time.monotonic() - began, _JITTER)
                     if not (yield AwaitNotice(waiter, min(delay, remaining), taken=True)):

@@ -234,7 +234,8 @@ class Wire:
         self._sock: socket.socket = sock
         self._reader: hiredis.Reader = hiredis.Reader(
             # Error replies come back (not raised) as redis-py's classes: NoScriptError, ...
-            protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+            protocolError=redis.exceptions.InvalidResponse,
+            replyError=BaseParser.parse_error,
         )
         self._buffer: bytearray = bytearray(4096)  # hiredis copies what it is fed
         self.pid: int = conn.pid

@@ -14,7 +14,9 @@ child starts with no listener: the parent's threads do not exist there.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -72,15 +74,20 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 class Waiter:
-    """One waiter's interest in one channel. ``notified`` fires on a release notice, ``taken``
-    when another waiter won the lock; ``subscribed`` once enough masters confirmed the
-    subscription that no notice can be missed."""
+    """One waiter's interest in one channel. ``notified`` fires on a release notice that names
+    this waiter or no one, ``taken`` when another waiter won the lock; ``subscribed`` once enough
+    masters confirmed the subscription that no notice can be missed."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, waiter_id: str) -> None:
         self.channel = channel
+        #: How this waiter is named in the masters' waiter queues: "<inbox>.<n>".
+        self.id = waiter_id
         self.notified = Beacon()
         self.taken = Beacon()
         self.subscribed = Beacon()
+        #: Set with ``notified`` when a release named this waiter (first in a master's queue):
+        #: it should try at once; others were not woken.
+        self.called = False
 
 
 class _Listener(threading.Thread):
@@ -94,17 +101,18 @@ class _Listener(threading.Thread):
         self.subscribed: set[str] = set()  # requested on the current connection
         self.lock = threading.Lock()
 
-    def subscribe(self, channel: str) -> None:
+    def subscribe(self, *channels: str) -> None:
         """Called by a waiter's thread: subscribe now rather than at the listener's next turn.
         (redis-py's PubSub serializes sends, so this is safe beside ``get_message``.)"""
         with self.lock:
-            if self.pubsub is None or channel in self.subscribed:
+            new = set(channels) - self.subscribed
+            if self.pubsub is None or not new:
                 return
             try:
-                self.pubsub.subscribe(channel)
+                self.pubsub.subscribe(*new)
             except (redis.RedisError, OSError):
                 return  # the listener thread sees the broken connection and reconnects
-            self.subscribed.add(channel)
+            self.subscribed |= new
 
     def run(self) -> None:
         while not self.hub.closed:
@@ -159,15 +167,24 @@ class _Listener(threading.Thread):
 class ReleaseNotices:
     """The per-process hub: waiters register here; listeners deliver notices to them."""
 
-    def __init__(self, nodes: Sequence[Node], quorum: int) -> None:
+    def __init__(self, nodes: Sequence[Node], quorum: int, inbox_prefix: str) -> None:
         self.nodes = nodes
         self.quorum = quorum
+        self._inbox_prefix = inbox_prefix
+        #: This process's inbox: releases that wake one of our waiters by name publish here, so
+        #: that the other processes do not even hear of it.
+        self._inbox_id = secrets.token_hex(6)
+        self.inbox = inbox_prefix + self._inbox_id
+        self._named = itertools.count()
+        self._by_id: dict[bytes, Waiter] = {}
         self.idle = threading.Event()
         self._guard = threading.Lock()
         self._waiters: dict[str, list[Waiter]] = {}
         self._last_used: dict[str, float] = {}
         self._confirmed_by: dict[str, set[_Listener]] = {}
-        self._last_release: dict[str, bytes] = {}
+        #: The last notice heard per channel, or per waiter for those naming one: every master
+        #: announces each release, and a waiter must act on it once.
+        self._heard: dict[str | bytes, bytes] = {}
         self._listeners: list[_Listener] = []
         self._pid = os.getpid()
         self.closed = False
@@ -184,12 +201,16 @@ class ReleaseNotices:
     def listen(self, channel: str) -> Waiter:
         """Register a waiter; its ``subscribed`` beacon fires once a quorum of masters will
         deliver notices on ``channel`` (at once if they already do)."""
-        waiter = Waiter(channel)
         with self._guard:
             if self._pid != os.getpid():  # forked: the parent's listener threads are not ours
                 self._listeners, self._confirmed_by, self._pid = [], {}, os.getpid()
+                self._inbox_id = secrets.token_hex(6)  # nor is its inbox
+                self.inbox = self._inbox_prefix + self._inbox_id
+                self._by_id = {}
+            waiter = Waiter(channel, f"{self._inbox_id}.{next(self._named)}")
             self._waiters.setdefault(channel, []).append(waiter)
-            if len(self._confirmed_by.get(channel, ())) >= self.quorum:
+            self._by_id[waiter.id.encode()] = waiter
+            if self._confirmed(channel):
                 waiter.subscribed.fire()
             if not self._listeners:
                 self._listeners = [_Listener(self, node) for node in self.nodes]
@@ -198,7 +219,7 @@ class ReleaseNotices:
             listeners = list(self._listeners)
         self.idle.set()
         for listener in listeners:
-            listener.subscribe(channel)
+            listener.subscribe(channel, self.inbox)
         return waiter
 
     def unlisten(self, waiter: Waiter) -> None:
@@ -206,6 +227,8 @@ class ReleaseNotices:
             waiters = self._waiters.get(waiter.channel, [])
             if waiter in waiters:
                 waiters.remove(waiter)
+            self._by_id.pop(waiter.id.encode(), None)
+            self._heard.pop(waiter.id.encode(), None)
             self._last_used[waiter.channel] = time.monotonic()
 
     def wanted_channels(self) -> set[str]:
@@ -216,14 +239,23 @@ class ReleaseNotices:
                 if not self._waiters.get(channel) and now - used > LINGER:
                     del self._last_used[channel]
                     self._waiters.pop(channel, None)
-                    self._last_release.pop(channel, None)
-            return {c for c, w in self._waiters.items() if w or c in self._last_used}
+                    self._heard.pop(channel, None)
+            wanted = {c for c, w in self._waiters.items() if w or c in self._last_used}
+            return wanted | {self.inbox} if wanted else wanted
+
+    def _confirmed(self, channel: str) -> bool:
+        """A quorum of masters delivers both ``channel`` and our inbox: nothing can be missed."""
+        quorum, confirmed = self.quorum, self._confirmed_by
+        return (
+            len(confirmed.get(channel, ())) >= quorum
+            and len(confirmed.get(self.inbox, ())) >= quorum
+        )
 
     def confirm(self, channel: str, listener: _Listener) -> None:
         with self._guard:
-            confirmed = self._confirmed_by.setdefault(channel, set())
-            confirmed.add(listener)
-            waiters = list(self._waiters.get(channel, ())) if len(confirmed) >= self.quorum else []
+            self._confirmed_by.setdefault(channel, set()).add(listener)
+            channels = self._waiters if channel == self.inbox else (channel,)
+            waiters = [w for c in channels if self._confirmed(c) for w in self._waiters.get(c, ())]
         for waiter in waiters:
             waiter.subscribed.fire()
 
@@ -233,12 +265,22 @@ class ReleaseNotices:
                 self._confirmed_by.get(channel, set()).discard(listener)
 
     def deliver(self, channel: str, notice: bytes) -> None:
-        """Wake the waiters of ``channel`` once per notice (every master announces each one):
-        a release (a digest of the lease), or ``+`` and a digest when a waiter took the lock."""
+        """Act once on a notice that every master sends. On our inbox, ``<digest> <waiter id>``
+        wakes that waiter alone (``called``); on a resource's channel, ``<digest> `` wakes all
+        its waiters, and ``+<digest>`` tells them that one of them took the lock."""
+        digest, _, named = notice.partition(b" ")
         with self._guard:
-            if self._last_release.get(channel) == notice:
+            if self._heard.get(named or channel) == digest:
                 return
-            self._last_release[channel] = notice
-            waiters = list(self._waiters.get(channel, ()))
+            self._heard[named or channel] = digest
+            if named:
+                waiter = self._by_id.get(named)
+                waiters = [] if waiter is None else [waiter]
+            else:
+                waiters = list(self._waiters.get(channel, ()))
         for waiter in waiters:
-            (waiter.taken if notice.startswith(b"+") else waiter.notified).fire()
+            if digest.startswith(b"+"):
+                waiter.taken.fire()
+            else:
+                waiter.called = bool(named)
+                waiter.notified.fire()

@@ -6,6 +6,7 @@ these functions, so the two cannot drift apart, and property tests can check the
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Sequence
@@ -104,6 +105,14 @@ def retry_delay(base: float, rng: random.Random) -> float:
 #: After a release notice, waiters spread their next attempt over up to this many seconds, so that
 #: one of them reaches every master first instead of all splitting the vote.
 HANDOFF_SPREAD = 0.004
+
+
+def notice_digest(value: str | bytes) -> str:
+    """What a release or acquisition notice says about the lease: 16 hex characters derived
+    from its value, never the token itself (anyone subscribed could read it). Computed once by
+    the client rather than by every master's script."""
+    data = value.encode() if isinstance(value, str) else value
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 def handoff_delay(waited: float, rng: random.Random) -> float:
