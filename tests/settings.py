@@ -20,9 +20,7 @@ DATABASES = {
 }
 # Filled in by the ``redlock_settings`` fixture (or REDLOCK_NODES for child processes); empty
 # here, so a test that forgets it fails with E001 instead of touching a developer's local Redis.
-REDLOCK = {
-    "NODES": [n for n in os.environ.get("REDLOCK_NODES", "").split(",") if n]
-}
+REDLOCK = {"NODES": [n for n in os.environ.get("REDLOCK_NODES", "").split(",") if n]}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -390,10 +390,10 @@ def test_rediss_nodes_with_certificate_checks_lock_fence_wait_and_release(tls_ma
 
         # Woken by a notice over TLS, not after the 1.5-3 s blind retry.
         assert hand_off_time(engine, "job", settle=0.5) < 1.0
-        assert subscribers(masters, engine.notice_channel("job")) == [1, 1, 1]  # over TLS
+        assert subscribers(masters, engine.notices.inbox) == [1, 1, 1]  # over TLS
     finally:
         engine.close()  # stops the notice listeners: no TLS reconnects once the masters stop
-    assert wait_until(lambda: subscribers(masters, engine.notice_channel("job")) == [0, 0, 0])
+    assert wait_until(lambda: subscribers(masters, engine.notices.inbox) == [0, 0, 0])
 
 
 def test_rediss_refuses_a_server_certificate_from_another_ca(tls_masters, tmp_path):

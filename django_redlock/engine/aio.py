@@ -78,7 +78,7 @@ async def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
         await asyncio.sleep(step.seconds)
         return None
     if isinstance(step, Listen):
-        waiter = redlock.notices.listen(step.channel)
+        waiter = redlock.notices.listen()
         waiters.append(waiter)
         await waiter.subscribed.await_(redlock.node_timeout)
         return waiter

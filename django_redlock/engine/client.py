@@ -128,28 +128,24 @@ class Redlock:
         """The sorted set of waiters for ``resource`` on each master (see ``scripts``)."""
         return f"{self.key_prefix}queue:{resource}"
 
-    def notice_channel(self, resource: str) -> str:
-        return f"{self.key_prefix}free:{resource}"
-
     @property
     def inbox_prefix(self) -> str:
-        """Each process's waiters are woken by name on ``<this><process inbox id>``."""
+        """Each process's waiters are woken by name on its channel ``<this><inbox id>``."""
         return f"{self.key_prefix}wake:"
 
     def release_command(
         self, resource: str, value: str | bytes, *, notify: bool = True
     ) -> tuple[object, ...]:
         """The request that releases ``resource`` on one master if it still holds ``value``
-        (compare-and-delete, then a notice that wakes waiters unless ``notify`` is false). Used
-        by every release: the holder's own, the undoing of a failed attempt (quietly: waking
-        every waiter for keys that never made a lock is how a thundering herd starts), and the
-        admin's force release of exactly the holder it showed."""
+        (compare-and-delete, then a notice that wakes the next waiter unless ``notify`` is
+        false). Used by every release: the holder's own, the undoing of a failed attempt
+        (quietly: it freed nothing anyone was waiting for, and must not cost a waiter its place
+        in the queue), and the admin's force release of exactly the holder it showed."""
         keys = (self.lock_key(resource), self.queue_key(resource))
         if not notify:
             return scripts.RELEASE.evalsha(keys, (value, "", "", ""))
         notice = protocol.notice_digest(value)
-        args = (value, self.notice_channel(resource), notice, self.inbox_prefix)
-        return scripts.RELEASE.evalsha(keys, args)
+        return scripts.RELEASE.evalsha(keys, (value, "1", notice, self.inbox_prefix))
 
     @property
     def notices(self) -> ReleaseNotices:

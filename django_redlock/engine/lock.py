@@ -72,24 +72,21 @@ class Pause:
 
 @dataclass(frozen=True, slots=True)
 class Listen:
-    """Subscribe to release notices on ``channel``; the answer is a ``Waiter``, returned once a
-    quorum of masters confirmed the subscription (or after one NODE_TIMEOUT)."""
-
-    channel: str
+    """Become a waiter that releases can wake by name; the answer is a ``Waiter``, returned once
+    a quorum of masters confirmed our inbox subscription (or after one NODE_TIMEOUT)."""
 
 
 @dataclass(frozen=True, slots=True)
 class AwaitNotice:
-    """Sleep until a notice for ``waiter`` arrives, or ``timeout``; answers True if one did.
-    ``taken``: wait for "another waiter took it" instead of a release. The beacon is re-armed."""
+    """Sleep until a release wakes ``waiter``, or ``timeout``; answers True if one did. The
+    beacon is re-armed."""
 
     waiter: Waiter
     timeout: float
-    taken: bool = False
 
     @property
     def beacon(self) -> Beacon:
-        return self.waiter.taken if self.taken else self.waiter.notified
+        return self.waiter.notified
 
 
 Step = Round | Pause | Listen | AwaitNotice
@@ -128,7 +125,7 @@ def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
         time.sleep(step.seconds)
         return None
     if isinstance(step, Listen):
-        waiter = redlock.notices.listen(step.channel)
+        waiter = redlock.notices.listen()
         waiters.append(waiter)
         waiter.subscribed.wait(redlock.node_timeout)
         return waiter
@@ -384,17 +381,15 @@ class Lock:
         began = time.monotonic()
         deadline = began + self.wait
         ttl_ms = int(self.ttl * 1000)
-        channel = redlock.notice_channel(self.resource)
         queue = redlock.queue_key(self.resource)
         attempts = 0
         waiter: Waiter | None = None
         courtesy = redlock.courtesy_until(self.resource) - began
         if courtesy > 0 and self.wait > 0:
-            # We just woke a waiter by releasing this lock: let it go first, then compete as a
-            # newcomer (the hand-off delay puts those who waited longer ahead of us).
-            waiter = yield Listen(channel)
-            if (yield AwaitNotice(waiter, min(courtesy, self.wait))):
-                yield Pause(protocol.handoff_delay(time.monotonic() - began, _JITTER))
+            # We just woke a waiter by releasing this lock: let it go first, then join the queue
+            # behind it (as a waiter at once: a plain SET would only lose).
+            waiter = yield Listen()
+            yield Pause(min(courtesy, self.wait))
         while True:
             attempts += 1
             value = self._new_value()
@@ -404,8 +399,7 @@ class Lock:
             else:  # the same SET; if it loses, we queue up on the masters to be woken in turn
                 wait_ms = max(int((deadline - start) * 1000), 1)
                 command = scripts.ACQUIRE_WAITING.evalsha(
-                    (self.key, queue),
-                    (value, ttl_ms, channel, protocol.notice_digest(value), waiter.id, wait_ms),
+                    (self.key, queue), (value, ttl_ms, waiter.id, wait_ms)
                 )
                 request = Round(command, scripts.ACQUIRE_WAITING)
             try:
@@ -427,32 +421,21 @@ class Lock:
             if now >= deadline:
                 raise self._not_acquired(result, replies, attempts, now - began)
             if result.contended and waiter is None:
-                # Wait for release notices from now on; subscribing first, then trying once more,
-                # means a release between our attempt and the subscription is not missed.
-                waiter = yield Listen(channel)
+                # Become a waiter (subscribed), then try once more: that try queues us if it
+                # loses, and a release between our attempts cannot be missed, since the next try
+                # then finds the lock free.
+                waiter = yield Listen()
                 continue
-            if result.contended and waiter is not None:
-                if result.granted:
-                    # Some masters were free: most likely a split vote with another waiter and
-                    # no holder, so no release notice will come. Try again shortly.
-                    yield Pause(protocol.handoff_delay(now - began, _JITTER))
-                    continue
-                while True:
-                    fallback = protocol.retry_delay(redlock.retry_delay, _JITTER)
-                    remaining = deadline - time.monotonic()
-                    if not (yield AwaitNotice(waiter, min(fallback, remaining))):
-                        break  # no notice in time: try anyway (a lease may expire unreleased)
-                    if waiter.called:  # we are next in a masters' queue: the others sleep on
-                        waiter.called = False
-                        break
-                    # Released, no one queued: spread the waiters out, older ones first; if one
-                    # of them takes the lock meanwhile, do not try: wait for the next release.
-                    waiter.taken.clear()
-                    delay = protocol.handoff_delay(time.monotonic() - began, _JITTER)
-                    if not (yield AwaitNotice(waiter, min(delay, remaining), taken=True)):
-                        break
+            if result.contended and result.granted:
+                # Some masters were free: most likely a split vote with another waiter and no
+                # holder, so no release will wake us. Try again shortly, older waiters first.
+                yield Pause(protocol.split_retry_delay(now - began, _JITTER))
                 continue
             delay = protocol.retry_delay(redlock.retry_delay, _JITTER)
+            if result.contended and waiter is not None:
+                # Queued: sleep until a release names us (fallback: a lease may expire unreleased).
+                yield AwaitNotice(waiter, min(delay, deadline - now))
+                continue
             if now + delay > deadline:
                 raise self._not_acquired(result, replies, attempts, now - began)
             yield Pause(delay)

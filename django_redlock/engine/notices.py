@@ -1,14 +1,15 @@
-"""Release notices: waiters sleep until a holder releases, instead of polling blindly.
+"""Release notices: waiters sleep until it is their turn, instead of polling blindly.
 
-The release script PUBLISHes on the resource's channel on every master where it deleted our key.
-Each process keeps one listener thread per master, subscribed only to the channels its waiters wait
-on; a notice from any master wakes the local waiters of that resource. Notices are a hint, never a
-guarantee: a waiter also wakes after a fallback timeout (a lease that simply expires sends none, and
-a master may be down), and it always competes for the lock with a normal quorum attempt.
+A waiter that lost an attempt is queued on each master (see ``scripts``). Each process has an inbox,
+one pub/sub channel, on which it keeps one listener thread per master while it has waiters (and for
+``LINGER`` seconds after). A release pops the head of the resource's queue and PUBLISHes to that
+waiter's inbox only, naming the waiter; the listener wakes exactly that waiter. Notices are a hint,
+never a guarantee: a waiter also wakes after a fallback timeout (a lease that simply expires sends
+none, and a master may be down), and it always competes for the lock with a normal quorum attempt.
 
 One thread-based listener serves sync and async waiters alike (async ones are woken through
 ``loop.call_soon_threadsafe``), so there is one implementation to get right. After ``fork()`` the
-child starts with no listener: the parent's threads do not exist there.
+child starts with no listener and a new inbox: the parent's threads do not exist there.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import redis
 from .events import logger
 from .nodes import Node
 
-#: How long an unused subscription is kept, so that a resource waited on again and again (a hot
-#: lock) does not pay a SUBSCRIBE round trip per wait.
+#: How long the inbox stays subscribed after its last waiter, so that a process waiting again
+#: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
 LINGER = 5.0
 
 
@@ -74,20 +75,15 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 class Waiter:
-    """One waiter's interest in one channel. ``notified`` fires on a release notice that names
-    this waiter or no one, ``taken`` when another waiter won the lock; ``subscribed`` once enough
-    masters confirmed the subscription that no notice can be missed."""
+    """One waiter. ``notified`` fires when a release names it (it is first in a master's queue);
+    ``subscribed`` once enough masters confirmed the inbox subscription that no notice can be
+    missed."""
 
-    def __init__(self, channel: str, waiter_id: str) -> None:
-        self.channel = channel
-        #: How this waiter is named in the masters' waiter queues: "<inbox>.<n>".
+    def __init__(self, waiter_id: str) -> None:
+        #: How this waiter is named in the masters' waiter queues: "<inbox id>.<n>".
         self.id = waiter_id
         self.notified = Beacon()
-        self.taken = Beacon()
         self.subscribed = Beacon()
-        #: Set with ``notified`` when a release named this waiter (first in a master's queue):
-        #: it should try at once; others were not woken.
-        self.called = False
 
 
 class _Listener(threading.Thread):
@@ -170,24 +166,26 @@ class ReleaseNotices:
     def __init__(self, nodes: Sequence[Node], quorum: int, inbox_prefix: str) -> None:
         self.nodes = nodes
         self.quorum = quorum
-        self._inbox_prefix = inbox_prefix
-        #: This process's inbox: releases that wake one of our waiters by name publish here, so
-        #: that the other processes do not even hear of it.
-        self._inbox_id = secrets.token_hex(6)
-        self.inbox = inbox_prefix + self._inbox_id
-        self._named = itertools.count()
-        self._by_id: dict[bytes, Waiter] = {}
         self.idle = threading.Event()
-        self._guard = threading.Lock()
-        self._waiters: dict[str, list[Waiter]] = {}
-        self._last_used: dict[str, float] = {}
-        self._confirmed_by: dict[str, set[_Listener]] = {}
-        #: The last notice heard per channel, or per waiter for those naming one: every master
-        #: announces each release, and a waiter must act on it once.
-        self._heard: dict[str | bytes, bytes] = {}
-        self._listeners: list[_Listener] = []
-        self._pid = os.getpid()
         self.closed = False
+        self._inbox_prefix = inbox_prefix
+        self._guard = threading.Lock()
+        self._listeners: list[_Listener] = []
+        self._new_process()
+
+    def _new_process(self) -> None:
+        """State that belongs to one process: a forked child gets its own."""
+        self._pid = os.getpid()
+        self._inbox_id = secrets.token_hex(6)
+        #: Releases that wake one of our waiters publish here, and only here.
+        self.inbox = self._inbox_prefix + self._inbox_id
+        self._numbers = itertools.count()
+        self._waiters: dict[bytes, Waiter] = {}
+        #: Per waiter, the last notice acted on: every master announces each release.
+        self._heard: dict[bytes, bytes] = {}
+        self._confirmed_by: set[_Listener] = set()
+        self._last_used = float("-inf")
+        self._listeners = []
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the listener threads and close their connections (waits up to ``timeout``)."""
@@ -198,19 +196,15 @@ class ReleaseNotices:
         for listener in listeners:
             listener.join(timeout)
 
-    def listen(self, channel: str) -> Waiter:
+    def listen(self) -> Waiter:
         """Register a waiter; its ``subscribed`` beacon fires once a quorum of masters will
-        deliver notices on ``channel`` (at once if they already do)."""
+        deliver our inbox (at once if they already do)."""
         with self._guard:
-            if self._pid != os.getpid():  # forked: the parent's listener threads are not ours
-                self._listeners, self._confirmed_by, self._pid = [], {}, os.getpid()
-                self._inbox_id = secrets.token_hex(6)  # nor is its inbox
-                self.inbox = self._inbox_prefix + self._inbox_id
-                self._by_id = {}
-            waiter = Waiter(channel, f"{self._inbox_id}.{next(self._named)}")
-            self._waiters.setdefault(channel, []).append(waiter)
-            self._by_id[waiter.id.encode()] = waiter
-            if self._confirmed(channel):
+            if self._pid != os.getpid():  # forked: the parent's listeners and inbox are not ours
+                self._new_process()
+            waiter = Waiter(f"{self._inbox_id}.{next(self._numbers)}")
+            self._waiters[waiter.id.encode()] = waiter
+            if len(self._confirmed_by) >= self.quorum:
                 waiter.subscribed.fire()
             if not self._listeners:
                 self._listeners = [_Listener(self, node) for node in self.nodes]
@@ -219,68 +213,44 @@ class ReleaseNotices:
             listeners = list(self._listeners)
         self.idle.set()
         for listener in listeners:
-            listener.subscribe(channel, self.inbox)
+            listener.subscribe(self.inbox)
         return waiter
 
     def unlisten(self, waiter: Waiter) -> None:
+        key = waiter.id.encode()
         with self._guard:
-            waiters = self._waiters.get(waiter.channel, [])
-            if waiter in waiters:
-                waiters.remove(waiter)
-            self._by_id.pop(waiter.id.encode(), None)
-            self._heard.pop(waiter.id.encode(), None)
-            self._last_used[waiter.channel] = time.monotonic()
+            self._waiters.pop(key, None)
+            self._heard.pop(key, None)
+            self._last_used = time.monotonic()
 
     def wanted_channels(self) -> set[str]:
-        """Channels with waiters, or used within the last LINGER seconds."""
-        now = time.monotonic()
+        """The inbox while there are waiters, or there were within the last LINGER seconds."""
         with self._guard:
-            for channel, used in list(self._last_used.items()):
-                if not self._waiters.get(channel) and now - used > LINGER:
-                    del self._last_used[channel]
-                    self._waiters.pop(channel, None)
-                    self._heard.pop(channel, None)
-            wanted = {c for c, w in self._waiters.items() if w or c in self._last_used}
-            return wanted | {self.inbox} if wanted else wanted
-
-    def _confirmed(self, channel: str) -> bool:
-        """A quorum of masters delivers both ``channel`` and our inbox: nothing can be missed."""
-        quorum, confirmed = self.quorum, self._confirmed_by
-        return (
-            len(confirmed.get(channel, ())) >= quorum
-            and len(confirmed.get(self.inbox, ())) >= quorum
-        )
+            if self._waiters or time.monotonic() - self._last_used <= LINGER:
+                return {self.inbox}
+            return set()
 
     def confirm(self, channel: str, listener: _Listener) -> None:
         with self._guard:
-            self._confirmed_by.setdefault(channel, set()).add(listener)
-            channels = self._waiters if channel == self.inbox else (channel,)
-            waiters = [w for c in channels if self._confirmed(c) for w in self._waiters.get(c, ())]
+            if channel != self.inbox:
+                return
+            self._confirmed_by.add(listener)
+            confirmed = len(self._confirmed_by) >= self.quorum
+            waiters = list(self._waiters.values()) if confirmed else []
         for waiter in waiters:
             waiter.subscribed.fire()
 
     def unconfirm(self, channels: set[str], listener: _Listener) -> None:
         with self._guard:
-            for channel in channels:
-                self._confirmed_by.get(channel, set()).discard(listener)
+            if self.inbox in channels:
+                self._confirmed_by.discard(listener)
 
     def deliver(self, channel: str, notice: bytes) -> None:
-        """Act once on a notice that every master sends. On our inbox, ``<digest> <waiter id>``
-        wakes that waiter alone (``called``); on a resource's channel, ``<digest> `` wakes all
-        its waiters, and ``+<digest>`` tells them that one of them took the lock."""
+        """``<digest> <waiter id>``: wake that waiter, once per release (every master sends it)."""
         digest, _, named = notice.partition(b" ")
         with self._guard:
-            if self._heard.get(named or channel) == digest:
+            waiter = self._waiters.get(named)
+            if waiter is None or self._heard.get(named) == digest:
                 return
-            self._heard[named or channel] = digest
-            if named:
-                waiter = self._by_id.get(named)
-                waiters = [] if waiter is None else [waiter]
-            else:
-                waiters = list(self._waiters.get(channel, ()))
-        for waiter in waiters:
-            if digest.startswith(b"+"):
-                waiter.taken.fire()
-            else:
-                waiter.called = bool(named)
-                waiter.notified.fire()
+            self._heard[named] = digest
+        waiter.notified.fire()

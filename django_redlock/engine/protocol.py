@@ -102,24 +102,23 @@ def retry_delay(base: float, rng: random.Random) -> float:
     return base * (0.5 + rng.random() / 2)
 
 
-#: After a release notice, waiters spread their next attempt over up to this many seconds, so that
-#: one of them reaches every master first instead of all splitting the vote.
-HANDOFF_SPREAD = 0.004
+#: Waiters that split a vote (each won some masters, none a quorum, and no one holds the lock) try
+#: again within up to this many seconds, spread out so that one of them reaches every master first.
+SPLIT_SPREAD = 0.004
 
 
 def notice_digest(value: str | bytes) -> str:
-    """What a release or acquisition notice says about the lease: 16 hex characters derived
-    from its value, never the token itself (anyone subscribed could read it). Computed once by
-    the client rather than by every master's script."""
+    """What a release notice says about the lease: 16 hex characters derived from its value,
+    never the token itself (anyone subscribed could read it). Computed once by the client rather
+    than by every master's script."""
     data = value.encode() if isinstance(value, str) else value
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
-def handoff_delay(waited: float, rng: random.Random) -> float:
-    """Pause before competing after a release notice: random within HANDOFF_SPREAD, and shorter
-    the longer this waiter has waited already, so that old waiters tend to go first and none
-    starves behind luckier newcomers."""
-    return rng.random() * HANDOFF_SPREAD / (1.0 + waited / 0.01)
+def split_retry_delay(waited: float, rng: random.Random) -> float:
+    """Pause before trying again after a split vote: random within SPLIT_SPREAD, and shorter the
+    longer this waiter has waited already, so that old waiters tend to go first."""
+    return rng.random() * SPLIT_SPREAD / (1.0 + waited / 0.01)
 
 
 def fence_merge(counters: Sequence[int | None], node_count: int) -> int | None:

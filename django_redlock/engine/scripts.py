@@ -33,17 +33,14 @@ class Script:
 # instead of one. Safety never depends on them; the quorum SET decides.
 
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value (token + owner);
-# ARGV[2] the resource's notice channel, or '' to undo a failed attempt quietly (it freed nothing
-# another waiter was waiting for); ARGV[3] the notice: a digest of the lease (never the token);
-# ARGV[4] the prefix of the processes' inbox channels.
+# ARGV[2] '1' to wake the next waiter, or '' to undo a failed attempt quietly (it freed nothing
+# anyone was waiting for); ARGV[3] the notice: a digest of the lease (never the token); ARGV[4]
+# the prefix of the processes' inbox channels.
 # Deletes the key only if it still holds our value, then wakes the waiter at the head of the queue
-# alone: PUBLISH "<digest> <waiter id>" to its process's inbox, so that only that process hears it
-# (if no one hears it, that process is gone: the next waiter is tried).
-# With no one queued here, PUBLISH "<digest> " on the resource's channel: every waiter may try.
-# A waiter hearing one release from every master acts once. Returns 0 if the key was not ours, else
-# 1 + the number of subscribers notified (so the releaser learns that someone was woken, and can
-# let it go first).
-# Also serves the admin's force release, with the exact value shown on its confirmation page.
+# alone: PUBLISH "<digest> <waiter id>" to its process's inbox, so that no one else hears it. If no
+# one hears it, that process is gone: the next waiter is tried. Returns 0 if the key was not ours,
+# else 1 + the number of subscribers notified (so the releaser learns that it woke someone, and can
+# let it go first). Also serves the admin's force release, with the exact value it showed.
 RELEASE = Script(
     "release",
     """
@@ -54,12 +51,15 @@ redis.call('del', KEYS[1])
 if ARGV[2] == '' then
     return 1
 end
-local now = redis.call('time')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now_ms = nil
 while true do
     local head = redis.call('zpopmin', KEYS[2])
     if head[1] == nil then
-        break
+        return 1
+    end
+    if now_ms == nil then  -- only when someone is queued: the uncontended release stays cheap
+        local now = redis.call('time')
+        now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     end
     if tonumber(head[2]) > now_ms then
         local inbox = ARGV[4] .. string.match(head[1], '^[^.]*')
@@ -69,32 +69,25 @@ while true do
         end
     end
 end
-return 1 + redis.call('publish', ARGV[2], ARGV[3] .. ' ')
 """,
 )
 
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value; ARGV[2] TTL in
-# milliseconds; ARGV[3] the resource's notice channel; ARGV[4] our lease's notice digest; ARGV[5]
-# this waiter's id; ARGV[6] how many more milliseconds it will wait.
-# SET NX PX as an uncontended acquisition does, for a waiter. If it wins, it leaves the queue, and
-# if no one else is queued it tells the waiters on the channel ("+<digest>"): any woken with it by
-# a release that found no queue go back to sleep. (Queued waiters are woken one by one and need no
-# such notice.) If it loses, it joins the queue, keeping its place if it is already there (ZADD
-# NX), and the queue is kept as long as its longest waiter. Returns 1 if set, else 0.
+# milliseconds; ARGV[3] this waiter's id; ARGV[4] how many more milliseconds it will wait.
+# SET NX PX as an uncontended acquisition does, for a waiter (subscribed to its inbox first). If
+# it wins, it leaves the queue; if it loses, it joins the queue, keeping its place if it is there
+# already (ZADD NX), and the queue is kept as long as its longest waiter. Returns 1 if set, else 0.
 ACQUIRE_WAITING = Script(
     "acquire_waiting",
     """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    redis.call('zrem', KEYS[2], ARGV[5])
-    if redis.call('zcard', KEYS[2]) == 0 then
-        redis.call('publish', ARGV[3], '+' .. ARGV[4])
-    end
+    redis.call('zrem', KEYS[2], ARGV[3])
     return 1
 end
 local now = redis.call('time')
-local wait_ms = tonumber(ARGV[6])
+local wait_ms = tonumber(ARGV[4])
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('zadd', KEYS[2], 'NX', now_ms + wait_ms, ARGV[5])
+redis.call('zadd', KEYS[2], 'NX', now_ms + wait_ms, ARGV[3])
 if redis.call('pttl', KEYS[2]) < wait_ms then
     redis.call('pexpire', KEYS[2], wait_ms)
 end

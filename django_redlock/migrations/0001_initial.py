@@ -4,24 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='HeldLock',
+            name="HeldLock",
             fields=[
-                ('id', models.AutoField(primary_key=True, serialize=False)),
+                ("id", models.AutoField(primary_key=True, serialize=False)),
             ],
             options={
-                'verbose_name': 'held lock',
-                'verbose_name_plural': 'held locks',
-                'permissions': [('view_held_locks', 'Can view held locks'), ('force_release_lock', 'Can force-release a held lock')],
-                'managed': False,
-                'default_permissions': (),
+                "verbose_name": "held lock",
+                "verbose_name_plural": "held locks",
+                "permissions": [
+                    ("view_held_locks", "Can view held locks"),
+                    ("force_release_lock", "Can force-release a held lock"),
+                ],
+                "managed": False,
+                "default_permissions": (),
             },
         ),
     ]
