@@ -47,6 +47,11 @@ _JITTER = random.Random()  # noqa: S311
 # Forked children must not all draw the same "random" delays as their parent and each other.
 os.register_at_fork(after_in_child=_JITTER.seed)
 
+#: The owner part of lock values, by (process, thread, label, ttl): JSON-encoding it on every
+#: acquisition cost more than the rest of building the value (``with redlock(r):`` makes a new
+#: Lock each time, so a per-Lock cache did not help there).
+_OWNER_JSON: dict[tuple[int, int, str | None, float], str] = {}
+
 #: A process that released a lock other processes were waiting for stays out of the next round
 #: for this long, so that the waiter it woke gets the lock instead of the releaser barging back in.
 COURTESY = 0.003
@@ -260,7 +265,6 @@ class Lock:
         self.on_lost = on_lost
         self.key = redlock.lock_key(resource)
         self._lease: Lease | None = None
-        self._owner_json: tuple[tuple[int, int, int], str] = ((0, 0, 0), "")
 
     def __repr__(self) -> str:
         lease = self._lease
@@ -607,19 +611,23 @@ class Lock:
     def _new_value(self) -> str:
         """What we store on each master: an unguessable token, then who we are (for humans):
         ``<32 hex>:{"host":..,"pid":..,"thread":..,"label":..,"ttl":..,"since":<unix time>}``."""
-        owner = current_owner()
-        if self._owner_json[0] != owner:
+        who = (os.getpid(), threading.get_ident(), self.label, self.ttl)
+        owner_json = _OWNER_JSON.get(who)
+        if owner_json is None:
             fields = {
                 "host": _HOST,
-                "pid": owner[0],
+                "pid": who[0],
                 "thread": threading.current_thread().name,
                 "label": self.label,
                 "ttl": self.ttl,
             }
             # Everything but the closing brace: "since" changes with every acquisition.
-            self._owner_json = (owner, json.dumps(fields, separators=(",", ":"))[:-1])
+            owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
+            if len(_OWNER_JSON) >= 1024:  # bounded: threads come and go
+                _OWNER_JSON.clear()
+            _OWNER_JSON[who] = owner_json
         since = f"{time.time():.3f}"  # wall clock, for display only
-        return f'{secrets.token_hex(16)}:{self._owner_json[1]},"since":{since}}}'
+        return f'{secrets.token_hex(16)}:{owner_json},"since":{since}}}'
 
     def _tally(self, replies: list[Reply], start: float, ttl: float | None = None) -> Tally:
         return protocol.tally(
