@@ -265,11 +265,11 @@ def test_cancelled_acquisition_cleans_up_at_once(masters, slow_first, engine_of)
 # --- connections do not outlive their use --------------------------------------------------------
 
 
-def test_pooled_connections_close_with_their_event_loop(masters, engine_of):
-    """Idle async connections belong to the loop that made them; when ``asyncio.run`` ends they
-    must be closed, not left open (one socket per master per loop, for the life of the process)
-    nor reported as unclosed transports by the garbage collector. Counted at the masters' end,
-    through proxies."""
+def test_one_pool_serves_every_event_loop_and_thread_and_closes_with_the_engine(masters, engine_of):
+    """Lock connections are plain non-blocking sockets, not tied to an event loop: successive
+    ``asyncio.run`` loops and the sync API reuse the same one per master, nothing is reported
+    unclosed when a loop ends, and ``close()`` closes them. Counted at the masters' end, through
+    proxies."""
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(DelayProxy(m.port)) for m in masters]
         engine = engine_of([p.url for p in proxies])
@@ -277,15 +277,18 @@ def test_pooled_connections_close_with_their_event_loop(masters, engine_of):
         async def main():
             async with engine.lock("job", ttl=5):
                 pass
-            assert sum(p.open_connections for p in proxies) == 5  # pooled while the loop runs
+            assert sum(p.open_connections for p in proxies) == 5  # pooled
 
         for _ in range(3):
             assert resource_warnings(main) == []
+        with engine.lock("job", ttl=5):
+            pass
+        assert sum(p.accepted for p in proxies) == 5  # one per master for all of them
+        engine.close()
         deadline = time.monotonic() + 1.0
         while sum(p.open_connections for p in proxies) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [p.open_connections for p in proxies] == [0] * 5
-        assert sum(p.accepted for p in proxies) == 15  # 5 per loop: pooled within each run
 
 
 def test_cancel_while_connecting_leaks_no_connection(masters, engine_of):

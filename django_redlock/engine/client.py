@@ -165,8 +165,8 @@ class Redlock:
         return self._courtesy.get(resource, 0.0)
 
     def close(self) -> None:
-        """Stop the release-notice listeners and close idle connections (sync ones; async ones
-        close with their event loop)."""
+        """Stop the release-notice listeners and close the idle connections (one pool serves
+        sync and async code alike)."""
         with self._notices_guard:
             notices, self._notices = self._notices, None
         if notices is not None:

@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -214,14 +214,18 @@ class Node:
 #: The socket has no data yet (plain, or TLS with no complete record).
 _NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
 
+#: What ``Wire.read_nowait`` returns while the reply has not arrived.
+PENDING = object()
+
 
 class Wire:
     """One open connection of the lock path. redis-py opens it (TLS, AUTH, SELECT, its URL
     options); after that we talk to its socket ourselves, non-blocking, through our own hiredis
     reader. A round's reply is usually there by the time we read it, so a read is one
     ``recv_into``: no timeout juggling (two ``ioctl`` per read in redis-py), no poll before
-    every read, no per-call layers. We wait (``poll``) only when a master has not answered yet,
-    and never past the round's deadline."""
+    every read, no per-call layers. Only when a master has not answered yet do we wait, and
+    never past the round's deadline: blocking in ``poll`` (sync), or on the event loop's reader
+    callback (asyncio), so that one pool of connections serves both."""
 
     __slots__ = ("_buffer", "_conn", "_reader", "_sock", "pid")
 
@@ -249,11 +253,10 @@ class Wire:
             return False
         return True
 
-    def read(self, deadline: float) -> object:
-        """The next reply (an error reply is a ``ResponseError`` object, returned), waiting for
-        it until ``deadline`` (monotonic); a reply already received counts even after it.
-        Raises ``TimeoutError`` or ``ConnectionError``/``OSError`` with the connection closed,
-        so that a late reply is never read as the answer to a later request."""
+    def read_nowait(self) -> object:
+        """The next reply if it has arrived (an error reply is a ``ResponseError`` object,
+        returned), else ``PENDING``. Raises ``ConnectionError``/``OSError`` with the connection
+        closed."""
         reader = self._reader
         reply = reader.gets()
         try:
@@ -261,10 +264,7 @@ class Wire:
                 try:
                     received = self._sock.recv_into(self._buffer)
                 except _NOT_YET:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not _readable(self._sock, remaining):
-                        raise TimeoutError("no reply within the node budget") from None
-                    continue
+                    return PENDING
                 if not received:
                     raise redis.ConnectionError("connection closed by the master")
                 reader.feed(self._buffer, 0, received)  # type: ignore[arg-type]
@@ -274,17 +274,20 @@ class Wire:
             raise
         return reply
 
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def wait_readable(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds until the socket has data (or is closed)."""
+        if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
+            select.select([self._sock], [], [], timeout)
+            return
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        poller.poll(timeout * 1000)
+
     def close(self) -> None:
         self._conn.disconnect()
-
-
-def _readable(sock: socket.socket, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``sock`` to have data (or be closed)."""
-    if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
-        return bool(select.select([sock], [], [], timeout)[0])
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(timeout * 1000))
 
 
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
@@ -328,74 +331,144 @@ class Requests:
             node.warm.add(self.script.sha)
 
 
-def fan_out(
-    nodes: Sequence[Node],
-    command: Command,
-    budget: float,
-    script: Script | None = None,
-) -> list[Reply]:
-    """Send ``command`` to every master, all before reading any reply; then read every reply by
-    one common deadline ``budget`` seconds from now. A master that has not answered by then
-    counts as failed and its connection is dropped, so a late reply is never mistaken for the
-    answer to a later request. ``script``: the script ``command`` runs (EVALSHA), sent with its
-    source to masters not known to have it, and resent so to one that answers NOSCRIPT."""
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """I/O a round waits on: a new connection to ``node`` by ``deadline``. Answered with the
+    ``Wire`` or the exception that prevented it."""
+
+    node: Node
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Readable:
+    """I/O a round waits on: data on ``wire``, for at most ``timeout`` seconds."""
+
+    wire: Wire
+    timeout: float
+
+
+Exchange = Generator[Connect | Readable, object, list[Reply]]
+
+
+def exchange(
+    nodes: Sequence[Node], command: Command, budget: float, script: Script | None = None
+) -> Exchange:
+    """One round, written once for both drivers (``fan_out`` blocks, ``aio.afan_out`` awaits):
+    send ``command`` to every master, all before reading any reply; then read every reply by one
+    common deadline ``budget`` seconds from now. A master that has not answered by then counts
+    as failed and its connection is dropped, so a late reply is never mistaken for the answer to
+    a later request (nor is one whose reader was interrupted). ``script``: the script
+    ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
+    so to one that answers NOSCRIPT. Yields only when it must wait: for a new connection, or for
+    a master that has not answered yet."""
     deadline = time.monotonic() + budget
     requests = Requests(command, script)
     replies: list[Reply] = [None] * len(nodes)
     in_flight: list[tuple[int, Wire, bool]] = []  # (master, connection, was idle)
-    unconnected = []
-    # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
-    for i, node in enumerate(nodes):
-        wire = node.idle()
-        if wire is not None and wire.send(requests.for_node(node)):
-            in_flight.append((i, wire, True))
-        else:  # none idle, or it went stale while idle (master restarted): one fresh try
-            unconnected.append(i)
-    for i in unconnected:
-        node = nodes[i]
-        try:
-            wire = node.connect(deadline)
-        except (redis.RedisError, OSError) as exc:
-            replies[i] = failure(node, exc)
-            continue
-        if wire.send(requests.for_node(node)):
-            in_flight.append((i, wire, False))
-        else:
-            replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
-    for i, wire, reused in in_flight:
-        node = nodes[i]
-        reply = _read(node, wire, deadline)
-        if reused and isinstance(reply, NodeFailure) and reply.reason == "error":
-            # The idle connection was closed by the master (restart, client timeout) and the
-            # send went into the void: one fresh try within the same deadline. Safe to repeat:
-            # our scripts are idempotent, and a repeated SET NX can only under-count our votes.
-            try:
-                wire = node.connect(deadline)
-            except (redis.RedisError, OSError) as exc:
-                replies[i] = failure(node, exc)
-                continue
-            reply = _resend(node, wire, requests.for_node(node), deadline)
-        if requests.forgot_script(node, reply):
-            reply = _resend(node, wire, requests.with_source(), deadline)
-        if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
-            reply = failure(node, reply)
-            node.checkin(wire)
-        elif not isinstance(reply, NodeFailure):
-            requests.answered(node)
-            node.checkin(wire)
-        replies[i] = reply
+    try:
+        unconnected = []
+        # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
+        for i, node in enumerate(nodes):
+            wire = node.idle()
+            if wire is not None and wire.send(requests.for_node(node)):
+                in_flight.append((i, wire, True))
+            else:  # none idle, or it went stale while idle (master restarted): one fresh try
+                unconnected.append(i)
+        for i in unconnected:
+            node = nodes[i]
+            made = yield Connect(node, deadline)
+            if not isinstance(made, Wire):
+                replies[i] = failure(node, made)  # type: ignore[arg-type]
+            elif made.send(requests.for_node(node)):
+                in_flight.append((i, made, False))
+            else:
+                replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+        while in_flight:
+            i, wire, reused = in_flight[0]
+            node = nodes[i]
+            reply = yield from _read(node, wire, deadline)
+            if reused and isinstance(reply, NodeFailure) and reply.reason == "error":
+                # The idle connection was closed by the master (restart, client timeout) and the
+                # send went into the void: one fresh try within the same deadline. Safe to
+                # repeat: our scripts are idempotent, and a repeated SET NX can only under-count
+                # our votes.
+                made = yield Connect(node, deadline)
+                if not isinstance(made, Wire):
+                    in_flight.pop(0)
+                    replies[i] = failure(node, made)  # type: ignore[arg-type]
+                    continue
+                in_flight[0] = (i, wire := made, False)
+                reply = yield from _resend(node, wire, requests.for_node(node), deadline)
+            if requests.forgot_script(node, reply):
+                reply = yield from _resend(node, wire, requests.with_source(), deadline)
+            in_flight.pop(0)
+            if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
+                reply = failure(node, reply)
+                node.checkin(wire)
+            elif not isinstance(reply, NodeFailure):
+                requests.answered(node)
+                node.checkin(wire)
+            replies[i] = reply
+    except BaseException:
+        # Interrupted (a cancelled task, Ctrl-C): replies may still arrive on every connection
+        # not yet read; none may be read later as the answer to another request.
+        for _, wire, _ in in_flight:
+            wire.close()
+        raise
     return replies
 
 
-def _resend(node: Node, wire: Wire, packed: list[bytes], deadline: float) -> Reply:
+def _resend(
+    node: Node, wire: Wire, packed: list[bytes], deadline: float
+) -> Generator[Readable, object, Reply]:
     if not wire.send(packed):
         return NodeFailure(node.label, "error", "connection lost while resending")
-    return _read(node, wire, deadline)
+    return (yield from _read(node, wire, deadline))
 
 
-def _read(node: Node, wire: Wire, deadline: float) -> Reply:
-    """The reply, an error reply (``ResponseError``), or a NodeFailure (connection closed)."""
+def _read(node: Node, wire: Wire, deadline: float) -> Generator[Readable, object, Reply]:
+    """The reply, an error reply (``ResponseError``), or a NodeFailure (connection closed). A
+    reply already received counts even past the deadline; we just do not wait for one then."""
     try:
-        return wire.read(deadline)
+        reply = wire.read_nowait()
+        while reply is PENDING:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                wire.close()
+                raise TimeoutError("no reply within the node budget")
+            yield Readable(wire, remaining)
+            reply = wire.read_nowait()
     except (redis.RedisError, OSError) as exc:
         return failure(node, exc)
+    return reply
+
+
+def fan_out(
+    nodes: Sequence[Node], command: Command, budget: float, script: Script | None = None
+) -> list[Reply]:
+    """``exchange`` with blocking waits."""
+    rounds = exchange(nodes, command, budget, script)
+    answer: object = None
+    while True:
+        try:
+            wait = rounds.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            if isinstance(wait, Readable):
+                wait.wire.wait_readable(wait.timeout)
+                answer = None
+            else:
+                answer = connect(wait)
+        except BaseException:
+            rounds.close()  # interrupted (Ctrl-C): drop the connections still awaited
+            raise
+
+
+def connect(wait: Connect) -> Wire | Exception:
+    """Perform a ``Connect`` (blocking): the connection, or why there is none."""
+    try:
+        return wait.node.connect(wait.deadline)
+    except (redis.RedisError, OSError) as exc:
+        return exc
