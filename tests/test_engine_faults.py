@@ -17,6 +17,7 @@ import time
 import pytest
 
 from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
+from django_redlock.engine.nodes import SKIP_SILENT_FOR
 from django_redlock.localproxy import DelayProxy
 
 # Twice the default budget: still small next to the TTLs, and a healthy master stalled by a busy
@@ -113,6 +114,37 @@ def test_minority_paused_costs_at_most_its_budget(fresh_masters, engine_of, paus
         m.pause()
     for _ in range(3):
         acquire_extend_release(engine, masters[paused:])
+
+
+def commands_run(master, *names):
+    stats = master.client().info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in names)
+
+
+def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
+    fresh_masters, engine_of
+):
+    """A paused master costs the first round its budget. Then it is silent: rounds count it as
+    failed without waiting for it, but still tell it their requests on its connection, behind
+    the replies it owes. When it wakes, it runs them in order (each SET, then the release that
+    undoes it: no stale key), its owed replies arrive, and the next round counts it again."""
+    masters = fresh_masters(5)
+    engine = engine_of(urls(masters))
+    acquire_extend_release(engine, masters)
+    sets_before = commands_run(masters[0], "set")
+    masters[0].pause()
+    cycles = []
+    for _ in range(5):
+        lock = engine.lock("job", ttl=5)
+        _, took = timed(lambda lock=lock: (lock.acquire(), lock.release()))
+        cycles.append(took)
+    assert cycles[0] >= NODE_TIMEOUT  # waited for it once (acquire), not for the release
+    assert cycles[0] < 2 * NODE_TIMEOUT + OVERHEAD
+    assert max(cycles[1:]) < NODE_TIMEOUT / 2  # then not at all
+    masters[0].resume()
+    assert wait_until(lambda: commands_run(masters[0], "set") == sets_before + 5, timeout=1.0)
+    assert key_of(masters[0]) is None  # every SET was followed by its release
+    acquire_extend_release(engine, masters)  # caught up: it votes again at once
 
 
 def test_contention_with_a_minority_down_is_still_contention(fresh_masters, engine_of):
@@ -327,4 +359,7 @@ def test_blackholed_minority_is_outvoted_then_heals(fresh_masters, engine_of, pr
     assert keys_of(masters[:2]) == [None, None]  # nothing got through
     for p in holes:
         p.heal()
+    # A master that missed its budget sits out (told, not counted) until its owed replies come
+    # or SKIP_SILENT_FOR passes; the blackhole dropped our requests, so here it is the latter.
+    time.sleep(SKIP_SILENT_FOR)
     acquire_extend_release(engine, masters)

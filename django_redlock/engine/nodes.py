@@ -31,7 +31,18 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .errors import NodeFailure
+from .protocol import quorum
 from .scripts import Script
+
+#: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
+#: is left out of the rounds for this long: it would most likely cost every round its budget
+#: again, where a dead one refuses at once. At most ``N - quorum`` masters are left out at a
+#: time, so leaving out never by itself makes a quorum impossible.
+SKIP_SILENT_FOR = 1.0
+
+#: A connection that owes more replies than this is closed instead of kept: its master has been
+#: silent for long, and what we told it is more than we want replayed when it wakes up.
+MAX_OWED = 100
 
 #: Shortest read we attempt once the budget is spent: a reply already in the socket buffer still
 #: counts, but we do not wait for one.
@@ -166,6 +177,8 @@ class Node:
         #: their source (EVAL), so that a master too slow to answer in time is never left with
         #: a request it cannot run (a late NOSCRIPT would be read by no one).
         self.warm: set[str] = set()
+        #: Monotonic time until which rounds leave this master out (see SKIP_SILENT_FOR).
+        self.silent_until = 0.0
         _ALL_NODES.add(self)
 
     def __repr__(self) -> str:
@@ -227,7 +240,7 @@ class Wire:
     never past the round's deadline: blocking in ``poll`` (sync), or on the event loop's reader
     callback (asyncio), so that one pool of connections serves both."""
 
-    __slots__ = ("_buffer", "_conn", "_reader", "_sock", "pid")
+    __slots__ = ("_buffer", "_conn", "_reader", "_sock", "owed", "pid")
 
     def __init__(self, conn: redis.connection.AbstractConnection) -> None:
         self._conn = conn
@@ -243,6 +256,11 @@ class Wire:
         )
         self._buffer: bytearray = bytearray(4096)  # hiredis copies what it is fed
         self.pid: int = conn.pid
+        #: Replies to requests nobody waits for any more (a master that missed its budget, or
+        #: one told without waiting): read and discarded before the next reply we want. The
+        #: connection stays usable, and what we sent stays in order on it (a release can never
+        #: overtake the SET it undoes).
+        self.owed: int = 0
 
     def send(self, packed: list[bytes]) -> bool:
         """Write a request; False (connection closed) if it could not be written whole."""
@@ -254,24 +272,44 @@ class Wire:
         return True
 
     def read_nowait(self) -> object:
-        """The next reply if it has arrived (an error reply is a ``ResponseError`` object,
-        returned), else ``PENDING``. Raises ``ConnectionError``/``OSError`` with the connection
-        closed."""
-        reader = self._reader
-        reply = reader.gets()
+        """The next reply we wait for, if it has arrived (an error reply is a ``ResponseError``
+        object, returned), else ``PENDING``. Owed replies are discarded first. Raises
+        ``ConnectionError``/``OSError`` with the connection closed."""
         try:
-            while reply is False:
-                try:
-                    received = self._sock.recv_into(self._buffer)
-                except _NOT_YET:
-                    return PENDING
-                if not received:
-                    raise redis.ConnectionError("connection closed by the master")
-                reader.feed(self._buffer, 0, received)  # type: ignore[arg-type]
-                reply = reader.gets()
+            while True:
+                reply = self._next()
+                if reply is PENDING or not self.owed:
+                    return reply
+                self.owed -= 1
         except (redis.RedisError, OSError):
             self.close()
             raise
+
+    def caught_up(self) -> bool:
+        """Read and discard the owed replies that have arrived, without waiting; whether none
+        is owed any more (False also if the connection broke: it is closed then)."""
+        try:
+            while self.owed:
+                if self._next() is PENDING:
+                    return False
+                self.owed -= 1
+        except (redis.RedisError, OSError):
+            self.close()
+            return False
+        return True
+
+    def _next(self) -> object:
+        reader = self._reader
+        reply = reader.gets()
+        while reply is False:
+            try:
+                received = self._sock.recv_into(self._buffer)
+            except _NOT_YET:
+                return PENDING
+            if not received:
+                raise redis.ConnectionError("connection closed by the master")
+            reader.feed(self._buffer, 0, received)  # type: ignore[arg-type]
+            reply = reader.gets()
         return reply
 
     def fileno(self) -> int:
@@ -357,20 +395,37 @@ def exchange(
     """One round, written once for both drivers (``fan_out`` blocks, ``aio.afan_out`` awaits):
     send ``command`` to every master, all before reading any reply; then read every reply by one
     common deadline ``budget`` seconds from now. A master that has not answered by then counts
-    as failed and its connection is dropped, so a late reply is never mistaken for the answer to
-    a later request (nor is one whose reader was interrupted). ``script``: the script
-    ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
-    so to one that answers NOSCRIPT. Yields only when it must wait: for a new connection, or for
-    a master that has not answered yet."""
-    deadline = time.monotonic() + budget
+    as failed; its connection keeps the reply owed (read and discarded later, never mistaken for
+    the answer to another request) and the master is *silent* for SKIP_SILENT_FOR seconds: the
+    next rounds tell it their request on that connection without waiting for it (so that a
+    release still follows its SET there, in order), and count it as failed, until its owed
+    replies have come. ``script``: the script ``command`` runs (EVALSHA), sent with its source
+    to masters not known to have it, and resent so to one that answers NOSCRIPT. Yields only
+    when it must wait: for a new connection, or for a master that has not answered yet."""
+    began = time.monotonic()
+    deadline = began + budget
     requests = Requests(command, script)
     replies: list[Reply] = [None] * len(nodes)
     in_flight: list[tuple[int, Wire, bool]] = []  # (master, connection, was idle)
+    may_leave_out = len(nodes) - quorum(len(nodes))
+    asked: list[int] = []  # the masters not left out
     try:
         unconnected = []
         # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
         for i, node in enumerate(nodes):
             wire = node.idle()
+            if node.silent_until > began and may_leave_out > 0:
+                if wire is None or not wire.caught_up():
+                    may_leave_out -= 1
+                    replies[i] = _tell(node, wire, requests.for_node(node))
+                    continue
+                node.silent_until = 0.0  # its late replies came: it answers again
+            elif wire is not None and wire.owed and not wire.caught_up():
+                # Silent for a while and still owing: its replies may never come (a broken
+                # path, not a paused master). Ask it afresh rather than behind them.
+                wire.close()
+                wire = None
+            asked.append(i)
             if wire is not None and wire.send(requests.for_node(node)):
                 in_flight.append((i, wire, True))
             else:  # none idle, or it went stale while idle (master restarted): one fresh try
@@ -416,7 +471,25 @@ def exchange(
         for _, wire, _ in in_flight:
             wire.close()
         raise
+    now = time.monotonic()
+    for i in asked:
+        reply = replies[i]
+        if isinstance(reply, NodeFailure) and reply.reason == "timeout":
+            nodes[i].silent_until = now + SKIP_SILENT_FOR
     return replies
+
+
+def _tell(node: Node, wire: Wire | None, packed: list[bytes]) -> NodeFailure:
+    """Send to a silent master without waiting for its answer (on its connection, after the
+    requests it has not answered yet), or not at all if it has no connection."""
+    silent = "silent: it let a request go unanswered for its whole budget"
+    if wire is None or wire.owed >= MAX_OWED or not wire.send(packed):
+        if wire is not None:
+            wire.close()
+        return NodeFailure(node.label, "timeout", f"{silent}; not asked")
+    wire.owed += 1
+    node.checkin(wire)
+    return NodeFailure(node.label, "timeout", f"{silent}; told, not waited for")
 
 
 def _resend(
@@ -435,7 +508,11 @@ def _read(node: Node, wire: Wire, deadline: float) -> Generator[Readable, object
         while reply is PENDING:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                wire.close()
+                if wire.owed < MAX_OWED:  # keep it: the reply is owed, the connection usable
+                    wire.owed += 1
+                    node.checkin(wire)
+                else:
+                    wire.close()
                 raise TimeoutError("no reply within the node budget")
             yield Readable(wire, remaining)
             reply = wire.read_nowait()
