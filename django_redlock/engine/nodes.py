@@ -442,7 +442,9 @@ def exchange(
         while in_flight:
             i, wire, reused = in_flight[0]
             node = nodes[i]
-            reply = yield from _read(node, wire, deadline)
+            reply = _reply_now(node, wire)
+            if reply is PENDING:
+                reply = yield from _read(node, wire, deadline)
             if reused and isinstance(reply, NodeFailure) and reply.reason == "error":
                 # The idle connection was closed by the master (restart, client timeout) and the
                 # send went into the void: one fresh try within the same deadline. Safe to
@@ -500,24 +502,31 @@ def _resend(
     return (yield from _read(node, wire, deadline))
 
 
-def _read(node: Node, wire: Wire, deadline: float) -> Generator[Readable, object, Reply]:
-    """The reply, an error reply (``ResponseError``), or a NodeFailure (connection closed). A
-    reply already received counts even past the deadline; we just do not wait for one then."""
+def _reply_now(node: Node, wire: Wire) -> Reply:
+    """The reply if it is here (an error reply is a ``ResponseError``), ``PENDING``, or a
+    NodeFailure (connection closed)."""
     try:
-        reply = wire.read_nowait()
-        while reply is PENDING:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if wire.owed < MAX_OWED:  # keep it: the reply is owed, the connection usable
-                    wire.owed += 1
-                    node.checkin(wire)
-                else:
-                    wire.close()
-                raise TimeoutError("no reply within the node budget")
-            yield Readable(wire, remaining)
-            reply = wire.read_nowait()
+        return wire.read_nowait()
     except (redis.RedisError, OSError) as exc:
         return failure(node, exc)
+
+
+def _read(node: Node, wire: Wire, deadline: float) -> Generator[Readable, object, Reply]:
+    """The reply, waiting for it until ``deadline``; a reply already received counts even past
+    the deadline, we just do not wait for one then. (Most replies are there by the time we look:
+    ``exchange`` asks ``_reply_now`` first and comes here only to wait.)"""
+    reply = _reply_now(node, wire)
+    while reply is PENDING:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if wire.owed < MAX_OWED:  # keep it: the reply is owed, the connection usable
+                wire.owed += 1
+                node.checkin(wire)
+            else:
+                wire.close()
+            return failure(node, TimeoutError("no reply within the node budget"))
+        yield Readable(wire, remaining)
+        reply = _reply_now(node, wire)
     return reply
 
 
