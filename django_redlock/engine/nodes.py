@@ -439,6 +439,10 @@ def exchange(
                 in_flight.append((i, made, False))
             else:
                 replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+        if in_flight:
+            # Replies take longer than our writes: a read now would find nothing and raise.
+            # Wait for the first one instead (at once if it is there after all).
+            yield Readable(in_flight[0][1], deadline - time.monotonic())
         while in_flight:
             i, wire, reused = in_flight[0]
             node = nodes[i]
