@@ -15,7 +15,6 @@ python -m bench a`` (py-spy is not a dependency).
 
 from __future__ import annotations
 
-import asyncio
 import cProfile
 import functools
 import pstats
@@ -137,7 +136,6 @@ def pure_steps(urls: list[str]) -> None:
         n, took = timeit.Timer(step).autorange()
         best = min(timeit.Timer(step).repeat(5, n)) / n
         print(f"| {best * 1e6:.2f} | {label} |")
-    asyncio.run(_async_steps(redlock))
     round_overhead(redlock)
     redlock.close()
 
@@ -186,25 +184,3 @@ def _pool_round(redlock: Redlock) -> None:
         conn = node.idle()
         if conn is not None:
             node.checkin(conn)
-
-
-async def _async_steps(redlock: Redlock) -> None:
-    """What asyncio costs per step in the async engine's fan-out."""
-    loop = asyncio.get_running_loop()
-
-    async def timeout_scope() -> None:
-        async with asyncio.timeout_at(loop.time() + 1):
-            pass
-
-    async def nothing() -> None:
-        pass
-
-    for label, make in [
-        ("an asyncio.timeout_at scope (afan_out opens 1 per round for the reads)", timeout_scope),
-        ("an empty coroutine await (reference)", nothing),
-    ]:
-        n = 20000
-        start = loop.time()
-        for _ in range(n):
-            await make()
-        print(f"| {(loop.time() - start) / n * 1e6:.2f} | {label} |")

@@ -167,7 +167,7 @@ def current_owner() -> tuple[int, int, int]:
     return (os.getpid(), threading.get_ident(), task)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Lease:
     """What an acquired lock holds. Shared by the handles of a re-entrant owner."""
 

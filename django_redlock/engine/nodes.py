@@ -25,7 +25,6 @@ from urllib.parse import urlsplit, urlunsplit
 import hiredis
 import redis
 from redis._parsers.base import BaseParser
-from redis._parsers.encoders import Encoder
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
@@ -66,18 +65,11 @@ os.register_at_fork(after_in_child=_forget_all_connections)
 #: One Redis command: name then arguments, as redis-py packs them.
 Command = tuple[Any, ...]
 
-_PACKER: Any = (
-    redis.connection.HiredisRespSerializer()
-    if redis.utils.HIREDIS_AVAILABLE
-    else redis.connection.PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
-)
-
-
 def pack(command: Command) -> list[bytes]:
     """RESP bytes of ``command``. A round sends the same command to every master, so it is
-    packed once per round, not once per master (and with hiredis even for asyncio, whose own
-    packer is pure Python)."""
-    return _PACKER.pack(*command)  # type: ignore[no-any-return]
+    packed once per round, not once per master; by hiredis directly (our arguments are already
+    str, bytes or numbers: redis-py's wrapper around the same call would only re-check them)."""
+    return [hiredis.pack_command(command)]
 
 
 def mask_url(url: str) -> str:
