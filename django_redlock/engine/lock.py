@@ -388,6 +388,7 @@ class Lock:
         queue = redlock.queue_key(self.resource)
         attempts = 0
         waiter: Waiter | None = None
+        split_retried = False
         courtesy = redlock.courtesy_until(self.resource) - began
         if courtesy > 0 and self.wait > 0:
             # We just woke a waiter by releasing this lock: let it go first, then join the queue
@@ -430,14 +431,17 @@ class Lock:
                 # then finds the lock free.
                 waiter = yield Listen()
                 continue
-            if result.contended and result.granted:
-                # Some masters were free: most likely a split vote with another waiter and no
-                # holder, so no release will wake us. Try again shortly, older waiters first.
+            if result.contended and result.granted and not split_retried:
+                # Some masters were free: perhaps a split vote with another waiter and no
+                # holder, so no release would wake us. Try once more shortly, older waiters
+                # first. (Once: a holder on a bare quorum looks the same, and is waited for.)
+                split_retried = True
                 yield Pause(protocol.split_retry_delay(now - began, _JITTER))
                 continue
             delay = protocol.retry_delay(redlock.retry_delay, _JITTER)
             if result.contended and waiter is not None:
                 # Queued: sleep until a release names us (fallback: a lease may expire unreleased).
+                split_retried = False
                 yield AwaitNotice(waiter, min(delay, deadline - now))
                 continue
             if now + delay > deadline:
