@@ -62,6 +62,8 @@ def test_a_task_cancelled_while_waiting_leaves_nothing_behind(masters, redlock_o
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        # It left the waiter queues: a release must not wake a waiter that is gone.
+        assert keys_left(masters, engine.queue_key("c")) == 0
         # The holder is untouched and the engine still works on the same loop.
         assert holder.validity > 0
         await holder.arelease()

@@ -442,7 +442,13 @@ class Lock:
             if result.contended and waiter is not None:
                 # Queued: sleep until a release names us (fallback: a lease may expire unreleased).
                 split_retried = False
-                yield AwaitNotice(waiter, min(delay, deadline - now))
+                try:
+                    yield AwaitNotice(waiter, min(delay, deadline - now))
+                except BaseException:
+                    # Interrupted (a cancelled task): leave the queues, or the next release would
+                    # wake a name that no one answers to any more.
+                    yield Round(("ZREM", queue, waiter.id), cleanup=True)
+                    raise
                 continue
             if now + delay > deadline:
                 raise self._not_acquired(result, replies, attempts, now - began)
