@@ -65,6 +65,7 @@ os.register_at_fork(after_in_child=_forget_all_connections)
 #: One Redis command: name then arguments, as redis-py packs them.
 Command = tuple[Any, ...]
 
+
 def pack(command: Command) -> list[bytes]:
     """RESP bytes of ``command``. A round sends the same command to every master, so it is
     packed once per round, not once per master; by hiredis directly (our arguments are already
