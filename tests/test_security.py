@@ -226,8 +226,8 @@ def test_an_acl_user_limited_to_the_prefix_can_lock_extend_fence_wait_and_releas
             assert lock.fence > first
         assert tokens_on(acl_masters, engine.lock_key("job")) == set()
 
-        # Waiting uses release notices (SUBSCRIBE on redlock:free:job): woken at once, not
-        # after the 1.5-3 s blind retry.
+        # Waiting queues on the masters (ZADD on redlock:queue:job) and listens on the process's
+        # inbox (SUBSCRIBE on redlock:wake:<id>): woken at once, not after the 1.5-3 s blind retry.
         assert hand_off_time(engine, "job", settle=0.4) < 1.0
     finally:
         engine.close()
@@ -250,7 +250,7 @@ def test_the_acl_user_is_refused_outside_the_prefix(acl_masters):
             client.publish("elsewhere", "")
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.flushall()
-        assert client.publish("redlock:free:job", "") == 0  # inside: allowed
+        assert client.publish("redlock:wake:someone", "") == 0  # inside: allowed
     finally:
         client.close()
 
