@@ -7,8 +7,8 @@ Choices, and why:
 
 - **Contention** answers ``423 Locked`` (or ``status=``, or ``on_contended(request, error)``) at
   once by default (``wait=0``): a request that waited for a lock held by a slow view would tie up
-  a worker for as long. ``Retry-After`` is the error's ``retry_after`` hint (the holder's remaining
-  lease, when the masters told us), else ``CONTENDED_RETRY_AFTER`` = 1 s: the holder is usually a
+  a worker for as long. ``Retry-After`` is ``CONTENDED_RETRY_AFTER`` = 1 s (or the error's
+  ``retry_after`` hint, if something set one: the engine does not): the holder is usually a
   request like this one, done in well under a second, and its lease (the TTL) is no better guess
   because an auto-extended lease lasts as long as the holder runs. Integer seconds, at least 1.
 - **No quorum** (``QuorumUnavailable``) answers ``503`` (or ``on_unavailable(request, error)``)

@@ -38,8 +38,10 @@ class LockNotAcquired(RedlockError):
         self.resource = resource
         self.failures = tuple(failures)
         self.attempts = attempts
-        #: A hint, in seconds, of when trying again may succeed (the holder's shortest remaining
-        #: TTL when the masters told us), for ``Retry-After`` headers.
+        #: A hint, in seconds, of when trying again may succeed, for ``Retry-After`` headers.
+        #: The engine itself leaves it None: a refused SET NX does not say how long the holder's
+        #: key has left, and that would be a poor guess anyway for an auto-extended lease, which
+        #: lasts as long as its holder runs (``lock_view`` then uses its own defaults).
         self.retry_after = retry_after
         detail = "; ".join(str(f) for f in self.failures)
         super().__init__(f"{message} [{detail}]" if detail else message)
