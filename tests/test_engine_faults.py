@@ -147,6 +147,42 @@ def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
     acquire_extend_release(engine, masters)  # caught up: it votes again at once
 
 
+def test_an_error_reply_of_any_class_is_a_failed_vote(fresh_masters, engine_of):
+    """Was a bug: redis-py maps some error replies to classes that are not ResponseErrors
+    (LOADING, NOAUTH, "max number of clients reached", a ConnectionError), and such a reply was
+    counted as a grant. Here one master is at its client limit and answers our new connection
+    with that error, and another owner holds the lock on a second master: the one real grant
+    of three is no quorum."""
+    masters = fresh_masters(3)
+    engine = engine_of(urls(masters))
+    masters[1].call("SET", KEY, "another owner", "PX", 5000)
+    masters[0].call("CONFIG", "SET", "maxclients", "1")
+    occupant = masters[0].client()
+    try:
+        occupant.ping()  # the one client slot is taken
+        with pytest.raises(LockContended) as caught:
+            engine.lock("job", ttl=5).acquire()
+    finally:
+        occupant.close()
+    assert "max number of clients" in str(caught.value.failures[0])
+    assert [f.reason for f in caught.value.failures] == ["error", "held"]
+    assert keys_of(masters) == [None, b"another owner", None]
+
+
+def test_waiting_with_no_time_left_returns_at_once(fresh_masters, engine_of):
+    """Was a bug: a round whose connects had spent the whole budget waited for its first reply
+    with a negative timeout, which poll() takes as "forever"."""
+    masters = fresh_masters(1)
+    engine = engine_of(urls(masters))
+    engine.lock("job", ttl=1).acquire().release()  # leaves a pooled connection
+    wire = engine.nodes[0].idle()
+    assert wire is not None
+    started = time.monotonic()
+    wire.wait_readable(-0.5)  # nothing will come: the master was asked nothing
+    assert time.monotonic() - started < 0.05
+    wire.close()
+
+
 def test_contention_with_a_minority_down_is_still_contention(fresh_masters, engine_of):
     masters = fresh_masters(5)
     engine, other = engine_of(urls(masters)), engine_of(urls(masters))

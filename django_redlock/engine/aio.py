@@ -5,6 +5,7 @@ the same pooled connections, performed with asyncio waits.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -112,11 +113,16 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 async def _connect(loop: asyncio.AbstractEventLoop, wait: Connect) -> Wire | Exception:
-    """A new connection, made in a thread: name resolution and the handshake block (bounded by
-    the round's deadline), and the event loop must not."""
+    """A new connection, made in a thread (name resolution and the handshake block, and the
+    event loop must not), awaited no longer than the round's deadline."""
     made = loop.run_in_executor(None, connect, wait)
     try:
-        return await asyncio.shield(made)
+        return await asyncio.wait_for(
+            asyncio.shield(made), max(wait.deadline - time.monotonic(), 0.0)
+        )
+    except TimeoutError:
+        made.add_done_callback(_close_unused)  # too late: close what the thread still makes
+        return TimeoutError("no connection within the node budget")
     except BaseException:
         made.add_done_callback(_close_unused)  # interrupted: close what the thread still makes
         raise

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -78,8 +77,9 @@ class Redlock:
         #: Leases held in this process, by key: how re-entry is recognized. Weak, so a dropped
         #: handle does not leave a phantom holder behind.
         self.holders: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
-        self._notices: ReleaseNotices | None = None
-        self._notices_guard = threading.Lock()
+        # Made now (cheap: its listener threads start on the first wait), so that no lock is
+        # needed to make it lazily; a lock a thread held at a fork() would stay held in the child.
+        self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
         self._courtesy: dict[str, float] = {}
 
     def __repr__(self) -> str:
@@ -150,10 +150,7 @@ class Redlock:
     @property
     def notices(self) -> ReleaseNotices:
         """Release notices for waiters; its listener threads start on first wait."""
-        with self._notices_guard:
-            if self._notices is None:
-                self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
-            return self._notices
+        return self._notices
 
     def give_way(self, resource: str, seconds: float) -> None:
         """Our release woke waiters: keep this process out of ``resource`` for ``seconds``."""
@@ -167,9 +164,8 @@ class Redlock:
     def close(self) -> None:
         """Stop the release-notice listeners and close the idle connections (one pool serves
         sync and async code alike)."""
-        with self._notices_guard:
-            notices, self._notices = self._notices, None
-        if notices is not None:
-            notices.close()
+        notices = self._notices
+        self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)  # if used again
+        notices.close()
         for node in self.nodes:
             node.close()

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import protocol, scripts
-from .errors import LockContended, LockLost, NodeFailure, QuorumUnavailable
+from .errors import LockContended, LockLost, LockNotAcquired, NodeFailure, QuorumUnavailable
 from .events import notify
 from .nodes import Command, Reply, fan_out
 from .notices import Beacon, Waiter
@@ -390,69 +390,71 @@ class Lock:
         waiter: Waiter | None = None
         split_retried = False
         courtesy = redlock.courtesy_until(self.resource) - began
-        if courtesy > 0 and self.wait > 0:
-            # We just woke a waiter by releasing this lock: let it go first, then join the queue
-            # behind it (as a waiter at once: a plain SET would only lose).
-            waiter = yield Listen()
-            yield Pause(min(courtesy, self.wait))
-        while True:
-            attempts += 1
-            value = self._new_value()
-            start = time.monotonic()
-            if waiter is None:
-                request = Round(("SET", self.key, value, "NX", "PX", ttl_ms))
-            else:  # the same SET; if it loses, we queue up on the masters to be woken in turn
-                wait_ms = max(int((deadline - start) * 1000), 1)
-                command = scripts.ACQUIRE_WAITING.evalsha(
-                    (self.key, queue), (value, ttl_ms, waiter.id, wait_ms)
-                )
-                request = Round(command, scripts.ACQUIRE_WAITING)
-            try:
-                replies: list[Reply] = yield request
-            except BaseException:
-                # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have
-                # landed. Undo them on every master before letting the interruption through.
-                yield self._release_round(value, cleanup=True, notify=False)
-                raise
-            result = self._tally(replies, start)
-            if result.won:
-                self._hold(value, start, began, attempts)
-                return
-            if result.granted or result.failed:
-                # Undo partial success everywhere, failed masters included: a SET that timed out
-                # may still have landed, and would otherwise block others until its TTL.
-                yield self._release_round(value, notify=False)
-            now = time.monotonic()
-            if now >= deadline:
-                raise self._not_acquired(result, replies, attempts, now - began)
-            if result.contended and waiter is None:
-                # Become a waiter (subscribed), then try once more: that try queues us if it
-                # loses, and a release between our attempts cannot be missed, since the next try
-                # then finds the lock free.
+        try:
+            if courtesy > 0 and self.wait > 0:
+                # We just woke a waiter by releasing this lock: let it go first, then join the queue
+                # behind it (as a waiter at once: a plain SET would only lose).
                 waiter = yield Listen()
-                continue
-            if result.contended and result.granted and not split_retried:
-                # Some masters were free: perhaps a split vote with another waiter and no
-                # holder, so no release would wake us. Try once more shortly, older waiters
-                # first. (Once: a holder on a bare quorum looks the same, and is waited for.)
-                split_retried = True
-                yield Pause(protocol.split_retry_delay(now - began, _JITTER))
-                continue
-            delay = protocol.retry_delay(redlock.retry_delay, _JITTER)
-            if result.contended and waiter is not None:
-                # Queued: sleep until a release names us (fallback: a lease may expire unreleased).
-                split_retried = False
+                yield Pause(min(courtesy, self.wait))
+            while True:
+                attempts += 1
+                value = self._new_value()
+                start = time.monotonic()
+                if waiter is None:
+                    request = Round(("SET", self.key, value, "NX", "PX", ttl_ms))
+                else:  # the same SET; if it loses, we queue up on the masters to be woken in turn
+                    wait_ms = max(int((deadline - start) * 1000), 1)
+                    command = scripts.ACQUIRE_WAITING.evalsha(
+                        (self.key, queue), (value, ttl_ms, waiter.id, wait_ms)
+                    )
+                    request = Round(command, scripts.ACQUIRE_WAITING)
                 try:
-                    yield AwaitNotice(waiter, min(delay, deadline - now))
+                    replies: list[Reply] = yield request
                 except BaseException:
-                    # Interrupted (a cancelled task): leave the queues, or the next release would
-                    # wake a name that no one answers to any more.
-                    yield Round(("ZREM", queue, waiter.id), cleanup=True)
+                    # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have
+                    # landed. Undo them on every master before letting the interruption through.
+                    yield self._release_round(value, cleanup=True, notify=False)
                     raise
-                continue
-            if now + delay > deadline:
-                raise self._not_acquired(result, replies, attempts, now - began)
-            yield Pause(delay)
+                result = self._tally(replies, start)
+                if result.won:
+                    self._hold(value, start, began, attempts)
+                    return
+                if result.granted or result.failed:
+                    # Undo partial success everywhere, failed masters included: a SET that timed out
+                    # may still have landed, and would otherwise block others until its TTL.
+                    yield self._release_round(value, notify=False)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self._not_acquired(result, replies, attempts, now - began)
+                if result.contended and waiter is None:
+                    # Become a waiter (subscribed), then try once more: that try queues us if it
+                    # loses, and a release between our attempts cannot be missed, since the next try
+                    # then finds the lock free.
+                    waiter = yield Listen()
+                    continue
+                if result.contended and result.granted and not split_retried:
+                    # Some masters were free: perhaps a split vote with another waiter and no
+                    # holder, so no release would wake us. Try once more shortly, older waiters
+                    # first. (Once: a holder on a bare quorum looks the same, and is waited for.)
+                    split_retried = True
+                    yield Pause(protocol.split_retry_delay(now - began, _JITTER))
+                    continue
+                delay = protocol.retry_delay(redlock.retry_delay, _JITTER)
+                if result.contended and waiter is not None:
+                    # Queued: sleep until a release names us (or the fallback: a lease may expire
+                    # unreleased, with no release to wake anyone).
+                    split_retried = False
+                    yield AwaitNotice(waiter, min(delay, deadline - now))
+                    continue
+                if now + delay > deadline:
+                    raise self._not_acquired(result, replies, attempts, now - began)
+                yield Pause(delay)
+        except BaseException as exc:
+            if waiter is not None and not isinstance(exc, GeneratorExit | LockNotAcquired):
+                # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the queues, or the
+                # next release would wake a name that no one answers to any more.
+                yield Round(("ZREM", queue, waiter.id), cleanup=True)
+            raise
 
     def _extend(self, lease: Lease, *, once: bool) -> Procedure[float]:
         """Renew ``lease``. With ``once``, a single round: returns the new validity, or 0.0 when

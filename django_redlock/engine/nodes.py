@@ -233,7 +233,7 @@ class Wire:
     never past the round's deadline: blocking in ``poll`` (sync), or on the event loop's reader
     callback (asyncio), so that one pool of connections serves both."""
 
-    __slots__ = ("_buffer", "_conn", "_reader", "_sock", "owed", "pid")
+    __slots__ = ("_buffer", "_conn", "_reader", "_sock", "closed", "owed", "pid")
 
     def __init__(self, conn: redis.connection.AbstractConnection) -> None:
         self._conn = conn
@@ -251,9 +251,11 @@ class Wire:
         self.pid: int = conn.pid
         #: Replies to requests nobody waits for any more (a master that missed its budget, or
         #: one told without waiting): read and discarded before the next reply we want. The
-        #: connection stays usable, and what we sent stays in order on it (a release can never
-        #: overtake the SET it undoes).
+        #: connection stays usable, and what we send on it stays in order (a release sent on
+        #: it cannot overtake the SET it undoes; one that goes out on another connection, after
+        #: a reconnect or from another thread, can, and then that SET's key lasts its TTL).
         self.owed: int = 0
+        self.closed: bool = False
 
     def send(self, packed: list[bytes]) -> bool:
         """Write a request; False (connection closed) if it could not be written whole."""
@@ -310,6 +312,7 @@ class Wire:
 
     def wait_readable(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds until the socket has data (or is closed)."""
+        timeout = max(timeout, 0.0)  # poll() takes a negative timeout as "forever"
         if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
             select.select([self._sock], [], [], timeout)
             return
@@ -318,6 +321,7 @@ class Wire:
         poller.poll(timeout * 1000)
 
     def close(self) -> None:
+        self.closed = True
         self._conn.disconnect()
 
 
@@ -401,7 +405,6 @@ def exchange(
     replies: list[Reply] = [None] * len(nodes)
     in_flight: list[tuple[int, Wire, bool]] = []  # (master, connection, was idle)
     may_leave_out = len(nodes) - quorum(len(nodes))
-    asked: list[int] = []  # the masters not left out
     try:
         unconnected = []
         # Masters with an open connection first, so that a slow handshake elsewhere delays no one.
@@ -418,16 +421,15 @@ def exchange(
                 # path, not a paused master). Ask it afresh rather than behind them.
                 wire.close()
                 wire = None
-            asked.append(i)
             if wire is not None and wire.send(requests.for_node(node)):
                 in_flight.append((i, wire, True))
             else:  # none idle, or it went stale while idle (master restarted): one fresh try
                 unconnected.append(i)
         for i in unconnected:
             node = nodes[i]
-            made = yield Connect(node, deadline)
+            made = yield from _connect(node, deadline, budget)
             if not isinstance(made, Wire):
-                replies[i] = failure(node, made)  # type: ignore[arg-type]
+                replies[i] = made
             elif made.send(requests.for_node(node)):
                 in_flight.append((i, made, False))
             else:
@@ -435,7 +437,7 @@ def exchange(
         if in_flight:
             # Replies take longer than our writes: a read now would find nothing and raise.
             # Wait for the first one instead (at once if it is there after all).
-            yield Readable(in_flight[0][1], deadline - time.monotonic())
+            yield Readable(in_flight[0][1], max(deadline - time.monotonic(), 0.0))
         while in_flight:
             i, wire, reused = in_flight[0]
             node = nodes[i]
@@ -447,20 +449,30 @@ def exchange(
                 # send went into the void: one fresh try within the same deadline. Safe to
                 # repeat: our scripts are idempotent, and a repeated SET NX can only under-count
                 # our votes.
-                made = yield Connect(node, deadline)
+                made = yield from _connect(node, deadline, budget)
                 if not isinstance(made, Wire):
                     in_flight.pop(0)
-                    replies[i] = failure(node, made)  # type: ignore[arg-type]
+                    replies[i] = made
                     continue
                 in_flight[0] = (i, wire := made, False)
                 reply = yield from _resend(node, wire, requests.for_node(node), deadline)
             if requests.forgot_script(node, reply):
                 reply = yield from _resend(node, wire, requests.with_source(), deadline)
             in_flight.pop(0)
-            if isinstance(reply, redis.ResponseError):  # an error reply; the connection is fine
+            if isinstance(reply, NodeFailure):
+                if not wire.closed:  # it missed the deadline: its reply is owed, kept for later
+                    node.checkin(wire)
+            elif isinstance(reply, Exception):
+                # An error reply. Every one counts as a failed vote, whatever its class: redis-py
+                # maps LOADING, NOAUTH, "max number of clients" to classes that are not
+                # ResponseErrors, and none of them is a grant. After a ConnectionError one (the
+                # master is closing on us) the connection is not kept.
+                if isinstance(reply, redis.ConnectionError):
+                    wire.close()
+                else:
+                    node.checkin(wire)
                 reply = failure(node, reply)
-                node.checkin(wire)
-            elif not isinstance(reply, NodeFailure):
+            else:
                 requests.answered(node)
                 node.checkin(wire)
             replies[i] = reply
@@ -470,12 +482,21 @@ def exchange(
         for _, wire, _ in in_flight:
             wire.close()
         raise
-    now = time.monotonic()
-    for i in asked:
-        reply = replies[i]
-        if isinstance(reply, NodeFailure) and reply.reason == "timeout":
-            nodes[i].silent_until = now + SKIP_SILENT_FOR
     return replies
+
+
+def _connect(node: Node, deadline: float, budget: float) -> Generator[Connect, object, Reply]:
+    """A new connection, or the NodeFailure that stands for the master's vote. A master that
+    could not be reached in time is silent (see SKIP_SILENT_FOR) only if it had at least half
+    the budget: running out of a budget that other masters spent is not its fault."""
+    fair = deadline - time.monotonic() >= budget / 2
+    made = yield Connect(node, deadline)
+    if isinstance(made, Wire):
+        return made
+    lost = failure(node, made)  # type: ignore[arg-type]
+    if fair and lost.reason == "timeout":
+        node.silent_until = time.monotonic() + SKIP_SILENT_FOR
+    return lost
 
 
 def _tell(node: Node, wire: Wire | None, packed: list[bytes]) -> NodeFailure:
@@ -518,9 +539,9 @@ def _read(node: Node, wire: Wire, deadline: float) -> Generator[Readable, object
         if remaining <= 0:
             if wire.owed < MAX_OWED:  # keep it: the reply is owed, the connection usable
                 wire.owed += 1
-                node.checkin(wire)
             else:
                 wire.close()
+            node.silent_until = time.monotonic() + SKIP_SILENT_FOR
             return failure(node, TimeoutError("no reply within the node budget"))
         yield Readable(wire, remaining)
         reply = _reply_now(node, wire)

@@ -20,6 +20,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,8 +47,10 @@ class Beacon:
             self._event.set()
             futures, self._futures = self._futures, []
         for loop, future in futures:
-            if not loop.is_closed():
+            try:
                 loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # that loop closed meanwhile: no one awaits there any more
+                pass
 
     def clear(self) -> None:
         self._event.clear()
@@ -96,6 +99,9 @@ class _Listener(threading.Thread):
         self.pubsub: Any = None
         self.subscribed: set[str] = set()  # requested on the current connection
         self.lock = threading.Lock()
+        #: Set when there may be something to subscribe to, or the hub closes. One per listener:
+        #: a shared one could be cleared by another listener before this one waits on it.
+        self.wake = threading.Event()
 
     def subscribe(self, *channels: str) -> None:
         """Called by a waiter's thread: subscribe now rather than at the listener's next turn.
@@ -114,8 +120,8 @@ class _Listener(threading.Thread):
         while not self.hub.closed:
             wanted = self.hub.wanted_channels()
             if not wanted and not self.subscribed:
-                self.hub.idle.wait(timeout=LINGER)
-                self.hub.idle.clear()
+                self.wake.wait(timeout=LINGER)
+                self.wake.clear()
                 continue
             try:
                 self._follow(wanted)
@@ -166,15 +172,16 @@ class ReleaseNotices:
     def __init__(self, nodes: Sequence[Node], quorum: int, inbox_prefix: str) -> None:
         self.nodes = nodes
         self.quorum = quorum
-        self.idle = threading.Event()
         self.closed = False
         self._inbox_prefix = inbox_prefix
-        self._guard = threading.Lock()
         self._listeners: list[_Listener] = []
         self._new_process()
+        _HUBS.add(self)
 
     def _new_process(self) -> None:
-        """State that belongs to one process: a forked child gets its own."""
+        """State that belongs to one process: a forked child gets its own, including a guard
+        that no parent thread can be holding (one that was at the fork would never let go)."""
+        self._guard = threading.Lock()
         self._pid = os.getpid()
         self._inbox_id = secrets.token_hex(6)
         #: Releases that wake one of our waiters publish here, and only here.
@@ -190,9 +197,10 @@ class ReleaseNotices:
     def close(self, timeout: float = 2.0) -> None:
         """Stop the listener threads and close their connections (waits up to ``timeout``)."""
         self.closed = True
-        self.idle.set()
         with self._guard:
             listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.wake.set()
         for listener in listeners:
             listener.join(timeout)
 
@@ -200,8 +208,6 @@ class ReleaseNotices:
         """Register a waiter; its ``subscribed`` beacon fires once a quorum of masters will
         deliver our inbox (at once if they already do)."""
         with self._guard:
-            if self._pid != os.getpid():  # forked: the parent's listeners and inbox are not ours
-                self._new_process()
             waiter = Waiter(f"{self._inbox_id}.{next(self._numbers)}")
             self._waiters[waiter.id.encode()] = waiter
             if len(self._confirmed_by) >= self.quorum:
@@ -211,8 +217,8 @@ class ReleaseNotices:
                 for listener in self._listeners:
                     listener.start()
             listeners = list(self._listeners)
-        self.idle.set()
         for listener in listeners:
+            listener.wake.set()
             listener.subscribe(self.inbox)
         return waiter
 
@@ -254,3 +260,14 @@ class ReleaseNotices:
                 return
             self._heard[named] = digest
         waiter.notified.fire()
+
+
+_HUBS: weakref.WeakSet[ReleaseNotices] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for hub in list(_HUBS):
+        hub._new_process()  # noqa: SLF001 (this module's own hook)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
