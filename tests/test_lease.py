@@ -303,6 +303,33 @@ def test_a_release_skips_a_queued_waiter_whose_process_is_gone(masters, redlock_
     assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
 
 
+def test_a_waiter_that_won_leaves_no_queue_entry_where_its_set_lost(masters, redlock_of):
+    """A stale foreign key on one master: the waiter wins on the other four and leaves their
+    queues, but stays queued on that one, where a later release would wake a name no one
+    answers to. Its own release removes that entry too."""
+    holder = redlock_of(masters).lock("stale", ttl=5).acquire()
+    engine = redlock_of(masters, retry_delay=3.0)
+    queue_key = engine.queue_key("stale")
+    won, release = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        with engine.lock("stale", ttl=5, wait=10):
+            won.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)  # queued everywhere
+    masters[0].call("SET", holder.key, "a stale copy", "PX", 10_000)
+    holder.release()  # frees 4 masters and wakes the waiter there
+    assert won.wait(2)
+    assert masters[0].call("ZCARD", queue_key) == 1  # still queued where its SET lost
+    release.set()
+    thread.join()
+    assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
+    masters[0].call("DEL", holder.key)
+
+
 def test_a_waiter_does_not_spin_on_a_holder_with_a_bare_quorum(masters, redlock_of):
     """A holder whose key is on exactly 3 of 5 masters (the other 2 restarted, say) leaves a
     waiter 2 grants: that looks like a split vote, which is retried at once, but only once per

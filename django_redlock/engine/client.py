@@ -134,18 +134,20 @@ class Redlock:
         return f"{self.key_prefix}wake:"
 
     def release_command(
-        self, resource: str, value: str | bytes, *, notify: bool = True
+        self, resource: str, value: str | bytes, *, notify: bool = True, queued_as: str = ""
     ) -> tuple[object, ...]:
         """The request that releases ``resource`` on one master if it still holds ``value``
         (compare-and-delete, then a notice that wakes the next waiter unless ``notify`` is
         false). Used by every release: the holder's own, the undoing of a failed attempt
         (quietly: it freed nothing anyone was waiting for, and must not cost a waiter its place
-        in the queue), and the admin's force release of exactly the holder it showed."""
+        in the queue), and the admin's force release of exactly the holder it showed.
+        ``queued_as``: the waiter id the holder had, if it waited: its queue entries go too."""
         keys = (self.lock_key(resource), self.queue_key(resource))
         if not notify:
-            return scripts.RELEASE.evalsha(keys, (value, "", "", ""))
+            return scripts.RELEASE.evalsha(keys, (value, "", "", "", queued_as))
         notice = protocol.notice_digest(value)
-        return scripts.RELEASE.evalsha(keys, (value, "1", notice, self.inbox_prefix))
+        args = (value, "1", notice, self.inbox_prefix, queued_as)
+        return scripts.RELEASE.evalsha(keys, args)
 
     @property
     def notices(self) -> ReleaseNotices:

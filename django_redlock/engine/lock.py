@@ -188,6 +188,8 @@ class Lease:
     lost: bool = False
     fence: int | None = None
     extensions: int = 0
+    #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
+    queued_as: str = ""
 
     @property
     def validity(self) -> float:
@@ -417,7 +419,7 @@ class Lock:
                     raise
                 result = self._tally(replies, start)
                 if result.won:
-                    self._hold(value, start, began, attempts)
+                    self._hold(value, start, began, attempts, "" if waiter is None else waiter.id)
                     return
                 if result.granted or result.failed:
                     # Undo partial success everywhere, failed masters included: a SET that timed out
@@ -498,11 +500,11 @@ class Lock:
         if lease.owner[0] != os.getpid():
             return  # a forked child never releases its parent's lock
         try:
-            replies: list[Reply] = yield self._release_round(lease.value)
+            replies: list[Reply] = yield self._release_round(lease.value, queued_as=lease.queued_as)
         except BaseException:
             # Interrupted (a cancelled task): finish the release, shielded, before letting the
             # interruption through, so that a cancellation never leaves the lock held.
-            yield self._release_round(lease.value, cleanup=True)
+            yield self._release_round(lease.value, cleanup=True, queued_as=lease.queued_as)
             raise
         held = time.monotonic() - lease.acquired_at
         woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
@@ -533,13 +535,19 @@ class Lock:
         lease.fence = token
         return token
 
-    def _release_round(self, value: str, *, cleanup: bool = False, notify: bool = True) -> Round:
-        command = self._redlock.release_command(self.resource, value, notify=notify)
+    def _release_round(
+        self, value: str, *, cleanup: bool = False, notify: bool = True, queued_as: str = ""
+    ) -> Round:
+        command = self._redlock.release_command(
+            self.resource, value, notify=notify, queued_as=queued_as
+        )
         return Round(command, scripts.RELEASE, cleanup)
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _hold(self, value: str, start: float, began: float, attempts: int) -> None:
+    def _hold(
+        self, value: str, start: float, began: float, attempts: int, queued_as: str = ""
+    ) -> None:
         redlock = self._redlock
         now = time.monotonic()
         lease = Lease(
@@ -553,6 +561,7 @@ class Lock:
             owner=current_owner(),
             handle=weakref.ref(self),
             on_lost=self.on_lost,
+            queued_as=queued_as,
         )
         self._lease = lease
         redlock.holders[self.key] = lease

@@ -35,7 +35,8 @@ class Script:
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value (token + owner);
 # ARGV[2] '1' to wake the next waiter, or '' to undo a failed attempt quietly (it freed nothing
 # anyone was waiting for); ARGV[3] the notice: a digest of the lease (never the token); ARGV[4]
-# the prefix of the processes' inbox channels.
+# the prefix of the processes' inbox channels; ARGV[5] the id the holder had queued under as a
+# waiter, or '': removed first, on every master (where its SET lost, it is still queued).
 # Deletes the key only if it still holds our value, then wakes the waiter at the head of the queue
 # alone: PUBLISH "<digest> <waiter id>" to its process's inbox, so that no one else hears it. If no
 # one hears it, that process is gone: the next waiter is tried. Returns 0 if the key was not ours,
@@ -44,6 +45,9 @@ class Script:
 RELEASE = Script(
     "release",
     """
+if ARGV[5] ~= '' then
+    redis.call('zrem', KEYS[2], ARGV[5])
+end
 if redis.call('get', KEYS[1]) ~= ARGV[1] then
     return 0
 end
