@@ -56,8 +56,8 @@ async def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
         waiters.append(waiter)
         await waiter.subscribed.await_(redlock.node_timeout)
         return waiter
-    notified = await step.beacon.await_(step.timeout)
-    step.beacon.clear()
+    notified = await step.waiter.notified.await_(step.timeout)
+    step.waiter.notified.clear()
     return notified
 
 

@@ -63,6 +63,8 @@ class Redlock:
         if not isinstance(key_prefix, str):
             raise ValueError(f"key_prefix must be a str, got {key_prefix!r}")
         self.key_prefix = key_prefix
+        #: Each process's waiters are woken by name on its channel ``<this><inbox id>``.
+        self.inbox_prefix = f"{key_prefix}wake:"
         self.ttl = protocol.check_ttl(ttl)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.node_timeout = protocol.check_seconds("node_timeout", node_timeout, allow_zero=False)
@@ -127,11 +129,6 @@ class Redlock:
     def queue_key(self, resource: str) -> str:
         """The sorted set of waiters for ``resource`` on each master (see ``scripts``)."""
         return f"{self.key_prefix}queue:{resource}"
-
-    @property
-    def inbox_prefix(self) -> str:
-        """Each process's waiters are woken by name on its channel ``<this><inbox id>``."""
-        return f"{self.key_prefix}wake:"
 
     def release_command(
         self, resource: str, value: str | bytes, *, notify: bool = True, queued_as: str = ""

@@ -31,7 +31,7 @@ from . import protocol, scripts
 from .errors import LockContended, LockLost, LockNotAcquired, NodeFailure, QuorumUnavailable
 from .events import notify
 from .nodes import Command, Reply, fan_out
-from .notices import Beacon, Waiter
+from .notices import Waiter
 from .protocol import Tally, Vote
 
 if TYPE_CHECKING:
@@ -89,10 +89,6 @@ class AwaitNotice:
     waiter: Waiter
     timeout: float
 
-    @property
-    def beacon(self) -> Beacon:
-        return self.waiter.notified
-
 
 Step = Round | Pause | Listen | AwaitNotice
 Procedure = Generator[Step, Any, T]
@@ -134,8 +130,8 @@ def _perform(redlock: Redlock, step: Step, waiters: list[Waiter]) -> Any:
         waiters.append(waiter)
         waiter.subscribed.wait(redlock.node_timeout)
         return waiter
-    notified = step.beacon.wait(step.timeout)
-    step.beacon.clear()
+    notified = step.waiter.notified.wait(step.timeout)
+    step.waiter.notified.clear()
     return notified
 
 

@@ -43,8 +43,9 @@ SKIP_SILENT_FOR = 1.0
 #: silent for long, and what we told it is more than we want replayed when it wakes up.
 MAX_OWED = 100
 
-#: Shortest read we attempt once the budget is spent: a reply already in the socket buffer still
-#: counts, but we do not wait for one.
+#: Shortest time a connection attempt gets once the round's budget is spent (a socket timeout
+#: of 0 would mean non-blocking, not "no time"). Reads need no such floor: a reply already
+#: received counts, and we just do not wait for one.
 LAST_LOOK = 0.0001
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix")

@@ -103,18 +103,17 @@ class _Listener(threading.Thread):
         #: a shared one could be cleared by another listener before this one waits on it.
         self.wake = threading.Event()
 
-    def subscribe(self, *channels: str) -> None:
+    def subscribe(self, channel: str) -> None:
         """Called by a waiter's thread: subscribe now rather than at the listener's next turn.
         (redis-py's PubSub serializes sends, so this is safe beside ``get_message``.)"""
         with self.lock:
-            new = set(channels) - self.subscribed
-            if self.pubsub is None or not new:
+            if self.pubsub is None or channel in self.subscribed:
                 return
             try:
-                self.pubsub.subscribe(*new)
+                self.pubsub.subscribe(channel)
             except (redis.RedisError, OSError):
                 return  # the listener thread sees the broken connection and reconnects
-            self.subscribed |= new
+            self.subscribed.add(channel)
 
     def run(self) -> None:
         while not self.hub.closed:
@@ -182,7 +181,6 @@ class ReleaseNotices:
         """State that belongs to one process: a forked child gets its own, including a guard
         that no parent thread can be holding (one that was at the fork would never let go)."""
         self._guard = threading.Lock()
-        self._pid = os.getpid()
         self._inbox_id = secrets.token_hex(6)
         #: Releases that wake one of our waiters publish here, and only here.
         self.inbox = self._inbox_prefix + self._inbox_id
