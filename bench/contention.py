@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_redlock.localmasters import LocalMaster, local_masters
+from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report
 from .remote import Unavailable, spawn

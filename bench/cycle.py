@@ -29,7 +29,7 @@ from redis.connection import Connection
 
 from django_redlock.engine import Redlock
 from django_redlock.engine.scripts import Script
-from django_redlock.localmasters import LocalMaster, local_masters
+from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report
 from .peers import (

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from django_redlock.localmasters import LocalMaster, local_masters
+from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report
 from .remote import Unavailable, Worker

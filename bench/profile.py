@@ -27,7 +27,7 @@ from typing import Any
 from django_redlock.engine import Lock, Redlock, protocol
 from django_redlock.engine.lock import current_owner, vote
 from django_redlock.engine.nodes import fan_out, pack
-from django_redlock.localmasters import local_masters
+from django_redlock.testing.masters import local_masters
 
 from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, OursWith, addresses, load_scripts
 from .peers import Contender

@@ -1,4 +1,4 @@
-"""Masters one network hop away: a ``DelayProxy`` (``django_redlock.localproxy``) in front of each,
+"""Masters one network hop away: a ``DelayProxy`` (``django_redlock.testing.proxy``) in front of each,
 adding ``delay`` seconds each way, served by a process of their own.
 
 Why a separate process: the proxies forward bytes in Python threads; in the measuring process they
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from django_redlock.localproxy import DelayProxy
+from django_redlock.testing.proxy import DelayProxy
 
 REPO = Path(__file__).resolve().parent.parent
 

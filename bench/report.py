@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from django_redlock.localmasters import redis_server_version
+from django_redlock.testing.masters import redis_server_version
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -15,22 +15,13 @@ from pathlib import Path
 import pytest
 
 from django_redlock.engine import Redlock
-from django_redlock.localmasters import LocalMaster, local_masters
+from django_redlock.testing.masters import LocalMaster, local_masters
 
 
 def _heal(masters: list[LocalMaster]) -> None:
     """Undo any fault a test left behind and empty every master."""
     for m in masters:
-        if not m.alive:
-            m.start()
-        elif m.paused:
-            m.resume()
-        client = m.client()
-        try:
-            client.flushall()
-            client.script_flush()
-        finally:
-            client.close()
+        m.heal()
 
 
 @pytest.fixture(scope="session")

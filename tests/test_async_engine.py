@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable
-from django_redlock.localproxy import DelayProxy
+from django_redlock.testing.proxy import DelayProxy
 
 NODE_TIMEOUT = 0.1  # as in test_engine_faults: healthy masters answer in time on a busy machine
 ROUND_BOUND = 3 * NODE_TIMEOUT + 0.25

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from django_redlock import LockContended, LockLost
-from django_redlock.localmasters import LocalMaster
+from django_redlock.testing.masters import LocalMaster
 
 
 def keys_left(masters: list[LocalMaster], key: str) -> int:

@@ -28,7 +28,7 @@ from django_redlock.commands import (
     command_resource,
 )
 from django_redlock.conf import get_redlock
-from django_redlock.localmasters import LocalMaster
+from django_redlock.testing.masters import LocalMaster
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -122,7 +122,7 @@ def test_demo_command_starts_everything_and_says_how_to_run_the_guarded_command(
 ) -> None:
     """``manage.py demo`` (the README's command): masters, migrations, admin, runserver, and
     the printed lines. Stopped with SIGINT, as Ctrl-C would."""
-    from django_redlock.localmasters import free_port
+    from django_redlock.testing.masters import free_port
 
     port = free_port()
     env = {**os.environ, "REDLOCK_DEMO_DIR": str(tmp_path / "demo")}

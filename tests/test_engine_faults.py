@@ -18,7 +18,7 @@ import pytest
 
 from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
 from django_redlock.engine.nodes import SKIP_SILENT_FOR
-from django_redlock.localproxy import DelayProxy
+from django_redlock.testing.proxy import DelayProxy
 
 # Twice the default budget: still small next to the TTLs, and a healthy master stalled by a busy
 # 2-core machine answers within it, so only the faults we make count as failed votes.

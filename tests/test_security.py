@@ -22,7 +22,7 @@ from django.core.management import call_command
 
 from django_redlock import LockContended, LockLost, QuorumUnavailable, conf, inventory, redlock
 from django_redlock.engine import Redlock
-from django_redlock.localmasters import (
+from django_redlock.testing.masters import (
     LocalMaster,
     find_redis_server,
     free_port,

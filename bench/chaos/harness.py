@@ -36,8 +36,8 @@ from typing import Any, Literal
 import redis
 
 from django_redlock.engine import Lock, LockLost, LockNotAcquired, QuorumUnavailable, Redlock
-from django_redlock.localmasters import LocalMaster, local_masters
-from django_redlock.localproxy import DelayProxy
+from django_redlock.testing.masters import LocalMaster, local_masters
+from django_redlock.testing.proxy import DelayProxy
 
 from .checkers import Failure, Section, Verdict, check
 

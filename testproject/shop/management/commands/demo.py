@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_redlock.localmasters import local_masters
+from django_redlock.testing.masters import local_masters
 
 
 class Command(BaseCommand):

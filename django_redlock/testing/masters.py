@@ -185,6 +185,19 @@ class LocalMaster:
         self.proc.send_signal(signal.SIGCONT)
         self.paused = False
 
+    def heal(self) -> None:
+        """Undo any fault left behind (start it if dead, resume it if paused) and empty it."""
+        if not self.alive:
+            self.start()
+        elif self.paused:
+            self.resume()
+        client = self.client()
+        try:
+            client.flushall()
+            client.script_flush()
+        finally:
+            client.close()
+
     def restart(self) -> LocalMaster:
         """Kill, then start an empty master on the same port (no persistence: all keys gone)."""
         self.kill()
