@@ -1,4 +1,5 @@
-"""Masters one network hop away: a ``DelayProxy`` (``django_redlock.testing.proxy``) in front of each,
+"""Masters one network hop away: a ``DelayProxy`` (``django_redlock.testing.proxy``) in front
+of each,
 adding ``delay`` seconds each way, served by a process of their own.
 
 Why a separate process: the proxies forward bytes in Python threads; in the measuring process they

@@ -20,8 +20,8 @@ from django_redlock import LockContended, LockLost, redlock
 from django_redlock.engine import Lock
 from django_redlock.engine.events import NullObserver
 from django_redlock.engine.watchdog import WATCHDOG
-from django_redlock.testing.masters import LocalMaster
 from django_redlock.signals import lock_lost
+from django_redlock.testing.masters import LocalMaster
 from tests.conftest import hand_off_time
 
 ROOT = Path(__file__).resolve().parent.parent
