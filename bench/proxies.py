@@ -1,6 +1,5 @@
 """Masters one network hop away: a ``DelayProxy`` (``django_redlock.testing.proxy``) in front
-of each,
-adding ``delay`` seconds each way, served by a process of their own.
+of each, adding ``delay`` seconds each way, served by a process of their own.
 
 Why a separate process: the proxies forward bytes in Python threads; in the measuring process they
 would compete with the implementation under test for the GIL, and the measurement would include
