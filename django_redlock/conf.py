@@ -19,8 +19,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .engine import Redlock, protocol
-from .engine.client import duplicate_masters
-from .engine.nodes import NodeSpec, check_url, mask_url
+from .engine.connections import NodeSpec, check_url, mask_url
+from .engine.redlock import duplicate_masters
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import Redlock
-from .engine.nodes import Node
+from .engine.connections import Node
 
 T = TypeVar("T")
 

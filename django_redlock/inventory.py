@@ -27,7 +27,9 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import NodeFailure, Redlock, protocol
-from .engine.nodes import Node, failure, fan_out
+from .engine.connections import Node
+from .engine.drivers import fan_out
+from .engine.rounds import failure
 from .engine.scripts import RELEASE
 from .health import admin_client
 

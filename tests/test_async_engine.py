@@ -265,30 +265,32 @@ def test_cancelled_acquisition_cleans_up_at_once(masters, slow_first, engine_of)
 # --- connections do not outlive their use --------------------------------------------------------
 
 
-def test_one_pool_serves_every_event_loop_and_thread_and_closes_with_the_engine(masters, engine_of):
-    """Lock connections are plain non-blocking sockets, not tied to an event loop: successive
-    ``asyncio.run`` loops and the sync API reuse the same one per master, nothing is reported
-    unclosed when a loop ends, and ``close()`` closes them. Counted at the masters' end, through
+def test_connections_per_loop_and_for_threads_close_with_their_loop_and_the_engine(
+    masters, engine_of
+):
+    """Each master gets one pipelined connection for the process's threads and one per event
+    loop; a loop that ended has its connections closed when the next loop connects (nothing is
+    reported unclosed), and ``close()`` closes the rest. Counted at the masters' end, through
     proxies."""
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(DelayProxy(m.port)) for m in masters]
         engine = engine_of([p.url for p in proxies])
 
         async def main():
-            async with engine.lock("job", ttl=5):
-                pass
-            assert sum(p.open_connections for p in proxies) == 5  # pooled
+            for _ in range(3):  # one connection per master, whatever the number of rounds
+                async with engine.lock("job", ttl=5):
+                    pass
+            assert [p.open_connections for p in proxies] == [1] * 5
 
         for _ in range(3):
             assert resource_warnings(main) == []
         with engine.lock("job", ttl=5):
             pass
-        assert sum(p.accepted for p in proxies) == 5  # one per master for all of them
+        # The last loop's and the threads' connection, per master; the two earlier loops' are
+        # closed.
+        assert wait_until(lambda: [p.open_connections for p in proxies] == [2] * 5)
         engine.close()
-        deadline = time.monotonic() + 1.0
-        while sum(p.open_connections for p in proxies) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [p.open_connections for p in proxies] == [0] * 5
+        assert wait_until(lambda: [p.open_connections for p in proxies] == [0] * 5)
 
 
 def test_cancel_while_connecting_leaks_no_connection(masters, engine_of):
@@ -309,3 +311,10 @@ def test_cancel_while_connecting_leaks_no_connection(masters, engine_of):
                 await task
 
         assert resource_warnings(main) == []
+
+
+def wait_until(condition, timeout: float = 1.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(condition())

@@ -57,7 +57,11 @@ def test_a_task_cancelled_while_waiting_leaves_nothing_behind(masters, redlock_o
 
     async def main() -> None:
         holder = await engine.lock("c", ttl=5).aacquire()
-        task = asyncio.create_task(engine.lock("c", ttl=5, wait=10).aacquire())
+
+        async def waiter() -> None:  # its own task owns what it acquires
+            await engine.lock("c", ttl=5, wait=10).aacquire()
+
+        task = asyncio.create_task(waiter())
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

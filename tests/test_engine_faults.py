@@ -17,7 +17,8 @@ import time
 import pytest
 
 from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
-from django_redlock.engine.nodes import SKIP_SILENT_FOR
+from django_redlock.engine.pipes import PENDING, Broken
+from django_redlock.engine.rounds import SKIP_SILENT_FOR, pack
 from django_redlock.testing.proxy import DelayProxy
 
 # Twice the default budget: still small next to the TTLs, and a healthy master stalled by a busy
@@ -174,13 +175,17 @@ def test_waiting_with_no_time_left_returns_at_once(fresh_masters, engine_of):
     with a negative timeout, which poll() takes as "forever"."""
     masters = fresh_masters(1)
     engine = engine_of(urls(masters))
-    engine.lock("job", ttl=1).acquire().release()  # leaves a pooled connection
-    wire = engine.nodes[0].idle()
-    assert wire is not None
+    engine.lock("job", ttl=1).acquire().release()  # leaves the threads' pipe open
+    pipe = engine.nodes[0].pipe
+    assert pipe is not None
+    slot = pipe.send(pack(("BLPOP", "nothing", 1)), time.monotonic())  # no reply for 1 s
+    assert slot is not None
     started = time.monotonic()
-    wire.wait_readable(-0.5)  # nothing will come: the master was asked nothing
+    pipe.wait(slot, started - 0.5)
     assert time.monotonic() - started < 0.05
-    wire.close()
+    assert slot.reply is PENDING
+    pipe.close()
+    assert isinstance(slot.reply, Broken)  # a closed pipe answers its waiting slots at once
 
 
 def test_contention_with_a_minority_down_is_still_contention(fresh_masters, engine_of):

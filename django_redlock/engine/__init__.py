@@ -1,6 +1,6 @@
 """The Redlock engine: Django-free, usable and testable without settings."""
 
-from .client import Redlock
+from .connections import NodeSpec
 from .errors import (
     LockContended,
     LockLost,
@@ -10,7 +10,7 @@ from .errors import (
     RedlockError,
 )
 from .lock import Lock
-from .nodes import NodeSpec
+from .redlock import Redlock
 
 __all__ = [
     "Lock",

@@ -1,4 +1,9 @@
-"""Release notices: waiters sleep until it is their turn, instead of polling blindly.
+"""Release notices and local waiter queues: waiters sleep until it is their turn, instead of
+polling blindly.
+
+Inside one process, the waiters of one resource queue up locally (``LocalQueues``), first come
+first served; only the one at the head competes on the masters, so a thousand local waiters cost
+one network waiter, and they get the lock in the order they came.
 
 A waiter that lost an attempt is queued on each master (see ``scripts``). Each process has an inbox,
 one pub/sub channel, on which it keeps one listener thread per master while it has waiters (and for
@@ -21,13 +26,14 @@ import secrets
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
+from .connections import Node
 from .events import logger
-from .nodes import Node
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
 #: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
@@ -65,11 +71,15 @@ class Beacon:
             if self._event.is_set():
                 return True
             self._futures.append((loop, future))
+        timer = loop.call_later(max(timeout, 0.0), _resolve, future)
         try:
-            await asyncio.wait_for(future, max(timeout, 0.0))
-        except TimeoutError:
-            return False
-        return True
+            await future
+        finally:
+            timer.cancel()
+            with self._guard:
+                if (loop, future) in self._futures:
+                    self._futures.remove((loop, future))
+        return self._event.is_set()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -260,12 +270,67 @@ class ReleaseNotices:
         waiter.notified.fire()
 
 
+class Turn:
+    """One local waiter's place in its resource's queue; ``ready`` fires when it is first."""
+
+    __slots__ = ("ready", "resource")
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self.ready = Beacon()
+
+
+class LocalQueues:
+    """The waiters of each resource in this process, in arrival order. The first competes on the
+    masters (as their queued waiter); when it leaves (it got the lock, gave up or was
+    interrupted), the next one's turn comes."""
+
+    def __init__(self) -> None:
+        self._new_process()
+        _QUEUES.add(self)
+
+    def _new_process(self) -> None:
+        self._guard = threading.Lock()
+        self._queues: dict[str, deque[Turn]] = {}
+
+    def busy(self, resource: str) -> bool:
+        """Someone in this process already waits for ``resource``: a newcomer queues behind."""
+        return resource in self._queues
+
+    def join(self, resource: str) -> Turn:
+        turn = Turn(resource)
+        with self._guard:
+            queue = self._queues.setdefault(resource, deque())
+            queue.append(turn)
+            first = len(queue) == 1
+        if first:
+            turn.ready.fire()
+        return turn
+
+    def leave(self, turn: Turn) -> None:
+        with self._guard:
+            queue = self._queues.get(turn.resource)
+            if queue is None or turn not in queue:
+                return
+            was_first = queue[0] is turn
+            queue.remove(turn)
+            following = queue[0] if queue else None
+            if not queue:
+                del self._queues[turn.resource]
+        if was_first and following is not None:
+            following.ready.fire()
+
+
 _HUBS: weakref.WeakSet[ReleaseNotices] = weakref.WeakSet()
+_QUEUES: weakref.WeakSet[LocalQueues] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    # The parent's waiters do not exist in the child.
     for hub in list(_HUBS):
         hub._new_process()  # noqa: SLF001 (this module's own hook)
+    for queues in list(_QUEUES):
+        queues._new_process()  # noqa: SLF001
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -80,7 +80,8 @@ end
 # milliseconds; ARGV[3] this waiter's id; ARGV[4] how many more milliseconds it will wait.
 # SET NX PX as an uncontended acquisition does, for a waiter (subscribed to its inbox first). If
 # it wins, it leaves the queue; if it loses, it joins the queue, keeping its place if it is there
-# already (ZADD NX), and the queue is kept as long as its longest waiter. Returns 1 if set, else 0.
+# already (ZADD NX), and the queue is kept as long as its longest waiter. Returns 1 if set, else
+# {0, the lock key's PTTL}: the waiter sleeps until the holder's lease can have run out.
 ACQUIRE_WAITING = Script(
     "acquire_waiting",
     """
@@ -95,7 +96,7 @@ redis.call('zadd', KEYS[2], 'NX', now_ms + wait_ms, ARGV[3])
 if redis.call('pttl', KEYS[2]) < wait_ms then
     redis.call('pexpire', KEYS[2], wait_ms)
 end
-return 0
+return {0, redis.call('pttl', KEYS[1])}
 """,
 )
 

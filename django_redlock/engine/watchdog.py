@@ -21,13 +21,13 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
 
+from . import procedures
+from .drivers import run
 from .errors import LockLost
 from .events import logger
-
-if TYPE_CHECKING:
-    from .lock import Lease
+from .leases import Lease
+from .procedures import Masters
 
 #: Renew when this fraction of the TTL has passed since the last renewal.
 RENEW_AT = 1 / 3
@@ -86,11 +86,10 @@ class Watchdog:
         self, lease: Lease, max_extensions: int | None, max_hold: float | None
     ) -> float | None:
         """Renew once; return when to look at the lease next, or None to stop watching it."""
-        from .lock import run
-
         handle = lease.handle()
         if handle is None:
             return None
+        masters: Masters = handle._redlock  # noqa: SLF001 (the engine's own handle)
         capped = (max_extensions is not None and lease.extensions >= max_extensions) or (
             max_hold is not None and time.monotonic() - lease.acquired_at >= max_hold
         )
@@ -98,7 +97,7 @@ class Watchdog:
             # Stop renewing; look again when the lease runs out, to report it lost at once.
             return lease.valid_until if not lease.check_lost() else None
         try:
-            validity = run(lease.redlock, handle._extend(lease, once=True))
+            validity = run(masters, procedures.extend(masters, lease, once=True))
         except LockLost:
             return None  # marked lost (event and on_lost fired) by the extend procedure
         except Exception:  # noqa: BLE001 (the watchdog must outlive any one lease's bug)
@@ -108,7 +107,7 @@ class Watchdog:
         if validity > 0:
             return now + lease.ttl * RENEW_AT
         # This round failed but the lease is still valid: try again soon, before it runs out.
-        return min(now + lease.redlock.retry_delay, lease.valid_until)
+        return min(now + masters.retry_delay, lease.valid_until)
 
 
 #: The process's watchdog, shared by every Redlock.

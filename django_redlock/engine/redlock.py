@@ -7,11 +7,12 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from . import protocol, scripts
+from .connections import Node, NodeSpec
 from .errors import LockLost
 from .events import NullObserver, Observer
-from .lock import Lease, Lock
-from .nodes import Node, NodeSpec
-from .notices import ReleaseNotices
+from .leases import Lease
+from .lock import Lock
+from .notices import LocalQueues, ReleaseNotices
 from .watchdog import WATCHDOG
 
 DEFAULT_KEY_PREFIX = "redlock:"
@@ -82,6 +83,8 @@ class Redlock:
         # Made now (cheap: its listener threads start on the first wait), so that no lock is
         # needed to make it lazily; a lock a thread held at a fork() would stay held in the child.
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
+        #: This process's waiters, per resource, in arrival order (one competes on the masters).
+        self.queues = LocalQueues()
         self._courtesy: dict[str, float] = {}
 
     def __repr__(self) -> str:
@@ -161,8 +164,8 @@ class Redlock:
         return self._courtesy.get(resource, 0.0)
 
     def close(self) -> None:
-        """Stop the release-notice listeners and close the idle connections (one pool serves
-        sync and async code alike)."""
+        """Stop the release-notice listeners and close the connections (the threads' and every
+        event loop's)."""
         notices = self._notices
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)  # if used again
         notices.close()

@@ -1,0 +1,316 @@
+"""One master: where it is (URL checks, ``NodeSpec``), its per-request budget, and its pipelined
+connections: one for the process's threads and one per event loop (see ``pipes``), each made once
+and awaited by every round that needs it meanwhile.
+
+Why our own connections instead of ``redis.Redis``: a lock round must write one request to every
+master before reading any reply (N masters cost one round trip, not N), and concurrent rounds must
+share a connection instead of each taking one from a pool that grows with the callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .pipes import Pipe
+
+#: Shortest time a connection attempt gets once the round's budget is spent (a socket timeout
+#: of 0 would mean non-blocking, not "no time").
+LAST_LOOK = 0.0001
+
+SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def check_url(url: object) -> str:
+    """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"a node must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in SUPPORTED_SCHEMES:
+        raise ValueError(f"node {mask_url(url)!r} is not a redis://, rediss:// or unix:// URL")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"node {mask_url(url)!r} has no host")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"node {mask_url(url)!r} has no socket path")
+    try:
+        parts.port  # noqa: B018 (urlsplit checks the port lazily)
+        redis.connection.parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"node {mask_url(url)!r} is not a valid Redis URL: {exc}") from None
+    return url
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Where one master is and how to talk to it, before any connection exists.
+
+    ``label`` is safe to show (no password). ``connection_class``/``connection_kwargs`` are
+    redis-py's sync ones; the async engine maps them to their ``redis.asyncio`` twins.
+    """
+
+    label: str
+    connection_class: type[redis.connection.AbstractConnection]
+    connection_kwargs: Mapping[str, Any]
+
+    @classmethod
+    def from_url(cls, url: str) -> NodeSpec:
+        pool = redis.ConnectionPool.from_url(check_url(url))
+        return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
+
+    @classmethod
+    def from_pool(cls, label: str, pool: redis.ConnectionPool) -> NodeSpec:
+        """Reuse an existing pool's settings (a django-redis cache) without sharing its sockets."""
+        return cls(label, pool.connection_class, dict(pool.connection_kwargs))
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """Which redis-server this is, whatever the spelling: host and port (or socket path),
+        not the db number. Two entries with one identity are one failure domain and must not
+        vote twice. (Names are compared as written: no DNS lookup at configuration time.)"""
+        kwargs = self.connection_kwargs
+        if "path" in kwargs:
+            return ("unix", str(kwargs["path"]))
+        return (str(kwargs.get("host", "localhost")).lower(), str(kwargs.get("port", 6379)))
+
+
+# Settings that every one of our connections overrides, whatever the node's URL or cache says.
+def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
+    kwargs = dict(spec.connection_kwargs)
+    kwargs.update(
+        socket_timeout=timeout,  # the per-request budget: a slow master costs at most this
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),  # a retry would spend the budget twice; the quorum copes
+        health_check_interval=0,  # a PING before our request would double its round trips
+        driver_info=None,  # no CLIENT SETINFO handshake: a new connection costs one round trip
+        decode_responses=False,
+        encoding="utf-8",  # the same bytes for every master: a round's request is packed once
+        encoding_errors="strict",
+        protocol=2,  # RESP3 would need a HELLO round trip on every new connection
+    )
+    kwargs.pop("connection_pool", None)
+    return kwargs
+
+
+class Node:
+    """One master: its spec, budget, and the pipes of this process to it."""
+
+    def __init__(self, spec: NodeSpec, timeout: float) -> None:
+        self.spec = spec
+        self.label = spec.label
+        self.timeout = timeout
+        self._kwargs = lock_connection_kwargs(spec, timeout)
+        #: SHAs of the scripts this master has run for us: those go as EVALSHA, others with
+        #: their source (EVAL), so that a master too slow to answer in time is never left with
+        #: a request it cannot run (a late NOSCRIPT would be read by no one).
+        self.warm: set[str] = set()
+        #: Monotonic time until which rounds leave this master out (see rounds.SKIP_SILENT_FOR).
+        self.silent_until = 0.0
+        self._forget()
+        _ALL_NODES.add(self)
+
+    def _forget(self) -> None:
+        """No pipes (a new node, or a forked child: it must not read replies meant for its
+        parent on shared sockets, nor close them: redis-py only shuts a socket down in the
+        process that opened it). A guard no parent thread can be holding."""
+        self._guard = threading.Lock()
+        #: The threads' pipe, and the connect in progress for it (shared by every waiting round).
+        self.pipe: Pipe | None = None
+        self._connecting: _Connecting | None = None
+        #: Per event loop: its pipe, and the connect in progress for it.
+        self._loop_pipes: dict[asyncio.AbstractEventLoop, Pipe] = {}
+        self._loop_connecting: dict[asyncio.AbstractEventLoop, asyncio.Future[Pipe]] = {}
+        self._last: Pipe | None = None  # the last loop pipe used: the usual one, found at once
+
+    def __repr__(self) -> str:
+        return f"<Node {self.label}>"
+
+    # --- the threads' pipe ---------------------------------------------------------------------
+
+    def connect(self, deadline: float) -> Pipe | Exception:
+        """The threads' pipe, connecting it if needed: once, whoever asks first, awaited (until
+        ``deadline``) by every other thread that needs it meanwhile."""
+        with self._guard:
+            pipe = self.pipe
+            if pipe is not None and not pipe.closed:
+                return pipe
+            connecting = self._connecting
+            mine = connecting is None
+            if connecting is None:
+                connecting = self._connecting = _Connecting()
+        if not mine:
+            if not connecting.done.wait(max(deadline - time.monotonic(), 0.0)):
+                return TimeoutError("no connection within the node budget")
+            return connecting.result
+        try:
+            result: Pipe | Exception = Pipe(self._open(deadline), _PID)
+        except (redis.RedisError, OSError) as exc:
+            result = exc
+        with self._guard:
+            if isinstance(result, Pipe):
+                self.pipe = result
+            self._connecting = None
+        connecting.result = result
+        connecting.done.set()
+        return result
+
+    # --- a loop's pipe -----------------------------------------------------------------------
+
+    def loop_pipe(self, loop: asyncio.AbstractEventLoop) -> Pipe | None:
+        """This loop's open pipe, if it has one (no I/O)."""
+        pipe = self._last
+        if pipe is not None and pipe.loop is loop and not pipe.closed:
+            return pipe
+        pipe = self._loop_pipes.get(loop)
+        if pipe is not None and not pipe.closed:
+            self._last = pipe
+            return pipe
+        return None
+
+    async def aconnect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Pipe | Exception:
+        """This loop's pipe, connecting it if needed: once per loop, awaited (until
+        ``deadline``) by every round that needs it meanwhile. The handshake blocks (name lookup,
+        TLS, AUTH), so it runs on a small thread pool of ours, never on the loop."""
+        pipe = self.loop_pipe(loop)
+        if pipe is not None:
+            return pipe
+        connecting = self._loop_connecting.get(loop)
+        if connecting is None:
+            self._sweep_closed_loops()
+            made = loop.run_in_executor(_connect_pool(), self._open, deadline)
+            connecting = self._loop_connecting[loop] = loop.create_future()
+            made.add_done_callback(lambda done: self._opened(loop, done, connecting))
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(connecting), max(deadline - time.monotonic(), 0.0)
+            )
+        except TimeoutError:
+            return TimeoutError("no connection within the node budget")
+        except (redis.RedisError, OSError) as exc:
+            return exc
+
+    def _opened(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        made: asyncio.Future[redis.connection.AbstractConnection],
+        connecting: asyncio.Future[Pipe],
+    ) -> None:
+        if self._loop_connecting.get(loop) is connecting:
+            del self._loop_connecting[loop]
+        try:
+            conn = made.result()
+            pipe = Pipe(conn, _PID, loop)
+        except (redis.RedisError, OSError) as exc:
+            connecting.set_exception(exc)
+            connecting.exception()  # retrieved: a round that gave up waiting must not warn
+            return
+        if _PID != pipe.pid or loop.is_closed():
+            pipe.close()
+            connecting.set_exception(redis.ConnectionError("the event loop closed"))
+            connecting.exception()
+            return
+        self._loop_pipes[loop] = self._last = pipe
+        connecting.set_result(pipe)
+
+    def _sweep_closed_loops(self) -> None:
+        for loop in [loop for loop in self._loop_pipes if loop.is_closed()]:
+            self._loop_pipes.pop(loop).close()
+
+    # --- both --------------------------------------------------------------------------------
+
+    def _open(self, deadline: float) -> redis.connection.AbstractConnection:
+        """A new connection, its handshake (TLS, AUTH, SELECT) bounded by ``deadline``."""
+        conn = self.spec.connection_class(**self._kwargs)
+        remaining = max(deadline - time.monotonic(), LAST_LOOK)
+        conn.socket_connect_timeout = conn.socket_timeout = remaining
+        conn.connect()
+        return conn
+
+    def pipes(self) -> list[Pipe]:
+        """Every open pipe of this process to this master."""
+        found = [self.pipe, *self._loop_pipes.values()]
+        return [p for p in found if p is not None and not p.closed]
+
+    def close(self) -> None:
+        with self._guard:
+            pipe, self.pipe = self.pipe, None
+            loop_pipes, self._loop_pipes = self._loop_pipes, {}
+            self._last = None
+        for each in [pipe, *loop_pipes.values()]:
+            if each is not None:
+                each.close()
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client with this node's settings, for one-off admin commands
+        (status, inventory, tests). Not for the lock path: it sends one command at a time."""
+        # The spec's own protocol (RESP2 is only forced on the lock path): redis-py's pub/sub
+        # and maintenance-notification machinery expect to choose it.
+        kwargs = {k: v for k, v in self._kwargs.items() if k != "protocol"}
+        kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
+        pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
+        return redis.Redis(connection_pool=pool)
+
+
+class _Connecting:
+    """A connect in progress for the threads' pipe: its result, once ``done``."""
+
+    __slots__ = ("done", "result")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: Pipe | Exception = TimeoutError("no connection within the node budget")
+
+
+#: Connects of loop pipes run here: a busy default executor (the application's) must not make a
+#: master look dead. Few threads: a connect happens once per master and loop, not per request.
+_CONNECT_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_guard = threading.Lock()
+
+
+def _connect_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_guard:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_CONNECT_THREADS, thread_name_prefix="redlock-connect")
+        return _pool
+
+
+_ALL_NODES: weakref.WeakSet[Node] = weakref.WeakSet()
+_PID = os.getpid()  # kept current by the at-fork hook
+
+
+def _after_fork_in_child() -> None:
+    global _PID, _pool, _pool_guard
+    _PID = os.getpid()
+    _pool = None  # the parent's threads do not exist here
+    _pool_guard = threading.Lock()
+    for node in list(_ALL_NODES):
+        node._forget()  # noqa: SLF001 (this module's own hook)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

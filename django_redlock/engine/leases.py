@@ -1,0 +1,145 @@
+"""A ``Lease``: what one acquisition holds (the value on the masters, its validity deadline, its
+fence), and who holds it.
+
+The holder is the acquisition's owner: the asyncio task or the thread that acquired, kept as the
+live object (never ``id()`` or a thread id, which Python reuses), so that a task created after the
+owner ended can never be taken for it. The lease keeps its owner alive while it lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .errors import LockLost
+from .events import logger, notify
+
+if TYPE_CHECKING:
+    from .events import Observer
+    from .lock import Lock
+
+#: Who acts: the running asyncio task, else the current thread (the objects themselves).
+Owner = object
+
+
+def current_owner() -> Owner:
+    """The task or thread acting now. Re-entry and release are allowed to the owner that
+    acquired, and no one else."""
+    # _get_running_loop() answers None outside a loop, where current_task() raises (and an
+    # exception raised and caught on every sync acquire and release is not free).
+    loop = asyncio._get_running_loop()  # noqa: SLF001 (public in asyncio's namespace)
+    if loop is not None:
+        task = asyncio.current_task(loop)
+        if task is not None:
+            return task
+    return threading.current_thread()
+
+
+def describe(owner: Owner) -> str:
+    """A name for error messages: the task's or the thread's."""
+    if isinstance(owner, asyncio.Task):
+        return f"task {owner.get_name()!r}"
+    if isinstance(owner, threading.Thread):
+        return f"thread {owner.name!r}"
+    return repr(owner)
+
+
+class Lease:
+    """What an acquired lock holds. Shared by the handles of a re-entrant owner."""
+
+    __slots__ = (
+        "__weakref__",
+        "acquired_at",
+        "depth",
+        "extensions",
+        "fence",
+        "handle",
+        "key",
+        "lost",
+        "observer",
+        "on_lost",
+        "owner",
+        "pid",
+        "queued_as",
+        "released",
+        "resource",
+        "ttl",
+        "valid_until",
+        "value",
+    )
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        key: str,
+        ttl: float,
+        value: str,
+        valid_until: float,
+        owner: Owner,
+        pid: int,
+        handle: Lock,
+        observer: Observer,
+        on_lost: Callable[[Lock, LockLost], None] | None = None,
+        queued_as: str = "",
+    ) -> None:
+        self.resource = resource
+        self.key = key
+        self.ttl = ttl
+        self.value = value  # token + owner, exactly as stored on the masters: never shown
+        self.valid_until = valid_until  # monotonic deadline of guaranteed exclusivity
+        self.acquired_at = time.monotonic()
+        self.owner = owner
+        self.pid = pid
+        #: The handle that acquired it, for events. Weak: a lease lives exactly as long as a
+        #: handle holds it, so dropping an unreleased lock also stops its auto-extension at once.
+        self.handle: weakref.ref[Lock] = weakref.ref(handle)
+        self.observer = observer
+        self.on_lost = on_lost
+        self.depth = 1
+        self.released = False
+        self.lost = False
+        self.fence: int | None = None
+        self.extensions = 0
+        #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
+        self.queued_as = queued_as
+
+    def __repr__(self) -> str:
+        # Never the value: error pages and trackers that capture locals would show the token.
+        state = "released" if self.released else "lost" if self.lost else "held"
+        return f"<Lease {self.resource!r} {state}, {describe(self.owner)}>"
+
+    @property
+    def validity(self) -> float:
+        return max(0.0, self.valid_until - time.monotonic())
+
+    def check_lost(self) -> bool:
+        """True if lost; marks it lost (once, with notice) when the validity has run out."""
+        if not self.lost and not self.released and time.monotonic() >= self.valid_until:
+            self.mark_lost(self.lost_message())
+        return self.lost
+
+    def lost_message(self) -> str:
+        return (
+            f"lock {self.resource!r} was lost: its lease (ttl={self.ttl}s) ran out or was not "
+            f"renewed in time; another owner may have held it since"
+        )
+
+    def mark_lost(self, message: str) -> LockLost:
+        error = LockLost(self.resource, message)
+        handle = self.handle()
+        if not self.lost and not self.released:
+            self.lost = True
+            if handle is None:
+                return error
+            notify(self.observer, "lost", handle, error=error)
+            if self.on_lost is not None:
+                try:
+                    self.on_lost(handle, error)
+                except Exception:  # noqa: BLE001 (a callback's bug must not break the lock)
+                    logger.exception("on_lost callback failed for %r", self.resource)
+        return error

@@ -1,0 +1,307 @@
+"""One pipelined connection to one master, shared by every concurrent caller in the process.
+
+Redis answers a connection's requests in the order they came, so one connection can carry every
+concurrent round: a round appends a *slot* to the pipe's queue and writes its request; each reply
+read fills the oldest slot. A thousand tasks then cost one connection per master, not a thousand.
+
+- A slot whose round gave up (its deadline passed) is *abandoned*: it stays in the queue, and its
+  reply is read and dropped when it comes, never handed to another round. A pipe whose oldest slot
+  is abandoned *owes* replies: its master was silent past someone's budget.
+- Sync pipes (threads): whoever waits reads, for everyone (one reader at a time; the others sleep
+  on a condition and are woken when replies were handed out or the reader leaves).
+- Async pipes (one per event loop): the loop's reader callback reads; requests written during one
+  loop tick go out in one write.
+- redis-py opens the connection (TLS, AUTH, ACL user, SELECT, unix sockets, URL options); after
+  that we use its socket directly: non-blocking, through our own hiredis reader.
+- After ``fork()`` a child never reads its parent's pipes (``connections`` forgets them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import hiredis
+import redis
+from redis._parsers.base import BaseParser
+
+#: What a slot holds until its reply comes.
+PENDING = object()
+
+#: A pipe with this many unanswered requests is closed: its master has been silent for long, and
+#: what we told it is more than we want replayed when it wakes up.
+MAX_PENDING = 10_000
+
+#: The socket has no data yet (plain, or TLS with no complete record).
+_NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
+
+
+class Broken:
+    """A slot's answer when its pipe broke before the reply came (not a reply of the master)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Slot:
+    """One request's place in a pipe's queue; ``reply`` is PENDING until its answer is read."""
+
+    __slots__ = ("abandoned", "on_reply", "reply", "sent_at")
+
+    def __init__(self, sent_at: float) -> None:
+        self.sent_at = sent_at  # monotonic: when its round began
+        self.reply: object = PENDING
+        self.abandoned = False
+        #: Called (in the reading thread) when the reply came: how an async round learns it.
+        self.on_reply: Callable[[], None] | None = None
+
+
+class Pipe:
+    """One open connection to a master, shared by concurrent rounds."""
+
+    closed: bool
+    pid: int
+    opened_at: float
+    loop: asyncio.AbstractEventLoop | None
+    _fd: int
+    _conn: redis.connection.AbstractConnection
+    _writing: bool
+    _flush_scheduled: bool
+    _out: bytearray
+    _read_lock: threading.Lock
+    _write_lock: threading.Lock
+    _woken: threading.Condition
+    _sleepers: int
+    _buffer: bytearray
+    _reader: hiredis.Reader
+    _sock: socket.socket
+    _pending: deque[Slot]
+
+    def __init__(
+        self,
+        conn: redis.connection.AbstractConnection,
+        pid: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
+        if sock is None:
+            raise redis.ConnectionError("connection closed during its handshake")
+        sock.setblocking(False)
+        self._conn = conn
+        self._sock: socket.socket = sock
+        self._fd = sock.fileno()
+        self._reader: hiredis.Reader = hiredis.Reader(
+            # Error replies come back (not raised) as redis-py's classes: NoScriptError, ...
+            protocolError=redis.exceptions.InvalidResponse,
+            replyError=BaseParser.parse_error,
+        )
+        self._buffer = bytearray(65536)  # hiredis copies what it is fed
+        self._pending: deque[Slot] = deque()
+        self.pid = pid
+        self.closed = False
+        self.opened_at = time.monotonic()
+        self.loop = loop
+        if loop is None:
+            self._write_lock = threading.Lock()
+            self._read_lock = threading.Lock()
+            self._woken = threading.Condition(threading.Lock())
+            self._sleepers = 0
+        else:
+            self._out = bytearray()
+            self._flush_scheduled = False
+            self._writing = False
+            loop.add_reader(self._fd, self._pump)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._pending)} pending"
+        return f"<Pipe fd={self._fd} {state}>"
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def send(self, request: bytes, now: float) -> Slot | None:
+        """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
+        pipe is closed (or broke now)."""
+        if self.closed or len(self._pending) >= MAX_PENDING:
+            return None
+        slot = Slot(now)
+        if self.loop is not None:
+            # Appended before any byte goes out, so that a reply never finds its slot missing.
+            self._pending.append(slot)
+            self._out += request
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+            return slot
+        with self._write_lock:
+            if self.closed:
+                return None
+            self._pending.append(slot)
+            try:
+                self._sock.sendall(request)
+            except OSError as exc:  # also BlockingIOError: a request half-sent spoils the pipe
+                self.close(exc)
+                return None
+        return slot
+
+    def _flush(self) -> None:
+        """Write what this loop tick queued, in one send (what does not fit waits for POLLOUT)."""
+        self._flush_scheduled = False
+        if self.closed or not self._out:
+            return
+        try:
+            sent = self._sock.send(self._out)
+        except _NOT_YET:
+            sent = 0
+        except OSError as exc:
+            self.close(exc)
+            return
+        del self._out[:sent]
+        if self._out and not self._writing:
+            self._writing = True
+            assert self.loop is not None  # noqa: S101
+            self.loop.add_writer(self._fd, self._drain)
+
+    def _drain(self) -> None:
+        self._writing = False
+        assert self.loop is not None  # noqa: S101
+        self.loop.remove_writer(self._fd)
+        self._flush()
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Read every reply that has arrived and hand each to its slot (never waits)."""
+        reader, pending = self._reader, self._pending
+        try:
+            while True:
+                try:
+                    received = self._sock.recv_into(self._buffer)
+                except _NOT_YET:
+                    return
+                if not received:
+                    raise redis.ConnectionError("connection closed by the master")
+                reader.feed(self._buffer, 0, received)  # type: ignore[arg-type]
+                reply = reader.gets()
+                while reply is not False:
+                    slot = pending.popleft()
+                    if not slot.abandoned:
+                        slot.reply = reply
+                        if slot.on_reply is not None:
+                            slot.on_reply()
+                    reply = reader.gets()
+                if received < len(self._buffer):
+                    return
+        except (redis.RedisError, OSError, IndexError) as exc:  # IndexError: a reply nobody asked
+            self.close(exc)
+
+    def try_pump(self) -> None:
+        """Read what has arrived if no one else is reading now (sync pipes)."""
+        if self.loop is not None:
+            self._pump()
+        elif self._read_lock.acquire(blocking=False):
+            try:
+                self._pump()
+            finally:
+                self._read_lock.release()
+            self._wake_sleepers()
+
+    def wait(self, slot: Slot, deadline: float) -> None:
+        """Block until ``slot`` has its reply, the pipe broke, or ``deadline`` (sync pipes).
+
+        One waiter at a time reads the socket and hands out every reply it finds; the others
+        sleep until woken by it, and one of them takes over when it leaves."""
+        while slot.reply is PENDING:
+            remaining = deadline - time.monotonic()
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    self._pump()
+                    if slot.reply is PENDING and remaining > 0:
+                        _wait_readable(self._sock, remaining)
+                        self._pump()
+                finally:
+                    self._read_lock.release()
+                self._wake_sleepers()
+            elif remaining > 0:
+                with self._woken:
+                    self._sleepers += 1
+                    try:
+                        # Checked after counting ourselves: a reader that left before we counted
+                        # has either filled our slot or left the read lock free for us.
+                        if slot.reply is PENDING and self._read_lock.locked():
+                            self._woken.wait(remaining)
+                    finally:
+                        self._sleepers -= 1
+            if remaining <= 0:
+                return
+
+    def _wake_sleepers(self) -> None:
+        if self._sleepers:
+            with self._woken:
+                self._woken.notify_all()
+
+    # --- state -------------------------------------------------------------------------------
+
+    @property
+    def owes(self) -> bool:
+        """The oldest unanswered request was given up on: the master has been silent."""
+        try:
+            return self._pending[0].abandoned
+        except IndexError:
+            return False
+
+    def stalled(self, now: float, after: float) -> bool:
+        """The oldest unanswered request was given up on and sent more than ``after`` seconds
+        before ``now``: the master's replies may never come (a broken path)."""
+        try:
+            head = self._pending[0]
+        except IndexError:
+            return False
+        return head.abandoned and now - head.sent_at > after
+
+    def abandon(self, slot: Slot) -> None:
+        """Give up on ``slot``: its reply, when it comes, is dropped."""
+        slot.abandoned = True
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Close the connection; every waiting slot gets ``Broken`` (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.remove_reader(self._fd)
+                if self._writing:
+                    self.loop.remove_writer(self._fd)
+            except RuntimeError:  # closed from another thread than the loop's: nothing to undo
+                pass
+        self._conn.disconnect()
+        broken = Broken(error or redis.ConnectionError("connection closed"))
+        while True:
+            try:
+                slot = self._pending.popleft()
+            except IndexError:
+                break
+            if slot.reply is PENDING and not slot.abandoned:
+                slot.reply = broken
+                if slot.on_reply is not None:
+                    slot.on_reply()
+        if self.loop is None:
+            self._wake_sleepers()
+
+
+def _wait_readable(sock: socket.socket, timeout: float) -> None:
+    """Block up to ``timeout`` seconds until ``sock`` has data (or is closed)."""
+    if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
+        select.select([sock], [], [], timeout)
+        return
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.poll(timeout * 1000)

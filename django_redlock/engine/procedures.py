@@ -1,0 +1,441 @@
+"""THE ALGORITHM: acquire (``attempt``, the paper's five steps, plus ``acquire``'s waiting beside
+it), extend, release and fence, each written once as a *procedure*: a generator that yields the
+I/O it needs (a ``Round`` of one request per master, a ``Pause``, a notice or a local turn to
+wait for) and receives the answers. ``drivers.run`` performs those steps with threads,
+``drivers.arun`` with asyncio; every decision is this code, and the pure parts are ``protocol``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from . import protocol, scripts
+from .connections import Node
+from .errors import LockContended, LockLost, NodeFailure, QuorumUnavailable
+from .leases import Lease
+from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
+from .protocol import Tally, Vote
+from .rounds import Command, Reply
+
+T = TypeVar("T")
+
+#: Jitter for retries (one per process: seeding one per lock cost ~8 us and ~3 KB). Tokens never
+#: come from here but from ``secrets``.
+JITTER = random.Random()  # noqa: S311
+# Forked children must not all draw the same "random" delays as their parent and each other.
+os.register_at_fork(after_in_child=JITTER.seed)
+
+#: A process that released a lock other processes were waiting for stays out of the next round
+#: for this long, so that the waiter it woke gets the lock instead of the releaser barging back in.
+COURTESY = 0.003
+
+#: A queued waiter with no notice looks again after at most this long (a lost notice, a master
+#: that restarted): a slow safety poll, not the way it normally learns its turn.
+SAFETY_POLL = 1.0
+
+#: Woken when the holder's lease can have run out on a quorum, plus this margin (the masters
+#: expire keys on their own clocks, to the millisecond).
+EXPIRY_MARGIN = 0.003
+
+
+class Masters(Protocol):
+    """What the procedures need of a ``Redlock``."""
+
+    nodes: tuple[Node, ...]
+    quorum: int
+    node_timeout: float
+    drift_factor: float
+    retry_delay: float
+    queues: LocalQueues
+
+    @property
+    def notices(self) -> ReleaseNotices: ...
+
+    def queue_key(self, resource: str) -> str: ...
+    def fence_key(self, resource: str) -> str: ...
+    def release_command(
+        self, resource: str, value: str | bytes, *, notify: bool = True, queued_as: str = ""
+    ) -> Command: ...
+    def give_way(self, resource: str, seconds: float) -> None: ...
+    def courtesy_until(self, resource: str) -> float: ...
+
+
+# --- the steps a procedure can ask for ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """Send ``command`` to every master at once; the answer is the list of their replies."""
+
+    command: Command
+    script: scripts.Script | None = None
+    #: Clean-up after an interruption: the async runner shields it from a second cancellation.
+    cleanup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Become a waiter that releases can wake by name; the answer is a ``Waiter``, returned once
+    a quorum of masters confirmed our inbox subscription (or after one NODE_TIMEOUT)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitNotice:
+    """Sleep until a release wakes ``waiter``, or ``timeout``; answers True if one did."""
+
+    waiter: Waiter
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitTurn:
+    """Sleep until ``turn`` is first among this process's waiters, or ``timeout``; answers True
+    if it is."""
+
+    turn: Turn
+    timeout: float
+
+
+Step = Round | Pause | Listen | AwaitNotice | AwaitTurn
+Procedure = Generator[Step, Any, T]
+
+
+# --- votes --------------------------------------------------------------------------------------
+
+
+def vote(reply: Reply) -> Vote:
+    """SET NX answers OK or nil; our scripts answer 0 (or, for a waiter, [0, pttl]) for 'not
+    ours' and >= 1 for done."""
+    if isinstance(reply, NodeFailure):
+        return Vote.FAILED
+    if reply is None or reply == 0 or isinstance(reply, list):
+        return Vote.DENIED
+    return Vote.GRANTED
+
+
+def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
+    """Per-master detail for errors: who failed and why, and who said the lock is held."""
+    out = []
+    for node, reply in zip(masters.nodes, replies, strict=True):
+        if isinstance(reply, NodeFailure):
+            out.append(reply)
+        elif vote(reply) is Vote.DENIED:
+            out.append(NodeFailure(node.label, "held"))
+    return out
+
+
+def free_in(replies: Sequence[Reply], quorum: int) -> float | None:
+    """Seconds until the holder's lease has run out on a quorum of masters, from the PTTLs that
+    waiters' attempts return; None if too few masters said."""
+    ttls = sorted(r[1] / 1000 for r in replies if isinstance(r, list) and r[1] >= 0)
+    needed = quorum - sum(vote(r) is Vote.GRANTED for r in replies)
+    if needed <= 0:
+        return 0.0
+    return ttls[needed - 1] if len(ttls) >= needed else None
+
+
+# --- acquire ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """One acquisition's request: what to lock, for how long, how long to wait."""
+
+    resource: str
+    key: str
+    ttl: float
+    wait: float
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Won:
+    """A won acquisition: its validity deadline, and how it went."""
+
+    valid_until: float
+    attempts: int
+    began: float
+    queued_as: str
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A won attempt: until when its lease is exclusively ours (monotonic)."""
+
+    valid_until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A lost attempt: the tally and what each master said."""
+
+    result: Tally
+    replies: list[Reply]
+
+
+def attempt(
+    masters: Masters, want: Want, waiter: Waiter | None, deadline: float
+) -> Procedure[Granted | Lost]:
+    """The paper's five steps, once.
+
+    1. Read the monotonic clock.
+    2. SET the value NX PX ttl on every master at once, each within the node budget (a waiter
+       uses a script that also queues it, on the masters that refuse, to be woken in turn).
+    3. Won iff a quorum granted it and validity = ttl - elapsed - drift is left.
+    4. Otherwise undo it on every master, those that failed included (a SET that timed out may
+       still have landed, and would block others until its TTL).
+    5. (``acquire``) retry after a random delay, or when woken.
+    """
+    start = time.monotonic()  # 1
+    ttl_ms = int(want.ttl * 1000)
+    if waiter is None:  # 2
+        request = Round(("SET", want.key, want.value, "NX", "PX", ttl_ms))
+    else:
+        wait_ms = max(int((deadline - start) * 1000), 1)
+        queue = masters.queue_key(want.resource)
+        command = scripts.ACQUIRE_WAITING.evalsha(
+            (want.key, queue), (want.value, ttl_ms, waiter.id, wait_ms)
+        )
+        request = Round(command, scripts.ACQUIRE_WAITING)
+    try:
+        replies: list[Reply] = yield request
+    except BaseException:
+        # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have landed.
+        # Undo them on every master before letting the interruption through.
+        yield release_round(masters, want.resource, want.value, cleanup=True, notify=False)
+        raise
+    result = tally(masters, replies, want.ttl, start)  # 3
+    if result.won:
+        return Granted(start + want.ttl - protocol.drift(want.ttl, masters.drift_factor))
+    if result.granted or result.failed:  # 4
+        yield release_round(masters, want.resource, want.value, notify=False)
+    return Lost(result, replies)
+
+
+def acquire(masters: Masters, want: Want) -> Procedure[Won]:
+    """Attempt, and while ``want.wait`` lasts, wait for a turn and attempt again. Waiting:
+    this process's waiters of one resource queue up locally, and only the first competes on
+    the masters, as a queued waiter that a release wakes by name; it also wakes when the
+    holder's lease can have run out (the masters told its PTTL), or after a slow safety poll."""
+    began = time.monotonic()
+    deadline = began + want.wait
+    attempts = 0
+    turn: Turn | None = None
+    waiter: Waiter | None = None
+    lost: Lost | None = None
+    split_retried = False
+    try:
+        courtesy = masters.courtesy_until(want.resource) - began
+        if want.wait > 0 and courtesy > 0:
+            # We just woke a waiter by releasing this lock: let it go first, then queue behind
+            # it (as a waiter at once: a plain SET would only lose).
+            turn = masters.queues.join(want.resource)
+            yield Pause(min(courtesy, want.wait))
+        elif want.wait > 0 and masters.queues.busy(want.resource):
+            turn = masters.queues.join(want.resource)  # others here wait already: behind them
+        while True:
+            if turn is not None:
+                first = yield AwaitTurn(turn, deadline - time.monotonic())
+                if not first:
+                    raise not_acquired(masters, want, lost, attempts, time.monotonic() - began)
+                if waiter is None:
+                    waiter = yield Listen()
+            attempts += 1
+            outcome = yield from attempt(masters, want, waiter, deadline)
+            if isinstance(outcome, Granted):
+                queued_as = "" if waiter is None else waiter.id
+                return Won(outcome.valid_until, attempts, began, queued_as)
+            lost = outcome
+            now = time.monotonic()
+            if now >= deadline:
+                raise not_acquired(masters, want, lost, attempts, now - began)
+            if lost.result.contended and turn is None:
+                # Become this process's waiter for the resource (first in line, or behind the
+                # others), then try again: that try queues us on the masters if it loses, and a
+                # release in between cannot be missed, since the next try then finds it free.
+                turn = masters.queues.join(want.resource)
+                continue
+            if lost.result.contended and waiter is not None:
+                if lost.result.granted and not split_retried:
+                    # Some masters were free: perhaps a split vote with another waiter and no
+                    # holder, so no release would wake us. Try once more shortly, older waiters
+                    # first. (Once: a holder on a bare quorum looks the same, and is waited for.)
+                    split_retried = True
+                    yield Pause(protocol.split_retry_delay(now - began, JITTER))
+                    continue
+                split_retried = False
+                yield from wait_turn(masters, waiter, lost, deadline)
+                continue
+            delay = protocol.retry_delay(masters.retry_delay, JITTER)  # 5
+            if now + delay > deadline:
+                raise not_acquired(masters, want, lost, attempts, now - began)
+            yield Pause(delay)
+    except BaseException as exc:
+        if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
+            # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the masters' queues,
+            # or the next release would wake a name that no one answers to any more.
+            queue = masters.queue_key(want.resource)
+            yield Round(("ZREM", queue, waiter.id), cleanup=True)
+        raise
+    finally:
+        if turn is not None:
+            masters.queues.leave(turn)  # the next local waiter's turn
+
+
+def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:
+    """Sleep until a release names ``waiter``, or the holder's lease can have run out on a
+    quorum (the masters told their PTTL), or the safety poll; never past ``deadline``."""
+    expiry = free_in(lost.replies, masters.quorum)
+    sleep = SAFETY_POLL if expiry is None else min(expiry + EXPIRY_MARGIN, SAFETY_POLL)
+    yield AwaitNotice(waiter, min(sleep, deadline - time.monotonic()))
+
+
+def tally(masters: Masters, replies: Sequence[Reply], ttl: float, start: float) -> Tally:
+    return protocol.tally(
+        [vote(r) for r in replies],
+        ttl=ttl,
+        elapsed=time.monotonic() - start,
+        drift_factor=masters.drift_factor,
+    )
+
+
+def not_acquired(
+    masters: Masters, want: Want, lost: Lost | None, attempts: int, waited: float
+) -> LockContended | QuorumUnavailable:
+    tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    if lost is None:  # it never got its turn among this process's waiters
+        return LockContended(
+            want.resource,
+            f"lock {want.resource!r} is held by another owner; earlier waiters of this process "
+            f"were still ahead after wait={want.wait}s",
+            [],
+            attempts=attempts,
+        )
+    result, detail = lost.result, failures(masters, lost.replies)
+    if result.granted >= result.quorum:
+        return QuorumUnavailable(
+            want.resource,
+            f"lock {want.resource!r}: masters answered too late, no validity left of "
+            f"ttl={want.ttl}s ({tries})",
+            detail,
+            attempts=attempts,
+        )
+    if result.contended:
+        return LockContended(
+            want.resource,
+            f"lock {want.resource!r} is held by another owner ({tries}, wait={want.wait}s)",
+            detail,
+            attempts=attempts,
+        )
+    return QuorumUnavailable(
+        want.resource,
+        f"lock {want.resource!r}: only {result.granted + result.denied} of "
+        f"{result.total} masters answered, {result.quorum} needed ({tries})",
+        detail,
+        attempts=attempts,
+    )
+
+
+# --- extend, release, fence ---------------------------------------------------------------------
+
+
+def extend(masters: Masters, lease: Lease, *, once: bool) -> Procedure[float]:
+    """Renew ``lease``. With ``once``, a single round: returns the new validity, or 0.0 when
+    this round failed but the lease is still valid (the watchdog tries again)."""
+    ttl_ms = int(lease.ttl * 1000)
+    while True:
+        start = time.monotonic()
+        if lease.check_lost():
+            raise LockLost(lease.resource, lease.lost_message())
+        replies: list[Reply] = yield Round(
+            scripts.EXTEND.evalsha((lease.key,), (lease.value, ttl_ms)), scripts.EXTEND
+        )
+        if lease.released:
+            return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
+        result = tally(masters, replies, lease.ttl, start)
+        # Counts only if a quorum renewed it *before* the old lease ran out: after that,
+        # someone else may have held the lock in between, and renewing would hide it.
+        if result.won and time.monotonic() < lease.valid_until:
+            lease.valid_until = start + lease.ttl - protocol.drift(lease.ttl, masters.drift_factor)
+            lease.extensions += 1
+            return lease.validity
+        if result.lost:
+            raise lease.mark_lost(
+                f"lock {lease.resource!r} is gone from {result.denied} of {result.total} "
+                f"masters: it expired or was released by force"
+            )
+        delay = protocol.retry_delay(masters.retry_delay, JITTER)
+        if time.monotonic() + delay >= lease.valid_until:
+            raise lease.mark_lost(
+                f"could not renew lock {lease.resource!r} on a quorum before its lease ran "
+                f"out: " + "; ".join(str(f) for f in failures(masters, replies))
+            )
+        if once:
+            return 0.0
+        yield Pause(delay)
+
+
+def release(masters: Masters, lease: Lease) -> Procedure[None]:
+    """Compare-and-delete on every master; wake the next waiter in the masters' queue."""
+    round_ = release_round(masters, lease.resource, lease.value, queued_as=lease.queued_as)
+    try:
+        replies: list[Reply] = yield round_
+    except BaseException:
+        # Interrupted (a cancelled task): finish the release, shielded, before letting the
+        # interruption through, so that a cancellation never leaves the lock held.
+        yield Round(round_.command, round_.script, cleanup=True)
+        raise
+    woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
+    if woken > 0:
+        masters.give_way(lease.resource, COURTESY)
+
+
+def fence(masters: Masters, lease: Lease) -> Procedure[int]:
+    """The lease's fencing token: a quorum's counters, max + 1, written back to a quorum before
+    use (a majority max-register), so that any later reading quorum sees it."""
+    if lease.fence is not None:
+        return lease.fence
+    fence_key = masters.fence_key(lease.resource)
+    replies: list[Reply] = yield Round(("GET", fence_key))
+    counters = [None if isinstance(r, NodeFailure) else int(r or 0) for r in replies]  # type: ignore[call-overload]
+    token = protocol.fence_merge(counters, len(masters.nodes))
+    if token is None:
+        raise fence_unavailable(masters, lease, replies)
+    replies = yield Round(scripts.FENCE_RAISE.evalsha((fence_key,), (token,)), scripts.FENCE_RAISE)
+    if sum(not isinstance(r, NodeFailure) for r in replies) < masters.quorum:
+        raise fence_unavailable(masters, lease, replies)
+    if lease.check_lost():
+        raise LockLost(lease.resource, lease.lost_message())
+    lease.fence = token
+    return token
+
+
+def fence_unavailable(masters: Masters, lease: Lease, replies: list[Reply]) -> QuorumUnavailable:
+    return QuorumUnavailable(
+        lease.resource,
+        f"lock {lease.resource!r}: no quorum of masters answered for its fencing token",
+        failures(masters, replies),
+    )
+
+
+def release_round(
+    masters: Masters,
+    resource: str,
+    value: str,
+    *,
+    cleanup: bool = False,
+    notify: bool = True,
+    queued_as: str = "",
+) -> Round:
+    command = masters.release_command(resource, value, notify=notify, queued_as=queued_as)
+    return Round(command, scripts.RELEASE, cleanup)

@@ -1,0 +1,257 @@
+"""One round: one request to every master, and their replies by one deadline. No blocking here:
+``exchange`` is a generator that yields what it must wait for (a connection, replies), and the
+drivers (``drivers.fan_out`` with threads, ``drivers.afan_out`` with asyncio) do the waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import hiredis
+import redis
+from redis.exceptions import NoScriptError
+
+from .connections import Node
+from .errors import NodeFailure
+from .pipes import PENDING, Broken, Pipe, Slot
+from .protocol import quorum
+from .scripts import Script
+
+#: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
+#: is left out of the rounds for this long: it would most likely cost every round its budget
+#: again, where a dead one refuses at once. At most ``N - quorum`` masters are left out at a
+#: time, so leaving out never by itself makes a quorum impossible.
+SKIP_SILENT_FOR = 1.0
+
+#: One Redis command: name then arguments.
+Command = tuple[Any, ...]
+
+Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
+
+
+def pack(command: Command) -> bytes:
+    """RESP bytes of ``command``, by hiredis directly (our arguments are already str, bytes or
+    numbers). A round sends the same bytes to every master: packed once, not once per master."""
+    return hiredis.pack_command(command)  # type: ignore[no-any-return]
+
+
+def failure(node: Node, exc: BaseException) -> NodeFailure:
+    kind = "timeout" if isinstance(exc, redis.TimeoutError | TimeoutError) else "error"
+    return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
+
+
+class Requests:
+    """One round's request, packed once in each form it is sent in."""
+
+    def __init__(self, command: Command, script: Script | None) -> None:
+        self.command = command
+        self.script = script
+        self._packed = pack(command)
+        self._with_source: bytes | None = None
+
+    def for_node(self, node: Node) -> bytes:
+        if self.script is None or self.script.sha in node.warm:
+            return self._packed
+        return self.with_source()
+
+    def with_source(self) -> bytes:
+        """The script request as EVAL with the script's source (no NOSCRIPT possible)."""
+        if self._with_source is None:
+            assert self.script is not None  # noqa: S101
+            self._with_source = pack(("EVAL", self.script.source, *self.command[2:]))
+        return self._with_source
+
+    def forgot_script(self, node: Node, reply: Reply) -> bool:
+        """Whether ``reply`` says the master lost our script (flushed, restarted)."""
+        if self.script is not None and isinstance(reply, NoScriptError):
+            node.warm.discard(self.script.sha)
+            return True
+        return False
+
+    def answered(self, node: Node) -> None:
+        if self.script is not None:
+            node.warm.add(self.script.sha)
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """A round waits for: ``node``'s pipe (made now, or being made by another round), by
+    ``deadline``. Answered with the ``Pipe`` or the exception that prevented it."""
+
+    node: Node
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Replies:
+    """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``."""
+
+    sent: list[tuple[Pipe, Slot]]
+    deadline: float
+
+
+Exchange = Generator[Connect | Replies, Any, list[Reply]]
+
+#: How a driver finds a master's open pipe for this round (threads' or the running loop's).
+PipeOf = Callable[[Node], Pipe | None]
+
+
+def exchange(
+    nodes: Sequence[Node],
+    command: Command,
+    budget: float,
+    pipe_of: PipeOf,
+    script: Script | None = None,
+) -> Exchange:
+    """Send ``command`` to every master, all before waiting for any reply; then take every reply
+    by one common deadline ``budget`` seconds from now. A master that has not answered by then
+    counts as failed; its slot is abandoned (the reply is dropped when it comes, never mistaken
+    for another request's answer) and the master is *silent* for SKIP_SILENT_FOR seconds: the
+    next rounds tell it their request without waiting (so that a release still follows its SET
+    there, in order) and count it as failed, until it has caught up. ``script``: the script
+    ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
+    so to one that answers NOSCRIPT."""
+    began = time.monotonic()
+    deadline = began + budget
+    requests = Requests(command, script)
+    replies: list[Reply] = [None] * len(nodes)
+    sent: list[tuple[int, Pipe, Slot]] = []
+    may_leave_out = len(nodes) - quorum(len(nodes))
+    unconnected = []
+    for i, node in enumerate(nodes):
+        pipe = pipe_of(node)
+        if pipe is not None and pipe.owes:
+            pipe.try_pump()  # its late replies may have come meanwhile
+        if node.silent_until > began and may_leave_out > 0:
+            if pipe is None or pipe.owes:
+                may_leave_out -= 1
+                replies[i] = _tell(node, pipe, requests.for_node(node))
+                continue
+            node.silent_until = 0.0  # its late replies came: it answers again
+        elif pipe is not None and pipe.stalled(began, SKIP_SILENT_FOR):
+            # Silent for a while and still owing: its replies may never come (a broken path,
+            # not a paused master). Ask it afresh rather than behind them.
+            pipe.close()
+            pipe = None
+        slot = None if pipe is None else pipe.send(requests.for_node(node), began)
+        if pipe is not None and slot is not None:
+            sent.append((i, pipe, slot))
+        else:
+            unconnected.append(i)
+    for i in unconnected:
+        node = nodes[i]
+        made = yield from _connect(node, deadline, budget)
+        if not isinstance(made, Pipe):
+            replies[i] = made
+        elif (slot := made.send(requests.for_node(node), began)) is not None:
+            sent.append((i, made, slot))
+        else:
+            replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+    while sent:
+        # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
+        # that the second try still has most of the budget; else when all came, or the deadline.
+        yield Replies([(pipe, slot) for _, pipe, slot in sent], deadline)
+        later = []
+        for i, pipe, slot in sent:
+            if slot.reply is PENDING and time.monotonic() < deadline:
+                later.append((i, pipe, slot))
+            else:
+                replies[i] = yield from _vote(
+                    nodes[i], pipe, slot, deadline, requests, began, budget
+                )
+        sent = later
+    return replies
+
+
+def second_try(slot: Slot) -> bool:
+    """Whether ``slot``'s answer asks for a second try rather than a vote."""
+    return isinstance(slot.reply, Broken | NoScriptError)
+
+
+def _vote(
+    node: Node,
+    pipe: Pipe,
+    slot: Slot,
+    deadline: float,
+    requests: Requests,
+    began: float,
+    budget: float,
+) -> Generator[Connect | Replies, Any, Reply]:
+    """What ``node`` answered, after the second try it may need: a pipe that was open before
+    this round and broke (the master restarted, or closed an idle connection: the request went
+    into the void) is reconnected once within the same deadline; a master that forgot our
+    script is asked again with its source. Safe to repeat: our scripts are idempotent, and a
+    repeated SET NX can only under-count our votes."""
+    reply = _late(node, pipe, slot, deadline)
+    if isinstance(reply, Broken) and pipe.opened_at < began:
+        made = yield from _connect(node, deadline, budget)
+        if not isinstance(made, Pipe):
+            return made
+        pipe = made
+        reply = yield from _ask(node, pipe, requests.for_node(node), began, deadline)
+    if requests.forgot_script(node, reply):
+        reply = yield from _ask(node, pipe, requests.with_source(), began, deadline)
+    if isinstance(reply, Broken):
+        return failure(node, reply.error)
+    if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
+        # An error reply. Every one counts as a failed vote, whatever its class: redis-py
+        # maps LOADING, NOAUTH, "max number of clients" to classes that are not
+        # ResponseErrors, and none of them is a grant. After a ConnectionError one (the
+        # master is closing on us) the pipe is not kept.
+        if isinstance(reply, redis.ConnectionError):
+            pipe.close(reply)
+        return failure(node, reply)
+    if not isinstance(reply, NodeFailure):
+        requests.answered(node)
+    return reply
+
+
+def _late(node: Node, pipe: Pipe, slot: Slot, deadline: float) -> Reply:
+    """``slot``'s reply, or (none by the deadline) a timeout failure: the slot is abandoned and
+    the master is silent for a while. A reply already received counts even past the deadline:
+    only a master that truly did not answer is blamed, not a busy client."""
+    if slot.reply is PENDING:
+        pipe.try_pump()
+    if slot.reply is PENDING:
+        pipe.abandon(slot)
+        node.silent_until = time.monotonic() + SKIP_SILENT_FOR
+        return failure(node, TimeoutError("no reply within the node budget"))
+    return slot.reply
+
+
+def _ask(
+    node: Node, pipe: Pipe, request: bytes, began: float, deadline: float
+) -> Generator[Replies, Any, Reply]:
+    slot = pipe.send(request, began)
+    if slot is None:
+        return NodeFailure(node.label, "error", "connection lost while resending")
+    yield Replies([(pipe, slot)], deadline)
+    return _late(node, pipe, slot, deadline)
+
+
+def _connect(node: Node, deadline: float, budget: float) -> Generator[Connect, Any, Pipe | Reply]:
+    """The node's pipe, or the NodeFailure that stands for its vote. A master that could not be
+    reached in time is silent (see SKIP_SILENT_FOR) only if it had at least half the budget:
+    running out of a budget that other masters spent is not its fault."""
+    fair = deadline - time.monotonic() >= budget / 2
+    made = yield Connect(node, deadline)
+    if isinstance(made, Pipe):
+        return made
+    lost = failure(node, made)
+    if fair and lost.reason == "timeout":
+        node.silent_until = time.monotonic() + SKIP_SILENT_FOR
+    return lost
+
+
+def _tell(node: Node, pipe: Pipe | None, request: bytes) -> NodeFailure:
+    """Send to a silent master without waiting for its answer (on its pipe, after the requests
+    it has not answered yet), or not at all if it has no pipe."""
+    silent = "silent: it let a request go unanswered for its whole budget"
+    slot = None if pipe is None else pipe.send(request, time.monotonic())
+    if pipe is None or slot is None:
+        return NodeFailure(node.label, "timeout", f"{silent}; not asked")
+    pipe.abandon(slot)
+    return NodeFailure(node.label, "timeout", f"{silent}; told, not waited for")
