@@ -24,9 +24,12 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from django_redlock.engine import Lock, Redlock, protocol
-from django_redlock.engine.lock import current_owner, vote
-from django_redlock.engine.nodes import fan_out, pack
+from django_redlock.engine import Redlock, protocol
+from django_redlock.engine.drivers import fan_out
+from django_redlock.engine.leases import current_owner
+from django_redlock.engine.procedures import vote
+from django_redlock.engine.rounds import pack
+from django_redlock.engine.values import make_value
 from django_redlock.testing.masters import local_masters
 
 from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, OursWith, addresses, load_scripts
@@ -108,11 +111,11 @@ def pure_steps(urls: list[str]) -> None:
     """The engine's per-cycle work that involves no I/O, each step timed alone."""
     redlock = Redlock(urls)
     lock = redlock.lock("bench:profile:pure", ttl=TTL)
-    value = lock._new_value()  # noqa: SLF001 (measuring the engine's own steps)
+    value = make_value(None, TTL)
     granted = [b"OK"] * 5
     command = ("SET", lock.key, value, "NX", "PX", 10_000)
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("Lock._new_value() (token + owner JSON)", lock._new_value),  # noqa: SLF001
+        ("make_value() (token + owner JSON)", lambda: make_value(None, TTL)),
         ("current_owner() (called 2x per cycle)", current_owner),
         ("redlock.lock(r) (a new Lock object)", lambda: redlock.lock("bench:profile:x")),
         ("pack(SET ...) once per round", lambda: pack(command)),
@@ -126,8 +129,7 @@ def pure_steps(urls: list[str]) -> None:
                 [vote(r) for r in granted], ttl=TTL, elapsed=0.0002, drift_factor=0.01
             ),
         ),
-        ("Node.idle() + Node.checkin() x5", lambda: _pool_round(redlock)),
-        ("Lock._hold() + Lock._detach() (Lease, holders, notify)", lambda: _bookkeeping(lock)),
+        ("the threads' pipe of each master x5", lambda: [n.pipe for n in redlock.nodes]),
     ]
     print("\n### ours: pure steps per cycle (timeit, no I/O)\n")
     print("| us per call | step |")
@@ -138,12 +140,6 @@ def pure_steps(urls: list[str]) -> None:
         print(f"| {best * 1e6:.2f} | {label} |")
     round_overhead(redlock)
     redlock.close()
-
-
-def _bookkeeping(lock: Lock) -> None:
-    now = time.monotonic()
-    lock._hold("v", now, now, 1)  # noqa: SLF001
-    lock._detach()  # noqa: SLF001
 
 
 def round_overhead(redlock: Redlock, rounds: int = 3000) -> None:
@@ -177,10 +173,3 @@ def round_overhead(redlock: Redlock, rounds: int = 3000) -> None:
     raw, ours = statistics.median(raw_ns) / 1000, statistics.median(ours_ns) / 1000
     print("\n### one round on 5 masters: fan_out vs the same round by hand (real I/O)\n")
     print(f"by hand {raw:.1f} us, fan_out {ours:.1f} us: {ours - raw:+.1f} us per round (median)")
-
-
-def _pool_round(redlock: Redlock) -> None:
-    for node in redlock.nodes:
-        conn = node.idle()
-        if conn is not None:
-            node.checkin(conn)
