@@ -67,5 +67,7 @@ def test_engine_is_django_free():
 
 
 def test_engine_files_stay_readable():
-    long = {p.name: n for p in ENGINE.glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        p.name: n for p in ENGINE.glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +25,8 @@ from redis.retry import Retry
 
 from .pipes import Pipe
 
-#: Shortest time a connection attempt gets once the round's budget is spent (a socket timeout
-#: of 0 would mean non-blocking, not "no time").
-LAST_LOOK = 0.0001
+#: How much longer than its budget a thread waits for a connect another thread is making.
+CONNECT_GRACE = 0.05
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
 
@@ -151,9 +149,9 @@ class Node:
 
     # --- the threads' pipe ---------------------------------------------------------------------
 
-    def connect(self, deadline: float) -> Pipe | Exception:
-        """The threads' pipe, connecting it if needed: once, whoever asks first, awaited (until
-        ``deadline``) by every other thread that needs it meanwhile."""
+    def connect(self, budget: float) -> Pipe | Exception:
+        """The threads' pipe, connecting it if needed (within ``budget``): once, whoever asks
+        first; every other thread that needs it meanwhile waits for that attempt."""
         with self._guard:
             pipe = self.pipe
             if pipe is not None and not pipe.closed:
@@ -163,11 +161,11 @@ class Node:
             if connecting is None:
                 connecting = self._connecting = _Connecting()
         if not mine:
-            if not connecting.done.wait(max(deadline - time.monotonic(), 0.0)):
+            if not connecting.done.wait(budget + CONNECT_GRACE):
                 return TimeoutError("no connection within the node budget")
             return connecting.result
         try:
-            result: Pipe | Exception = Pipe(self._open(deadline), _PID)
+            result: Pipe | Exception = Pipe(self._open(budget), _PID)
         except (redis.RedisError, OSError) as exc:
             result = exc
         with self._guard:
@@ -191,25 +189,24 @@ class Node:
             return pipe
         return None
 
-    async def aconnect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Pipe | Exception:
-        """This loop's pipe, connecting it if needed: once per loop, awaited (until
-        ``deadline``) by every round that needs it meanwhile. The handshake blocks (name lookup,
-        TLS, AUTH), so it runs on a small thread pool of ours, never on the loop."""
+    async def aconnect(self, loop: asyncio.AbstractEventLoop, budget: float) -> Pipe | Exception:
+        """This loop's pipe, connecting it if needed (within ``budget``): once per loop, and
+        every round that needs it meanwhile awaits that attempt. The handshake blocks (name
+        lookup, TLS, AUTH), so it runs on a small thread pool of ours, never on the loop."""
         pipe = self.loop_pipe(loop)
         if pipe is not None:
             return pipe
         connecting = self._loop_connecting.get(loop)
         if connecting is None:
             self._sweep_closed_loops()
-            made = loop.run_in_executor(_connect_pool(), self._open, deadline)
+            made = loop.run_in_executor(_connect_pool(), self._open, budget)
             connecting = self._loop_connecting[loop] = loop.create_future()
             made.add_done_callback(lambda done: self._opened(loop, done, connecting))
+        # No timer of our own: the attempt is bounded by its budget (socket timeouts), and a
+        # timer would fire late anyway on a loop busy with a thousand rounds, and blame the
+        # master for it.
         try:
-            return await asyncio.wait_for(
-                asyncio.shield(connecting), max(deadline - time.monotonic(), 0.0)
-            )
-        except TimeoutError:
-            return TimeoutError("no connection within the node budget")
+            return await asyncio.shield(connecting)
         except (redis.RedisError, OSError) as exc:
             return exc
 
@@ -242,11 +239,11 @@ class Node:
 
     # --- both --------------------------------------------------------------------------------
 
-    def _open(self, deadline: float) -> redis.connection.AbstractConnection:
-        """A new connection, its handshake (TLS, AUTH, SELECT) bounded by ``deadline``."""
+    def _open(self, budget: float) -> redis.connection.AbstractConnection:
+        """A new connection, its connect and handshake (TLS, AUTH, SELECT) each bounded by
+        ``budget``."""
         conn = self.spec.connection_class(**self._kwargs)
-        remaining = max(deadline - time.monotonic(), LAST_LOOK)
-        conn.socket_connect_timeout = conn.socket_timeout = remaining
+        conn.socket_connect_timeout = conn.socket_timeout = budget
         conn.connect()
         return conn
 

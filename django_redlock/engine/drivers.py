@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from .connections import Node
 from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
-from .procedures import AwaitNotice, AwaitTurn, Listen, Masters, Pause, Procedure, Round, Step
 from .rounds import Command, Connect, Exchange, Replies, Reply, exchange, second_try
 from .scripts import Script
+from .steps import AwaitNotice, AwaitTurn, Listen, Masters, Pause, Procedure, Round, Step
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ def fan_out(
                     if second_try(slot):
                         break
             else:
-                answer = wait.node.connect(wait.deadline)
+                answer = wait.node.connect(wait.budget)
         except BaseException:
             _give_up(rounds, wait)  # interrupted (Ctrl-C)
             raise
@@ -162,7 +162,7 @@ async def afan_out(
             if isinstance(wait, Replies):
                 await _replies(loop, wait.sent, wait.deadline)
             else:
-                answer = await wait.node.aconnect(loop, wait.deadline)
+                answer = await wait.node.aconnect(loop, wait.budget)
         except BaseException:
             _give_up(rounds, wait)  # cancelled
             raise

@@ -172,9 +172,10 @@ class Lock:
         return await arun(self._redlock, procedures.extend(self._redlock, lease, once=False))
 
     def arelease(self) -> Coroutine[Any, Any, None]:
-        return self._arelease(self._detach(current_owner()))
+        return self._arelease(current_owner())
 
-    async def _arelease(self, lease: Lease | None) -> None:
+    async def _arelease(self, owner: Owner) -> None:
+        lease = self._detach(owner)
         if lease is not None:
             await arun(self._redlock, procedures.release(self._redlock, lease))
             self._released(lease)

@@ -57,7 +57,10 @@ class Slot:
     __slots__ = ("abandoned", "on_reply", "reply", "sent_at")
 
     def __init__(self, sent_at: float) -> None:
-        self.sent_at = sent_at  # monotonic: when its round began
+        #: Monotonic time the request left (an async pipe stamps it at the flush): the master's
+        #: budget runs from here, not from when the round began, so that a busy client (a
+        #: thousand rounds queued on one event loop) is not taken for a slow master.
+        self.sent_at = sent_at
         self.reply: object = PENDING
         self.abandoned = False
         #: Called (in the reading thread) when the reply came: how an async round learns it.
@@ -76,6 +79,7 @@ class Pipe:
     _writing: bool
     _flush_scheduled: bool
     _out: bytearray
+    _unsent: list[Slot]
     _read_lock: threading.Lock
     _write_lock: threading.Lock
     _woken: threading.Condition
@@ -116,6 +120,7 @@ class Pipe:
             self._sleepers = 0
         else:
             self._out = bytearray()
+            self._unsent = []
             self._flush_scheduled = False
             self._writing = False
             loop.add_reader(self._fd, self._pump)
@@ -135,6 +140,7 @@ class Pipe:
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
             self._pending.append(slot)
+            self._unsent.append(slot)
             self._out += request
             if not self._flush_scheduled:
                 self._flush_scheduled = True
@@ -144,6 +150,7 @@ class Pipe:
             if self.closed:
                 return None
             self._pending.append(slot)
+            slot.sent_at = time.monotonic()
             try:
                 self._sock.sendall(request)
             except OSError as exc:  # also BlockingIOError: a request half-sent spoils the pipe
@@ -156,6 +163,10 @@ class Pipe:
         self._flush_scheduled = False
         if self.closed or not self._out:
             return
+        now = time.monotonic()
+        for slot in self._unsent:
+            slot.sent_at = now
+        self._unsent.clear()
         try:
             sent = self._sock.send(self._out)
         except _NOT_YET:

@@ -1,4 +1,4 @@
-"""One round: one request to every master, and their replies by one deadline. No blocking here:
+"""One round: one request to every master, and their replies within one budget. No blocking here:
 ``exchange`` is a generator that yields what it must wait for (a connection, replies), and the
 drivers (``drivers.fan_out`` with threads, ``drivers.afan_out`` with asyncio) do the waiting.
 """
@@ -78,11 +78,12 @@ class Requests:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    """A round waits for: ``node``'s pipe (made now, or being made by another round), by
-    ``deadline``. Answered with the ``Pipe`` or the exception that prevented it."""
+    """A round waits for: ``node``'s pipe, made now within ``budget``, or being made by another
+    round (then awaited: that attempt has its own budget). Answered with the ``Pipe`` or the
+    exception that prevented it."""
 
     node: Node
-    deadline: float
+    budget: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ def exchange(
     script: Script | None = None,
 ) -> Exchange:
     """Send ``command`` to every master, all before waiting for any reply; then take every reply
-    by one common deadline ``budget`` seconds from now. A master that has not answered by then
+    within ``budget`` seconds of its request leaving. A master that has not answered by then
     counts as failed; its slot is abandoned (the reply is dropped when it comes, never mistaken
     for another request's answer) and the master is *silent* for SKIP_SILENT_FOR seconds: the
     next rounds tell it their request without waiting (so that a release still follows its SET
@@ -115,7 +116,6 @@ def exchange(
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
     so to one that answers NOSCRIPT."""
     began = time.monotonic()
-    deadline = began + budget
     requests = Requests(command, script)
     replies: list[Reply] = [None] * len(nodes)
     sent: list[tuple[int, Pipe, Slot]] = []
@@ -143,57 +143,57 @@ def exchange(
             unconnected.append(i)
     for i in unconnected:
         node = nodes[i]
-        made = yield from _connect(node, deadline, budget)
+        made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             replies[i] = made
-        elif (slot := made.send(requests.for_node(node), began)) is not None:
+        elif (slot := made.send(requests.for_node(node), time.monotonic())) is not None:
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
-        # that the second try still has most of the budget; else when all came, or the deadline.
-        yield Replies([(pipe, slot) for _, pipe, slot in sent], deadline)
+        # that the second try still has most of the budget; else when all came, or when the
+        # last of them is due (each master's budget runs from when its request left).
+        yield Replies([(pipe, slot) for _, pipe, slot in sent], _due(sent, budget))
         later = []
         for i, pipe, slot in sent:
-            if slot.reply is PENDING and time.monotonic() < deadline:
+            if slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
             else:
-                replies[i] = yield from _vote(
-                    nodes[i], pipe, slot, deadline, requests, began, budget
-                )
+                replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
         sent = later
     return replies
 
 
+def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
+    return max(slot.sent_at for _, _, slot in sent) + budget
+
+
+_SECOND_TRY = (Broken, NoScriptError)
+
+
 def second_try(slot: Slot) -> bool:
     """Whether ``slot``'s answer asks for a second try rather than a vote."""
-    return isinstance(slot.reply, Broken | NoScriptError)
+    return isinstance(slot.reply, _SECOND_TRY)
 
 
 def _vote(
-    node: Node,
-    pipe: Pipe,
-    slot: Slot,
-    deadline: float,
-    requests: Requests,
-    began: float,
-    budget: float,
+    node: Node, pipe: Pipe, slot: Slot, requests: Requests, began: float, budget: float
 ) -> Generator[Connect | Replies, Any, Reply]:
     """What ``node`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
-    into the void) is reconnected once within the same deadline; a master that forgot our
+    into the void) is reconnected and asked once more; a master that forgot our
     script is asked again with its source. Safe to repeat: our scripts are idempotent, and a
     repeated SET NX can only under-count our votes."""
-    reply = _late(node, pipe, slot, deadline)
+    reply = _late(node, pipe, slot)
     if isinstance(reply, Broken) and pipe.opened_at < began:
-        made = yield from _connect(node, deadline, budget)
+        made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             return made
         pipe = made
-        reply = yield from _ask(node, pipe, requests.for_node(node), began, deadline)
+        reply = yield from _ask(node, pipe, requests.for_node(node), budget)
     if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), began, deadline)
+        reply = yield from _ask(node, pipe, requests.with_source(), budget)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -209,9 +209,9 @@ def _vote(
     return reply
 
 
-def _late(node: Node, pipe: Pipe, slot: Slot, deadline: float) -> Reply:
-    """``slot``'s reply, or (none by the deadline) a timeout failure: the slot is abandoned and
-    the master is silent for a while. A reply already received counts even past the deadline:
+def _late(node: Node, pipe: Pipe, slot: Slot) -> Reply:
+    """``slot``'s reply, or (none within the budget) a timeout failure: the slot is abandoned
+    and the master is silent for a while. A reply already received counts even past the budget:
     only a master that truly did not answer is blamed, not a busy client."""
     if slot.reply is PENDING:
         pipe.try_pump()
@@ -222,26 +222,23 @@ def _late(node: Node, pipe: Pipe, slot: Slot, deadline: float) -> Reply:
     return slot.reply
 
 
-def _ask(
-    node: Node, pipe: Pipe, request: bytes, began: float, deadline: float
-) -> Generator[Replies, Any, Reply]:
-    slot = pipe.send(request, began)
+def _ask(node: Node, pipe: Pipe, request: bytes, budget: float) -> Generator[Replies, Any, Reply]:
+    slot = pipe.send(request, time.monotonic())
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
-    yield Replies([(pipe, slot)], deadline)
-    return _late(node, pipe, slot, deadline)
+    while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
+        yield Replies([(pipe, slot)], slot.sent_at + budget)
+    return _late(node, pipe, slot)
 
 
-def _connect(node: Node, deadline: float, budget: float) -> Generator[Connect, Any, Pipe | Reply]:
+def _connect(node: Node, budget: float) -> Generator[Connect, Any, Pipe | Reply]:
     """The node's pipe, or the NodeFailure that stands for its vote. A master that could not be
-    reached in time is silent (see SKIP_SILENT_FOR) only if it had at least half the budget:
-    running out of a budget that other masters spent is not its fault."""
-    fair = deadline - time.monotonic() >= budget / 2
-    made = yield Connect(node, deadline)
+    reached within the budget is silent (see SKIP_SILENT_FOR)."""
+    made = yield Connect(node, budget)
     if isinstance(made, Pipe):
         return made
     lost = failure(node, made)
-    if fair and lost.reason == "timeout":
+    if lost.reason == "timeout":
         node.silent_until = time.monotonic() + SKIP_SILENT_FOR
     return lost
 

@@ -27,7 +27,7 @@ from .drivers import run
 from .errors import LockLost
 from .events import logger
 from .leases import Lease
-from .procedures import Masters
+from .steps import Masters
 
 #: Renew when this fraction of the TTL has passed since the last renewal.
 RENEW_AT = 1 / 3

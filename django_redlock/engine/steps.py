@@ -1,0 +1,119 @@
+"""What a procedure can ask the drivers for (its *steps*), what it needs of the engine
+(``Masters``), and how to read the masters' replies (votes, per-master detail, when a held lease
+will have run out)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from . import scripts
+from .connections import Node
+from .errors import NodeFailure
+from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
+from .protocol import Vote
+from .rounds import Command, Reply
+
+T = TypeVar("T")
+
+
+class Masters(Protocol):
+    """What the procedures need of a ``Redlock``."""
+
+    nodes: tuple[Node, ...]
+    quorum: int
+    node_timeout: float
+    drift_factor: float
+    retry_delay: float
+    queues: LocalQueues
+
+    @property
+    def notices(self) -> ReleaseNotices: ...
+
+    def queue_key(self, resource: str) -> str: ...
+    def fence_key(self, resource: str) -> str: ...
+    def release_command(
+        self, resource: str, value: str | bytes, *, notify: bool = True, queued_as: str = ""
+    ) -> Command: ...
+    def give_way(self, resource: str, seconds: float) -> None: ...
+    def courtesy_until(self, resource: str) -> float: ...
+
+
+# --- the steps a procedure can ask for ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """Send ``command`` to every master at once; the answer is the list of their replies."""
+
+    command: Command
+    script: scripts.Script | None = None
+    #: Clean-up after an interruption: the async runner shields it from a second cancellation.
+    cleanup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Become a waiter that releases can wake by name; the answer is a ``Waiter``, returned once
+    a quorum of masters confirmed our inbox subscription (or after one NODE_TIMEOUT)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitNotice:
+    """Sleep until a release wakes ``waiter``, or ``timeout``; answers True if one did."""
+
+    waiter: Waiter
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitTurn:
+    """Sleep until ``turn`` is first among this process's waiters, or ``timeout``; answers True
+    if it is."""
+
+    turn: Turn
+    timeout: float
+
+
+Step = Round | Pause | Listen | AwaitNotice | AwaitTurn
+Procedure = Generator[Step, Any, T]
+
+
+# --- votes --------------------------------------------------------------------------------------
+
+
+def vote(reply: Reply) -> Vote:
+    """SET NX answers OK or nil; our scripts answer 0 (or, for a waiter, [0, pttl]) for 'not
+    ours' and >= 1 for done."""
+    if isinstance(reply, NodeFailure):
+        return Vote.FAILED
+    if reply is None or reply == 0 or isinstance(reply, list):
+        return Vote.DENIED
+    return Vote.GRANTED
+
+
+def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
+    """Per-master detail for errors: who failed and why, and who said the lock is held."""
+    out = []
+    for node, reply in zip(masters.nodes, replies, strict=True):
+        if isinstance(reply, NodeFailure):
+            out.append(reply)
+        elif vote(reply) is Vote.DENIED:
+            out.append(NodeFailure(node.label, "held"))
+    return out
+
+
+def free_in(replies: Sequence[Reply], quorum: int) -> float | None:
+    """Seconds until the holder's lease has run out on a quorum of masters, from the PTTLs that
+    waiters' attempts return; None if too few masters said."""
+    ttls = sorted(r[1] / 1000 for r in replies if isinstance(r, list) and r[1] >= 0)
+    needed = quorum - sum(vote(r) is Vote.GRANTED for r in replies)
+    if needed <= 0:
+        return 0.0
+    return ttls[needed - 1] if len(ttls) >= needed else None
