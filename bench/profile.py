@@ -161,7 +161,7 @@ def round_overhead(redlock: Redlock, rounds: int = 3000) -> None:
     for _ in range(rounds):
         start = clock()
         for conn in conns:
-            conn.send_packed_command(packed, check_health=False)
+            conn.send_packed_command([packed], check_health=False)
         for conn in conns:
             conn.read_response()
         raw_ns.append(clock() - start)

@@ -88,8 +88,8 @@ def fan_out(
         answer = None
         try:
             if isinstance(wait, Replies):
-                for pipe, slot in wait.sent:
-                    pipe.wait(slot, wait.deadline)
+                for n, (pipe, slot) in enumerate(wait.sent):
+                    pipe.wait(slot, wait.deadline, fresh=n == 0)
                     if second_try(slot):
                         break
             else:

@@ -224,16 +224,20 @@ class Pipe:
                 self._read_lock.release()
             self._wake_sleepers()
 
-    def wait(self, slot: Slot, deadline: float) -> None:
+    def wait(self, slot: Slot, deadline: float, *, fresh: bool = False) -> None:
         """Block until ``slot`` has its reply, the pipe broke, or ``deadline`` (sync pipes).
 
         One waiter at a time reads the socket and hands out every reply it finds; the others
-        sleep until woken by it, and one of them takes over when it leaves."""
+        sleep until woken by it, and one of them takes over when it leaves. ``fresh``: the
+        request just left, so its reply cannot be there yet: wait before the first read (a read
+        that finds nothing costs a failed system call and an exception)."""
         while slot.reply is PENDING:
             remaining = deadline - time.monotonic()
             if self._read_lock.acquire(blocking=False):
                 try:
-                    self._pump()
+                    if not fresh:
+                        self._pump()
+                    fresh = False
                     if slot.reply is PENDING and remaining > 0:
                         _wait_readable(self._sock, remaining)
                         self._pump()
@@ -263,19 +267,14 @@ class Pipe:
     @property
     def owes(self) -> bool:
         """The oldest unanswered request was given up on: the master has been silent."""
-        try:
-            return self._pending[0].abandoned
-        except IndexError:
-            return False
+        pending = self._pending
+        return bool(pending) and pending[0].abandoned
 
     def stalled(self, now: float, after: float) -> bool:
         """The oldest unanswered request was given up on and sent more than ``after`` seconds
         before ``now``: the master's replies may never come (a broken path)."""
-        try:
-            head = self._pending[0]
-        except IndexError:
-            return False
-        return head.abandoned and now - head.sent_at > after
+        pending = self._pending
+        return bool(pending) and pending[0].abandoned and now - pending[0].sent_at > after
 
     def abandon(self, slot: Slot) -> None:
         """Give up on ``slot``: its reply, when it comes, is dropped."""
