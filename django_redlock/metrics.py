@@ -31,7 +31,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, NamedTuple
 
-from .engine import LockContended, LockNotAcquired
+from .engine import LockContended, LockNotAcquired, NodeFailure
 
 # Lock waits range from one round trip (sub-millisecond on a LAN) to a configured wait of seconds.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -73,7 +73,8 @@ def _collectors() -> _Collectors | None:
         lost=prom.Counter("redlock_lost", "Leases lost while held (expired or released by force)."),
         node_failures=prom.Counter(
             "redlock_node_failures",
-            "Masters that failed a failed acquisition (timeout or error), by master.",
+            "Masters that failed a request of a lock (timeout or error), by master: during a "
+            "failed acquisition, or one that succeeded without them (acquire, extend, release).",
             ["node", "reason"],
         ),
     )
@@ -98,8 +99,15 @@ def not_acquired(waited: float, error: LockNotAcquired) -> None:
     c.wait.labels(outcome=reason).observe(waited)
     c.contended.labels(reason=reason).inc()
     for failure in error.failures:
-        if failure.reason != "held":  # "held" is another owner's lock, not a fault of the master
-            c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
+        node_failure(failure)
+
+
+def node_failure(failure: NodeFailure) -> None:
+    """A master failed a request (a timeout or an error; "held" is another owner's lock, and
+    "gone" our expired one: not faults of the master)."""
+    c = _collectors()
+    if c is not None and failure.reason in ("timeout", "error"):
+        c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
 
 
 def released(held: float) -> None:

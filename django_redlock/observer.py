@@ -8,10 +8,12 @@ name the resource and the lock's label, never its token.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
 
 from . import metrics
-from .engine import Lock, LockLost, LockNotAcquired
-from .signals import lock_acquired, lock_contended, lock_lost, lock_released
+from .engine import Lock, LockLost, LockNotAcquired, NodeFailure
+from .signals import lock_acquired, lock_contended, lock_lost, lock_released, masters_failed
 
 logger = logging.getLogger("django_redlock")
 
@@ -40,3 +42,27 @@ class DjangoObserver:
         logger.error("LOST %s: %s", _name(lock), error)
         metrics.lost()
         lock_lost.send_robust(Lock, lock=lock, error=error)
+
+    def masters_failed(self, lock: Lock, *, action: str, failures: Sequence[NodeFailure]) -> None:
+        # The lock still works, but one more failure there may cost the quorum: warn, at most
+        # once a minute per master, so that a master down for an hour is not a log flood.
+        now = time.monotonic()
+        for failure in failures:
+            metrics.node_failure(failure)
+            if now >= _warned.get(failure.node, 0.0):
+                _warned[failure.node] = now + WARN_EVERY
+                logger.warning(
+                    "master %s failed during %s of %s (the lock still has its quorum): %s %s",
+                    failure.node,
+                    action,
+                    _name(lock),
+                    failure.reason,
+                    failure.detail,
+                )
+        masters_failed.send_robust(Lock, lock=lock, action=action, failures=tuple(failures))
+
+
+#: A master's failures are logged at most this often (seconds); the signal and the metric see
+#: every one.
+WARN_EVERY = 60.0
+_warned: dict[str, float] = {}

@@ -6,7 +6,11 @@ Each is sent with ``sender=Lock`` (the class) and ``lock=<the Lock>``, plus:
 - ``lock_contended``: ``waited``, ``error`` (``LockContended`` or ``QuorumUnavailable``)
 - ``lock_released``: ``held`` (seconds)
 - ``lock_lost``: ``error`` (``LockLost``); sent once per lease, from the thread or task that
-  noticed (the holder, or the auto-extend watchdog)
+  noticed (the holder, a release that found it gone, or the watchdog, also when a lease that is
+  not auto-extended simply runs out)
+- ``masters_failed``: ``action`` ("acquire", "extend" or "release": it succeeded) and
+  ``failures`` (``NodeFailure`` per master that failed meanwhile): the lock works, but one more
+  failure there may cost the quorum
 
 Receivers must be quick and must not raise: what they raise is logged and ignored.
 """
@@ -17,3 +21,4 @@ lock_acquired = Signal()
 lock_contended = Signal()
 lock_released = Signal()
 lock_lost = Signal()
+masters_failed = Signal()

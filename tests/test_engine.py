@@ -190,7 +190,9 @@ def test_expired_lock_cannot_be_extended(any_masters, redlock_of):
     assert lock.lost
     with pytest.raises(LockLost, match="was lost"):
         lock.extend()
-    lock.release()
+    with pytest.raises(LockLost, match="ran out"):  # a release that did not happen says so
+        lock.release()
+    assert lock.lost  # still readable after the release
 
 
 def test_expired_owner_cannot_delete_the_next_owners_key(any_masters, redlock_of):
@@ -201,7 +203,8 @@ def test_expired_owner_cannot_delete_the_next_owners_key(any_masters, redlock_of
     mine = keys_on(any_masters, engine.lock_key("job"))
     with pytest.raises(LockLost):
         old.extend()
-    old.release()  # compare-and-delete: not the old owner's value any more
+    with pytest.raises(LockLost):
+        old.release()  # compare-and-delete: not the old owner's value any more
     assert keys_on(any_masters, engine.lock_key("job")) == mine
     assert new.held
     new.release()
@@ -237,7 +240,8 @@ def test_an_expired_unreleased_lease_does_not_block_its_own_thread(masters, redl
     assert keys_on(masters, engine.lock_key("job")) == [None] * 5
     with engine.lock("job", ttl=5) as new:
         assert new.held
-        old.release()  # the dead handle's compare-and-delete leaves the new key alone
+        with pytest.raises(LockLost):
+            old.release()  # the dead handle's compare-and-delete leaves the new key alone
         assert None not in keys_on(masters, engine.lock_key("job"))
 
 

@@ -68,7 +68,8 @@ def test_max_extensions_caps_renewal_and_the_loss_is_reported_at_once(masters, r
     assert lock.lost
     with pytest.raises(LockLost):
         lock.check()
-    lock.release()
+    with pytest.raises(LockLost):
+        lock.release()
 
 
 def test_lock_lost_signal_and_on_lost_when_a_majority_pauses(fresh_masters, settings):

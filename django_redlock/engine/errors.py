@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class NodeFailure:
-    """Why one master did not grant a request: ``"held"`` (another owner), ``"timeout"`` or
-    ``"error"``. ``node`` is the master's address with any password masked."""
+    """Why one master did not grant a request: ``"held"`` (another owner), ``"gone"`` (our
+    token is not there any more), ``"timeout"`` or ``"error"``. ``node`` is the master's
+    address with any password masked."""
 
     node: str
     reason: str
@@ -57,8 +58,20 @@ class QuorumUnavailable(LockNotAcquired):
 
 
 class LockLost(RedlockError):
-    """The lease ran out or the masters no longer hold our token: exclusivity may have been broken
-    since ``lost_at``. Raised on leaving the ``with`` block, by ``extend()`` and by ``check()``."""
+    """The lease ran out or the masters no longer hold our token: exclusivity may have been
+    broken. Raised on leaving the ``with`` block, by ``release()`` when no quorum confirmed
+    removing our lease, by ``extend()`` and by ``check()``. ``failures``: per master, what it
+    said (``"gone"``: our token was not there any more; ``"timeout"``/``"error"``)."""
+
+    def __init__(self, resource: str, message: str, failures: Sequence[NodeFailure] = ()) -> None:
+        self.resource = resource
+        self.failures = tuple(failures)
+        detail = "; ".join(str(f) for f in self.failures)
+        super().__init__(f"{message} [{detail}]" if detail else message)
+
+
+class ExtensionLimit(RedlockError):
+    """``extend()`` was refused: the lease was extended ``max_extensions`` times already."""
 
     def __init__(self, resource: str, message: str) -> None:
         self.resource = resource

@@ -11,7 +11,9 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .errors import LockLost, LockNotAcquired
+    from collections.abc import Sequence
+
+    from .errors import LockLost, LockNotAcquired, NodeFailure
     from .lock import Lock
 
 logger = logging.getLogger("django_redlock")
@@ -25,6 +27,10 @@ class Observer(Protocol):
     def released(self, lock: Lock, *, held: float) -> None: ...
 
     def lost(self, lock: Lock, *, error: LockLost) -> None: ...
+
+    def masters_failed(
+        self, lock: Lock, *, action: str, failures: Sequence[NodeFailure]
+    ) -> None: ...
 
 
 class NullObserver:
@@ -40,6 +46,9 @@ class NullObserver:
         pass
 
     def lost(self, lock: Lock, *, error: LockLost) -> None:
+        pass
+
+    def masters_failed(self, lock: Lock, *, action: str, failures: Sequence[NodeFailure]) -> None:
         pass
 
 

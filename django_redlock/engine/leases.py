@@ -9,13 +9,14 @@ owner ended can never be taken for it. The lease keeps its owner alive while it 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import LockLost
+from .errors import LockLost, NodeFailure
 from .events import logger, notify
 
 if TYPE_CHECKING:
@@ -56,9 +57,10 @@ class Lease:
         "acquired_at",
         "depth",
         "extensions",
-        "fence",
+        "fences",
         "handle",
         "key",
+        "keys",
         "lost",
         "observer",
         "on_lost",
@@ -67,6 +69,7 @@ class Lease:
         "queued_as",
         "released",
         "resource",
+        "resources",
         "ttl",
         "valid_until",
         "value",
@@ -76,7 +79,9 @@ class Lease:
         self,
         *,
         resource: str,
+        resources: tuple[str, ...],
         key: str,
+        keys: tuple[str, ...],
         ttl: float,
         value: str,
         valid_until: float,
@@ -87,8 +92,10 @@ class Lease:
         on_lost: Callable[[Lock, LockLost], None] | None = None,
         queued_as: str = "",
     ) -> None:
-        self.resource = resource
-        self.key = key
+        self.resource = resource  # the name (several: joined), for messages
+        self.resources = resources
+        self.key = key  # how this process recognizes re-entry (several: all keys, joined)
+        self.keys = keys  # the keys on the masters
         self.ttl = ttl
         self.value = value  # token + owner, exactly as stored on the masters: never shown
         self.valid_until = valid_until  # monotonic deadline of guaranteed exclusivity
@@ -103,7 +110,8 @@ class Lease:
         self.depth = 1
         self.released = False
         self.lost = False
-        self.fence: int | None = None
+        #: Fencing tokens, by resource, once read.
+        self.fences: dict[str, int] = {}
         self.extensions = 0
         #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
         self.queued_as = queued_as
@@ -129,17 +137,81 @@ class Lease:
             f"renewed in time; another owner may have held it since"
         )
 
-    def mark_lost(self, message: str) -> LockLost:
-        error = LockLost(self.resource, message)
+    def mark_lost(self, message: str, failures: Sequence[NodeFailure] = ()) -> LockLost:
+        """Mark the lease lost and tell (once: the observer's ``lost``, ``on_lost``); the error
+        to raise. A release that finds the lease gone tells too: nobody may have noticed yet."""
+        error = LockLost(self.resource, message, failures)
+        if self.lost:
+            return error
+        self.lost = True
         handle = self.handle()
-        if not self.lost and not self.released:
-            self.lost = True
-            if handle is None:
-                return error
-            notify(self.observer, "lost", handle, error=error)
-            if self.on_lost is not None:
-                try:
-                    self.on_lost(handle, error)
-                except Exception:  # noqa: BLE001 (a callback's bug must not break the lock)
-                    logger.exception("on_lost callback failed for %r", self.resource)
+        if handle is None:
+            return error
+        notify(self.observer, "lost", handle, error=error)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(handle, error)
+            except Exception:  # noqa: BLE001 (a callback's bug must not break the lock)
+                logger.exception("on_lost callback failed for %r", self.resource)
         return error
+
+    def note_failures(self, failures: Sequence[NodeFailure], action: str) -> None:
+        """An action that succeeded although some masters failed: say which, and why (one more
+        failure there may cost the quorum)."""
+        failed = [f for f in failures if f.reason in ("timeout", "error")]
+        handle = self.handle()
+        if failed and handle is not None:
+            notify(self.observer, "masters_failed", handle, action=action, failures=failed)
+
+
+class Callers:
+    """Who holds what through one ``Lock`` handle: each caller's lease, by its owner (the task
+    or thread object), and whether each one's last lease was lost (readable after its release;
+    held weakly, so a task or thread that ended is forgotten)."""
+
+    __slots__ = ("_ended", "_leases", "resource")
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self._leases: dict[Owner, Lease] = {}
+        self._ended: weakref.WeakKeyDictionary[Owner, bool] | None = None
+
+    def get(self, owner: Owner) -> Lease | None:
+        return self._leases.get(owner)
+
+    def add(self, owner: Owner, lease: Lease) -> None:
+        self._leases[owner] = lease
+
+    def detach(self, owner: Owner, action: str) -> Lease:
+        lease = self._leases.pop(owner, None)
+        if lease is None:
+            holders = ", ".join(describe(o) for o in list(self._leases)) or "nobody"
+            raise RuntimeError(
+                f"cannot {action} lock {self.resource!r}: it is not acquired by "
+                f"{describe(owner)} through this object (held through it by: {holders}); only "
+                f"the thread or task that acquired a lock may release it"
+            )
+        return lease
+
+    def held(self, owner: Owner, action: str) -> Lease:
+        """``owner``'s lease, or RuntimeError saying why it has none to ``action``."""
+        lease = self._leases.get(owner)
+        if lease is None:
+            raise RuntimeError(
+                f"cannot {action} lock {self.resource!r}: it is not acquired by "
+                f"{describe(owner)} through this object"
+            )
+        if lease.pid != os.getpid():
+            raise RuntimeError(
+                f"cannot {action} lock {self.resource!r}: it was acquired by process "
+                f"{lease.pid}, and a forked child does not hold its parent's locks"
+            )
+        return lease
+
+    def ended(self, owner: Owner, lease: Lease) -> None:
+        if self._ended is None:
+            self._ended = weakref.WeakKeyDictionary()
+        self._ended[owner] = lease.lost
+
+    def was_lost(self, owner: Owner) -> bool:
+        return bool(self._ended and self._ended.get(owner, False))

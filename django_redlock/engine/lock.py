@@ -17,11 +17,11 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import procedures, protocol
+from . import holding, procedures, protocol
 from .drivers import arun, run
-from .errors import LockContended, LockLost, LockNotAcquired
-from .events import notify
-from .leases import Lease, Owner, current_owner, describe
+from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
+from .events import NullObserver, notify
+from .leases import Callers, Lease, Owner, current_owner, describe
 from .values import make_value
 
 if TYPE_CHECKING:
@@ -35,8 +35,7 @@ class Lock:
     def __init__(
         self,
         redlock: Redlock,
-        resource: str,
-        *,
+        *resources: str,
         ttl: float,
         wait: float,
         label: str | None = None,
@@ -47,33 +46,30 @@ class Lock:
         on_lost: Callable[[Lock, LockLost], None] | None = None,
     ) -> None:
         self._redlock = redlock
-        self.resource = protocol.check_resource(resource)
+        self.resources = protocol.check_resources(resources)
+        #: The name (several: joined with " + "), for messages, events and metrics.
+        self.resource = " + ".join(self.resources)
         self.ttl = protocol.check_ttl(ttl)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        if label is not None and not isinstance(label, str):
-            raise ValueError(f"label must be a str, got {label!r}")
-        if max_extensions is not None and (
-            isinstance(max_extensions, bool)
-            or not isinstance(max_extensions, int)
-            or max_extensions < 0
-        ):
-            raise ValueError(f"max_extensions must be an int >= 0, got {max_extensions!r}")
-        if max_hold is not None:
-            max_hold = protocol.check_seconds("max_hold", max_hold, allow_zero=False)
+        self.label = protocol.check_label(label)
+        self.auto_extend = bool(auto_extend)
+        self.max_extensions = protocol.check_count("max_extensions", max_extensions)
+        self.max_hold = (
+            None
+            if max_hold is None
+            else protocol.check_seconds("max_hold", max_hold, allow_zero=False)
+        )
         if on_lost is not None and not callable(on_lost):
             raise ValueError(f"on_lost must be callable, got {on_lost!r}")
-        self.label = label
-        self.auto_extend = bool(auto_extend)
-        self.max_extensions = max_extensions
-        self.max_hold = max_hold
         self.reentrant = bool(reentrant)
         self.on_lost = on_lost
-        self.key = redlock.lock_key(resource)
-        #: Each caller's lease, by its owner (task or thread object).
-        self._leases: dict[Owner, Lease] = {}
+        #: The keys on the masters; ``key`` names them as one, for re-entry.
+        self.keys = tuple(redlock.lock_key(r) for r in self.resources)
+        self.key = " + ".join(self.keys)
+        self._callers = Callers(self.resource)
 
     def __repr__(self) -> str:
-        lease = self._leases.get(current_owner())
+        lease = self._callers.get(current_owner())
         state = "unlocked" if lease is None else "lost" if lease.lost else "held"
         return f"<Lock {self.resource!r} {state}>"
 
@@ -82,31 +78,66 @@ class Lock:
     @property
     def held(self) -> bool:
         """Acquired by the calling thread/task, not released, and still within validity."""
-        lease = self._leases.get(current_owner())
+        lease = self._callers.get(current_owner())
         return lease is not None and not lease.check_lost()
 
     @property
     def validity(self) -> float:
         """Seconds of guaranteed exclusivity left (0.0 when not held), on the monotonic clock."""
-        lease = self._leases.get(current_owner())
+        lease = self._callers.get(current_owner())
         return 0.0 if lease is None or lease.lost else lease.validity
 
     @property
     def lost(self) -> bool:
-        """True once the lease ran out, or a renewal found our token gone, while we held it."""
-        lease = self._leases.get(current_owner())
-        return lease is not None and lease.check_lost()
+        """True once the lease ran out, or the masters were found without our token, while we
+        held it; still readable after ``release()`` (about the caller's last lease)."""
+        owner = current_owner()
+        lease = self._callers.get(owner)
+        return lease.check_lost() if lease is not None else self._callers.was_lost(owner)
+
+    @property
+    def hold_count(self) -> int:
+        """How many times the calling thread/task holds it (re-entrant locks: nested entries;
+        0 when not held)."""
+        lease = self._callers.get(current_owner())
+        return 0 if lease is None or lease.released else lease.depth
 
     @property
     def fence(self) -> int:
         """The fencing token of this lease: an int that strictly increases per resource across
         all holders. Issued by a quorum the first time it is read (two rounds), then cached.
-        In async code use ``await lock.afence()``."""
-        return run(self._redlock, procedures.fence(self._redlock, self._held_lease("fence")))
+        In async code use ``await lock.afence()``; a lock over several resources has one per
+        resource: ``lock.fences``."""
+        return run(self._redlock, holding.fence(self._redlock, *self._fenced("fence")))
 
     async def afence(self) -> int:
+        return await arun(self._redlock, holding.fence(self._redlock, *self._fenced("fence")))
+
+    @property
+    def fences(self) -> dict[str, int]:
+        """The fencing token of each resource (see ``fence``). Async: ``await lock.afences()``."""
         lease = self._held_lease("fence")
-        return await arun(self._redlock, procedures.fence(self._redlock, lease))
+        return {
+            r: run(self._redlock, holding.fence(self._redlock, lease, r)) for r in self.resources
+        }
+
+    async def afences(self) -> dict[str, int]:
+        lease, redlock = self._held_lease("fence"), self._redlock
+        return {r: await arun(redlock, holding.fence(redlock, lease, r)) for r in self.resources}
+
+    def locked(self) -> bool:
+        """Ask the masters (one round): True only if a quorum still holds our lease and its
+        validity is not over. Finding it gone marks it lost (``lost``, ``on_lost``)."""
+        lease = self._callers.get(current_owner())
+        if lease is None:
+            return False
+        return run(self._redlock, holding.holds(self._redlock, lease))
+
+    async def alocked(self) -> bool:
+        lease = self._callers.get(current_owner())
+        if lease is None:
+            return False
+        return await arun(self._redlock, holding.holds(self._redlock, lease))
 
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
@@ -125,18 +156,26 @@ class Lock:
             self._hold(owner, want, self._outcome(run, want))
         return self
 
-    def extend(self) -> float:
-        """Renew the lease to the full TTL on a quorum; returns the new validity in seconds.
-        Retries until renewed or the lease runs out, then raises ``LockLost``."""
-        lease = self._held_lease("extend")
-        return run(self._redlock, procedures.extend(self._redlock, lease, once=False))
+    def extend(self, ttl: float | None = None) -> float:
+        """Renew the lease on a quorum, for ``ttl`` seconds (the lock's TTL if None; a new one
+        becomes the lease's TTL); returns the new validity in seconds. Retries until renewed or
+        the lease runs out, then raises ``LockLost``. ``ExtensionLimit`` past ``max_extensions``
+        (manual and automatic extensions count alike)."""
+        lease, ttl = self._extendable(ttl)
+        return run(self._redlock, holding.extend(self._redlock, lease, once=False, ttl=ttl))
 
     def release(self) -> None:
-        """Delete our key on every master (compare-and-delete: never another owner's)."""
-        lease = self._detach(current_owner())
+        """Delete our key on every master (compare-and-delete: never another owner's). Raises
+        ``LockLost``, after removing our lease wherever it still was, unless a quorum confirmed
+        that it removed it (it had run out, been released by force, or too few masters
+        answered): the caller learns that exclusivity may have been broken."""
+        owner = current_owner()
+        lease = self._detach(owner)
         if lease is not None:
-            run(self._redlock, procedures.release(self._redlock, lease))
-            self._released(lease)
+            try:
+                run(self._redlock, holding.release(self._redlock, lease))
+            finally:
+                self._released(owner, lease)
 
     def __enter__(self) -> Lock:
         return self.acquire()
@@ -147,11 +186,13 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = self._leases.get(current_owner())
-        lost = lease is not None and lease.check_lost()
-        self.release()
-        if lease is not None and lost:
-            _report_lost(lease, exc)
+        ran_out = self._ran_out()
+        try:
+            self.release()
+        except LockLost as error:
+            ran_out = error
+        if ran_out is not None:
+            _report_lost(ran_out, exc)
 
     # --- async API -------------------------------------------------------------------------------
     # The owner is the task that *calls* aacquire()/arelease(), bound before the coroutine runs:
@@ -167,9 +208,10 @@ class Lock:
             self._hold(owner, want, await self._aoutcome(want))
         return self
 
-    async def aextend(self) -> float:
-        lease = self._held_lease("extend")
-        return await arun(self._redlock, procedures.extend(self._redlock, lease, once=False))
+    async def aextend(self, ttl: float | None = None) -> float:
+        lease, ttl = self._extendable(ttl)
+        extending = holding.extend(self._redlock, lease, once=False, ttl=ttl)
+        return await arun(self._redlock, extending)
 
     def arelease(self) -> Coroutine[Any, Any, None]:
         return self._arelease(current_owner())
@@ -177,8 +219,10 @@ class Lock:
     async def _arelease(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
-            await arun(self._redlock, procedures.release(self._redlock, lease))
-            self._released(lease)
+            try:
+                await arun(self._redlock, holding.release(self._redlock, lease))
+            finally:
+                self._released(owner, lease)
 
     async def __aenter__(self) -> Lock:
         return await self.aacquire()
@@ -189,18 +233,19 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = self._leases.get(current_owner())
-        lost = lease is not None and lease.check_lost()
-        await self.arelease()
-        if lease is not None and lost:
-            _report_lost(lease, exc)
+        ran_out = self._ran_out()
+        try:
+            await self.arelease()
+        except LockLost as error:
+            ran_out = error
+        if ran_out is not None:
+            _report_lost(ran_out, exc)
 
     # --- helpers ---------------------------------------------------------------------------------
 
     def _want(self) -> procedures.Want:
-        return procedures.Want(
-            self.resource, self.key, self.ttl, self.wait, make_value(self.label, self.ttl)
-        )
+        value = make_value(self.label, self.ttl)
+        return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
 
     def _outcome(self, runner: Any, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
@@ -227,7 +272,9 @@ class Lock:
         redlock = self._redlock
         lease = Lease(
             resource=self.resource,
+            resources=self.resources,
             key=self.key,
+            keys=self.keys,
             ttl=self.ttl,
             value=want.value,
             valid_until=won.valid_until,
@@ -238,18 +285,21 @@ class Lock:
             on_lost=self.on_lost,
             queued_as=won.queued_as,
         )
-        self._leases[owner] = lease
+        self._callers.add(owner, lease)
         redlock.holders[self.key] = lease
         if self.auto_extend:
             redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
+        elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
+            redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
         notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
+        lease.note_failures(won.failures, "acquire")
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` already holds the resource and re-entered it (``reentrant=True``);
         ``LockContended`` at once if it holds it and may not re-enter (waiting would be waiting
         for ourselves); False if we must acquire for real."""
-        if owner in self._leases:
+        if self._callers.get(owner) is not None:
             raise RuntimeError(
                 f"lock {self.resource!r} is already acquired through this object by "
                 f"{describe(owner)}; use one Lock object per acquisition, or reentrant=True"
@@ -270,20 +320,13 @@ class Lock:
         if outer.check_lost():
             raise LockLost(self.resource, outer.lost_message())
         outer.depth += 1
-        self._leases[owner] = outer
+        self._callers.add(owner, outer)
         return True
 
     def _detach(self, owner: Owner) -> Lease | None:
         """Let go of ``owner``'s lease; return it if it was its last holder (release it on the
         masters), None for an inner re-entrant handle."""
-        lease = self._leases.pop(owner, None)
-        if lease is None:
-            holders = ", ".join(describe(o) for o in list(self._leases)) or "nobody"
-            raise RuntimeError(
-                f"cannot release lock {self.resource!r}: it is not acquired by {describe(owner)} "
-                f"through this object (held through it by: {holders}); only the thread or task "
-                f"that acquired a lock may release it"
-            )
+        lease = self._callers.detach(owner, "release")
         lease.depth -= 1
         if lease.depth > 0:
             return None
@@ -294,29 +337,46 @@ class Lock:
             return None  # a forked child never releases its parent's lock
         return lease
 
-    def _released(self, lease: Lease) -> None:
-        notify(self._redlock.observer, "released", self, held=time.monotonic() - lease.acquired_at)
+    def _released(self, owner: Owner, lease: Lease) -> None:
+        self._callers.ended(owner, lease)
+        held = time.monotonic() - lease.acquired_at
+        notify(self._redlock.observer, "released", self, held=held)
+
+    def _extendable(self, ttl: float | None) -> tuple[Lease, float | None]:
+        lease = self._held_lease("extend")
+        if ttl is not None:
+            ttl = protocol.check_ttl(ttl)
+        if self.max_extensions is not None and lease.extensions >= self.max_extensions:
+            raise ExtensionLimit(
+                self.resource,
+                f"lock {self.resource!r} was extended {lease.extensions} times already: "
+                f"max_extensions={self.max_extensions}",
+            )
+        return lease, ttl
+
+    def _fenced(self, action: str) -> tuple[Lease, str]:
+        if len(self.resources) > 1:
+            raise RuntimeError(
+                f"lock {self.resource!r} is over several resources, each with its fencing "
+                f"token: use lock.fences (await lock.afences())"
+            )
+        return self._held_lease(action), self.resources[0]
+
+    def _ran_out(self) -> LockLost | None:
+        """Leaving a block: whether the caller's lease ran out inside it (before the release)."""
+        lease = self._callers.get(current_owner())
+        if lease is None or not lease.check_lost():
+            return None
+        return LockLost(lease.resource, lease.lost_message())
 
     def _held_lease(self, action: str) -> Lease:
-        owner = current_owner()
-        lease = self._leases.get(owner)
-        if lease is None:
-            raise RuntimeError(
-                f"cannot {action} lock {self.resource!r}: it is not acquired by {describe(owner)} "
-                f"through this object"
-            )
-        if lease.pid != os.getpid():
-            raise RuntimeError(
-                f"cannot {action} lock {self.resource!r}: it was acquired by process "
-                f"{lease.pid}, and a forked child does not hold its parent's locks"
-            )
-        return lease
+        return self._callers.held(current_owner(), action)
 
 
-def _report_lost(lease: Lease, exc: BaseException | None) -> None:
-    message = lease.lost_message()
+def _report_lost(error: LockLost, exc: BaseException | None) -> None:
+    """Leaving a block whose lease was lost: raise it, once; or, if the block is already raising,
+    say it on that error instead of masking it."""
     if exc is not None:
-        # Do not mask the block's own error; say on it that exclusivity was also lost.
-        exc.add_note(message)
+        exc.add_note(str(error))
         return
-    raise LockLost(lease.resource, message)
+    raise error

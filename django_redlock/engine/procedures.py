@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import protocol, scripts
-from .errors import LockContended, LockLost, NodeFailure, QuorumUnavailable
-from .leases import Lease
+from .errors import LockContended, NodeFailure, QuorumUnavailable
 from .notices import Turn, Waiter
 from .protocol import Tally
 from .rounds import Reply
@@ -56,13 +55,19 @@ EXPIRY_MARGIN = 0.003
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """One acquisition's request: what to lock, for how long, how long to wait."""
+    """One acquisition's request: what to lock (one resource, or several: all or none on each
+    master), for how long, how long to wait."""
 
-    resource: str
-    key: str
+    resource: str  # the name (several: joined, for messages and the local waiter queue)
+    resources: tuple[str, ...]
+    keys: tuple[str, ...]
     ttl: float
     wait: float
     value: str
+
+    @property
+    def several(self) -> bool:
+        return len(self.keys) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +78,16 @@ class Won:
     attempts: int
     began: float
     queued_as: str
+    failures: list[NodeFailure]
 
 
 @dataclass(frozen=True, slots=True)
 class Granted:
-    """A won attempt: until when its lease is exclusively ours (monotonic)."""
+    """A won attempt: until when its lease is exclusively ours (monotonic), and the masters
+    that failed meanwhile (a minority, or it would not have been won)."""
 
     valid_until: float
+    failures: list[NodeFailure]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +113,16 @@ def attempt(
     """
     start = time.monotonic()  # 1
     ttl_ms = int(want.ttl * 1000)
-    if waiter is None:  # 2
-        request = Round(("SET", want.key, want.value, "NX", "PX", ttl_ms))
+    if want.several:  # 2 (all or none on each master, in one script)
+        command = scripts.MULTI_ACQUIRE.evalsha(want.keys, (want.value, ttl_ms))
+        request = Round(command, scripts.MULTI_ACQUIRE)
+    elif waiter is None:
+        request = Round(("SET", want.keys[0], want.value, "NX", "PX", ttl_ms))
     else:
         wait_ms = max(int((deadline - start) * 1000), 1)
-        queue = masters.queue_key(want.resource)
+        queue = masters.queue_key(want.resources[0])
         command = scripts.ACQUIRE_WAITING.evalsha(
-            (want.key, queue), (want.value, ttl_ms, waiter.id, wait_ms)
+            (want.keys[0], queue), (want.value, ttl_ms, waiter.id, wait_ms)
         )
         request = Round(command, scripts.ACQUIRE_WAITING)
     try:
@@ -119,13 +130,14 @@ def attempt(
     except BaseException:
         # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have landed.
         # Undo them on every master before letting the interruption through.
-        yield release_round(masters, want.resource, want.value, cleanup=True, notify=False)
+        yield release_round(masters, want.resources, want.value, cleanup=True, notify=False)
         raise
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
-        return Granted(start + want.ttl - protocol.drift(want.ttl, masters.drift_factor))
+        valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
+        return Granted(valid_until, failures(masters, replies))
     if result.granted or result.failed:  # 4
-        yield release_round(masters, want.resource, want.value, notify=False)
+        yield release_round(masters, want.resources, want.value, notify=False)
     return Lost(result, replies)
 
 
@@ -161,11 +173,20 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             outcome = yield from attempt(masters, want, waiter, deadline)
             if isinstance(outcome, Granted):
                 queued_as = "" if waiter is None else waiter.id
-                return Won(outcome.valid_until, attempts, began, queued_as)
+                return Won(outcome.valid_until, attempts, began, queued_as, outcome.failures)
             lost = outcome
             now = time.monotonic()
             if now >= deadline:
                 raise not_acquired(masters, want, lost, attempts, now - began)
+            if lost.result.contended and want.several:
+                # A lock over several resources is no queued waiter (each resource has its own
+                # queue): it looks again when the holders' leases can have run out, or soon.
+                sleep = protocol.retry_delay(masters.retry_delay, JITTER)
+                expiry = free_in(lost.replies, masters.quorum)
+                if expiry is not None:
+                    sleep = min(sleep, expiry + EXPIRY_MARGIN)
+                yield Pause(max(0.0, min(sleep, deadline - time.monotonic())))
+                continue
             if lost.result.contended and turn is None:
                 # Become this process's waiter for the resource (first in line, or behind the
                 # others), then try again: that try queues us on the masters if it loses, and a
@@ -191,7 +212,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
         if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
             # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the masters' queues,
             # or the next release would wake a name that no one answers to any more.
-            queue = masters.queue_key(want.resource)
+            queue = masters.queue_key(want.resources[0])
             yield Round(("ZREM", queue, waiter.id), cleanup=True)
         raise
     finally:
@@ -256,93 +277,20 @@ def not_acquired(
 # --- extend, release, fence ---------------------------------------------------------------------
 
 
-def extend(masters: Masters, lease: Lease, *, once: bool) -> Procedure[float]:
-    """Renew ``lease``. With ``once``, a single round: returns the new validity, or 0.0 when
-    this round failed but the lease is still valid (the watchdog tries again)."""
-    ttl_ms = int(lease.ttl * 1000)
-    while True:
-        start = time.monotonic()
-        if lease.check_lost():
-            raise LockLost(lease.resource, lease.lost_message())
-        replies: list[Reply] = yield Round(
-            scripts.EXTEND.evalsha((lease.key,), (lease.value, ttl_ms)), scripts.EXTEND
-        )
-        if lease.released:
-            return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
-        result = tally(masters, replies, lease.ttl, start)
-        # Counts only if a quorum renewed it *before* the old lease ran out: after that,
-        # someone else may have held the lock in between, and renewing would hide it.
-        if result.won and time.monotonic() < lease.valid_until:
-            lease.valid_until = start + lease.ttl - protocol.drift(lease.ttl, masters.drift_factor)
-            lease.extensions += 1
-            return lease.validity
-        if result.lost:
-            raise lease.mark_lost(
-                f"lock {lease.resource!r} is gone from {result.denied} of {result.total} "
-                f"masters: it expired or was released by force"
-            )
-        delay = protocol.retry_delay(masters.retry_delay, JITTER)
-        if time.monotonic() + delay >= lease.valid_until:
-            raise lease.mark_lost(
-                f"could not renew lock {lease.resource!r} on a quorum before its lease ran "
-                f"out: " + "; ".join(str(f) for f in failures(masters, replies))
-            )
-        if once:
-            return 0.0
-        yield Pause(delay)
-
-
-def release(masters: Masters, lease: Lease) -> Procedure[None]:
-    """Compare-and-delete on every master; wake the next waiter in the masters' queue."""
-    round_ = release_round(masters, lease.resource, lease.value, queued_as=lease.queued_as)
-    try:
-        replies: list[Reply] = yield round_
-    except BaseException:
-        # Interrupted (a cancelled task): finish the release, shielded, before letting the
-        # interruption through, so that a cancellation never leaves the lock held.
-        yield Round(round_.command, round_.script, cleanup=True)
-        raise
-    woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
-    if woken > 0:
-        masters.give_way(lease.resource, COURTESY)
-
-
-def fence(masters: Masters, lease: Lease) -> Procedure[int]:
-    """The lease's fencing token: a quorum's counters, max + 1, written back to a quorum before
-    use (a majority max-register), so that any later reading quorum sees it."""
-    if lease.fence is not None:
-        return lease.fence
-    fence_key = masters.fence_key(lease.resource)
-    replies: list[Reply] = yield Round(("GET", fence_key))
-    counters = [None if isinstance(r, NodeFailure) else int(r or 0) for r in replies]  # type: ignore[call-overload]
-    token = protocol.fence_merge(counters, len(masters.nodes))
-    if token is None:
-        raise fence_unavailable(masters, lease, replies)
-    replies = yield Round(scripts.FENCE_RAISE.evalsha((fence_key,), (token,)), scripts.FENCE_RAISE)
-    if sum(not isinstance(r, NodeFailure) for r in replies) < masters.quorum:
-        raise fence_unavailable(masters, lease, replies)
-    if lease.check_lost():
-        raise LockLost(lease.resource, lease.lost_message())
-    lease.fence = token
-    return token
-
-
-def fence_unavailable(masters: Masters, lease: Lease, replies: list[Reply]) -> QuorumUnavailable:
-    return QuorumUnavailable(
-        lease.resource,
-        f"lock {lease.resource!r}: no quorum of masters answered for its fencing token",
-        failures(masters, replies),
-    )
-
-
 def release_round(
     masters: Masters,
-    resource: str,
+    resources: tuple[str, ...],
     value: str,
     *,
     cleanup: bool = False,
     notify: bool = True,
     queued_as: str = "",
 ) -> Round:
-    command = masters.release_command(resource, value, notify=notify, queued_as=queued_as)
-    return Round(command, scripts.RELEASE, cleanup)
+    if len(resources) == 1:
+        command = masters.release_command(resources[0], value, notify=notify, queued_as=queued_as)
+        return Round(command, scripts.RELEASE, cleanup)
+    keys = tuple(masters.lock_key(r) for r in resources)
+    queues = tuple(masters.queue_key(r) for r in resources)
+    notice = protocol.notice_digest(value) if notify else ""
+    args = (value, "1" if notify else "", notice, masters.inbox_prefix, queued_as)
+    return Round(scripts.MULTI_RELEASE.evalsha(keys + queues, args), scripts.MULTI_RELEASE, cleanup)

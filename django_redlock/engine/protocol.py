@@ -171,3 +171,28 @@ def check_resource(value: object) -> str:
             f"{value[:40]!r}...; hash long names (django_redlock.keys.bounded_resource does)"
         )
     return value
+
+
+def check_resources(values: tuple[object, ...]) -> tuple[str, ...]:
+    """The resources of one lock: at least one, each a valid name, none twice."""
+    if not values:
+        raise ValueError("a lock needs at least one resource")
+    names = tuple(check_resource(v) for v in values)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"resources listed more than once in one lock: {repeated!r}")
+    return names
+
+
+def check_label(value: object) -> str | None:
+    """A lock's label (shown to operators): None or a str."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"label must be a str, got {value!r}")
+    return value
+
+
+def check_count(name: str, value: object) -> int | None:
+    """None or an int >= 0 (not a bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value

@@ -5,17 +5,47 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from . import protocol, scripts
 from .connections import Node, NodeSpec
+from .drivers import afan_out, fan_out
 from .errors import LockLost
 from .events import NullObserver, Observer
 from .leases import Lease
 from .lock import Lock
+from .locking import locking
 from .notices import LocalQueues, ReleaseNotices
+from .rounds import Reply
+from .values import owner_of
 from .watchdog import WATCHDOG
 
 DEFAULT_KEY_PREFIX = "redlock:"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a resource: the owner its value names (host, pid, thread, task, label, ttl,
+    since; empty if the value is not one of ours), on how many masters, and a short
+    fingerprint of the value (never the token)."""
+
+    resource: str
+    owner: dict[str, object]
+    masters: int
+    fingerprint: str
+
+
+def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder | None:
+    values = [r for r in replies if isinstance(r, bytes)]
+    for value in set(values):
+        if values.count(value) >= masters.quorum:
+            owner = owner_of(value) or {}
+            fingerprint = protocol.notice_digest(value)[:8]
+            return Holder(resource, owner, values.count(value), fingerprint)
+    return None
 
 
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
@@ -92,8 +122,7 @@ class Redlock:
 
     def lock(
         self,
-        resource: str,
-        *,
+        *resources: str,
         ttl: float | None = None,
         wait: float | None = None,
         label: str | None = None,
@@ -103,7 +132,8 @@ class Redlock:
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
     ) -> Lock:
-        """A lock on ``resource`` (not yet acquired: use it in ``with``/``async with``).
+        """A lock on ``resources`` (not yet acquired: use it in ``with``/``async with``).
+        Several resources make one lock: all of them or none, on each master, in one round.
 
         ``auto_extend``: a watchdog renews the lease at a third of its TTL until released
         (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
@@ -112,7 +142,7 @@ class Redlock:
         noticed) when the lease is lost while held."""
         return Lock(
             self,
-            resource,
+            *resources,
             ttl=self.ttl if ttl is None else ttl,
             wait=self.wait if wait is None else wait,
             label=label,
@@ -122,6 +152,32 @@ class Redlock:
             reentrant=reentrant,
             on_lost=on_lost,
         )
+
+    def locked(self, *resources: str, **options: Any) -> Callable[[F], F]:
+        """A decorator: run the function holding ``lock(*resources, **options)``, each
+        resource formatted from the call's arguments (``"report:{user_id}"``); sync or async."""
+        return locking(lambda: self, resources, options)
+
+    def holder(self, resource: str) -> Holder | None:
+        """Who holds ``resource`` now, as a quorum of masters says (one round); None if no
+        one holds it on a quorum."""
+        return holder_of(
+            self, resource, fan_out(self.nodes, self._get(resource), self.node_timeout)
+        )
+
+    async def aholder(self, resource: str) -> Holder | None:
+        replies = await afan_out(self.nodes, self._get(resource), self.node_timeout)
+        return holder_of(self, resource, replies)
+
+    def is_locked(self, resource: str) -> bool:
+        """Whether anyone holds ``resource`` on a quorum of masters (one round)."""
+        return self.holder(resource) is not None
+
+    async def ais_locked(self, resource: str) -> bool:
+        return await self.aholder(resource) is not None
+
+    def _get(self, resource: str) -> tuple[str, str]:
+        return ("GET", self.lock_key(protocol.check_resource(resource)))
 
     def lock_key(self, resource: str) -> str:
         return f"{self.key_prefix}lock:{resource}"

@@ -32,19 +32,46 @@ class Script:
 # on different masters may disagree on the order now and then: that only means two waiters wake
 # instead of one. Safety never depends on them; the quorum SET decides.
 
+# Shared by the release scripts: wake the waiter at the head of ``queue`` alone: PUBLISH
+# "<ARGV[3] digest> <waiter id>" to its process's inbox (ARGV[4] .. its inbox id), so that no one
+# else hears it. If no one hears it, that process is gone: the next waiter is tried. Returns the
+# number of subscribers notified.
+_WAKE = """
+local function wake(queue)
+    local now_ms = nil
+    while true do
+        local head = redis.call('zpopmin', queue)
+        if head[1] == nil then
+            return 0
+        end
+        if now_ms == nil then  -- only when someone is queued: the uncontended release stays cheap
+            local now = redis.call('time')
+            now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+        end
+        if tonumber(head[2]) > now_ms then
+            local inbox = ARGV[4] .. string.match(head[1], '^[^.]*')
+            local heard = redis.call('publish', inbox, ARGV[3] .. ' ' .. head[1])
+            if heard > 0 then
+                return heard
+            end
+        end
+    end
+end
+"""
+
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value (token + owner);
 # ARGV[2] '1' to wake the next waiter, or '' to undo a failed attempt quietly (it freed nothing
 # anyone was waiting for); ARGV[3] the notice: a digest of the lease (never the token); ARGV[4]
 # the prefix of the processes' inbox channels; ARGV[5] the id the holder had queued under as a
 # waiter, or '': removed first, on every master (where its SET lost, it is still queued).
-# Deletes the key only if it still holds our value, then wakes the waiter at the head of the queue
-# alone: PUBLISH "<digest> <waiter id>" to its process's inbox, so that no one else hears it. If no
-# one hears it, that process is gone: the next waiter is tried. Returns 0 if the key was not ours,
-# else 1 + the number of subscribers notified (so the releaser learns that it woke someone, and can
-# let it go first). Also serves the admin's force release, with the exact value it showed.
+# Deletes the key only if it still holds our value, then wakes the waiter at the head of the queue.
+# Returns 0 if the key was not ours, else 1 + the number of subscribers notified (so the releaser
+# learns that it woke someone, and can let it go first). Also serves the admin's force release,
+# with the exact value it showed.
 RELEASE = Script(
     "release",
-    """
+    _WAKE
+    + """
 if ARGV[5] ~= '' then
     redis.call('zrem', KEYS[2], ARGV[5])
 end
@@ -55,24 +82,73 @@ redis.call('del', KEYS[1])
 if ARGV[2] == '' then
     return 1
 end
-local now_ms = nil
-while true do
-    local head = redis.call('zpopmin', KEYS[2])
-    if head[1] == nil then
-        return 1
+return 1 + wake(KEYS[2])
+""",
+)
+
+# A lock over several resources. KEYS[1..n] its lock keys, KEYS[n+1..2n] their waiter queues;
+# ARGV as for RELEASE. Deletes each key that still holds our value and wakes the head waiter of
+# its queue. Returns how many of the n keys were ours (the master confirms the release iff n).
+MULTI_RELEASE = Script(
+    "multi_release",
+    _WAKE
+    + """
+local n = #KEYS / 2
+local ours = 0
+for i = 1, n do
+    if ARGV[5] ~= '' then
+        redis.call('zrem', KEYS[n + i], ARGV[5])
     end
-    if now_ms == nil then  -- only when someone is queued: the uncontended release stays cheap
-        local now = redis.call('time')
-        now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    end
-    if tonumber(head[2]) > now_ms then
-        local inbox = ARGV[4] .. string.match(head[1], '^[^.]*')
-        local heard = redis.call('publish', inbox, ARGV[3] .. ' ' .. head[1])
-        if heard > 0 then
-            return 1 + heard
+    if redis.call('get', KEYS[i]) == ARGV[1] then
+        redis.call('del', KEYS[i])
+        ours = ours + 1
+        if ARGV[2] ~= '' then
+            wake(KEYS[n + i])
         end
     end
 end
+return ours
+""",
+)
+
+# A lock over several resources, all or none on this master. KEYS the lock keys; ARGV[1] our full
+# value; ARGV[2] TTL in milliseconds. Sets every key iff none exists. Returns 1 if set, else
+# {0, the longest PTTL among the keys that exist} (-1 if one never expires).
+MULTI_ACQUIRE = Script(
+    "multi_acquire",
+    """
+local blocked = false
+local longest = -1
+for _, key in ipairs(KEYS) do
+    local ttl = redis.call('pttl', key)
+    if ttl ~= -2 then
+        blocked = true
+        if ttl > longest then
+            longest = ttl
+        end
+    end
+end
+if blocked then
+    return {0, longest}
+end
+for _, key in ipairs(KEYS) do
+    redis.call('set', key, ARGV[1], 'PX', ARGV[2])
+end
+return 1
+""",
+)
+
+# KEYS the lock keys (one or several); ARGV[1] our full value. Returns 1 iff every key still holds
+# our value (the lock is still ours on this master), else 0. Changes nothing.
+HOLDS = Script(
+    "holds",
+    """
+for _, key in ipairs(KEYS) do
+    if redis.call('get', key) ~= ARGV[1] then
+        return 0
+    end
+end
+return 1
 """,
 )
 
@@ -100,16 +176,21 @@ return {0, redis.call('pttl', KEYS[1])}
 """,
 )
 
-# KEYS[1] lock key; ARGV[1] our full value; ARGV[2] new TTL in milliseconds.
-# Resets the TTL only if the key still holds our value: an expired lock is never re-created here.
-# Returns 1 if extended, else 0.
+# KEYS the lock keys (one or several); ARGV[1] our full value; ARGV[2] new TTL in milliseconds.
+# Resets every key's TTL only if each still holds our value: an expired lock is never re-created
+# here. Returns 1 if extended, else 0.
 EXTEND = Script(
     "extend",
     """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('pexpire', KEYS[1], ARGV[2])
+for _, key in ipairs(KEYS) do
+    if redis.call('get', key) ~= ARGV[1] then
+        return 0
+    end
 end
-return 0
+for _, key in ipairs(KEYS) do
+    redis.call('pexpire', key, ARGV[2])
+end
+return 1
 """,
 )
 
@@ -129,4 +210,4 @@ return current
 """,
 )
 
-ALL = (RELEASE, ACQUIRE_WAITING, EXTEND, FENCE_RAISE)
+ALL = (RELEASE, MULTI_RELEASE, ACQUIRE_WAITING, MULTI_ACQUIRE, EXTEND, HOLDS, FENCE_RAISE)

@@ -52,3 +52,21 @@ def make_value(label: str | None, ttl: float) -> str:
         _OWNER_JSON[who] = owner_json
     since = f"{time.time():.3f}"  # wall clock, for display only
     return f'{secrets.token_hex(16)}:{owner_json},"since":{since}}}'
+
+
+#: The owner JSON is read back only up to this size (a hostile or foreign value is not parsed).
+MAX_OWNER_BYTES = 4096
+
+
+def owner_of(value: bytes | str) -> dict[str, object] | None:
+    """The owner part of a lock value as a dict, or None if the value is not one of ours (no
+    token, not JSON, too large, too deep, not an object)."""
+    raw = value.encode() if isinstance(value, str) else value
+    token, sep, owner = raw.partition(b":")
+    if not sep or len(token) != 32 or len(owner) > MAX_OWNER_BYTES:
+        return None
+    try:
+        parsed = json.loads(owner)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None

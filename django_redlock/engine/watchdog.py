@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 
-from . import procedures
+from . import holding
 from .drivers import run
 from .errors import LockLost
 from .events import logger
@@ -32,28 +32,38 @@ from .steps import Masters
 #: Renew when this fraction of the TTL has passed since the last renewal.
 RENEW_AT = 1 / 3
 
+#: Leases falling due within this much of each other are looked at in one wake-up (a renewal at a
+#: third of the TTL, or an expiry notice, does not need better than that).
+SLACK = 0.005
+
+#: One scheduled look at a lease: (when, order, lease, renew it?, max_extensions, max_hold).
+Entry = tuple[float, int, weakref.ref[Lease], bool, int | None, float | None]
+
 
 class Watchdog:
+    """One thread per process: renews auto-extended leases, and tells when any other lease
+    runs out unreleased (its ``on_lost`` and the ``lost`` event fire then, not only when
+    something touches the lock)."""
+
     def __init__(self) -> None:
         self._reset()
         os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
         self._cond = threading.Condition()
-        self._due: list[tuple[float, int, weakref.ref[Lease], int | None, float | None]] = []
+        self._due: list[Entry] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
 
     def watch(self, lease: Lease, max_extensions: int | None, max_hold: float | None) -> None:
         """Renew ``lease`` until released, lost, dropped, or a cap is reached."""
-        with self._cond:
-            self._push(time.monotonic() + lease.ttl * RENEW_AT, lease, max_extensions, max_hold)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="redlock-watchdog", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+        self._schedule(
+            time.monotonic() + lease.ttl * RENEW_AT, lease, True, max_extensions, max_hold
+        )
+
+    def watch_expiry(self, lease: Lease) -> None:
+        """Mark ``lease`` lost (and tell) when it runs out, unless released before."""
+        self._schedule(lease.valid_until, lease, False, None, None)
 
     @property
     def watching(self) -> int:
@@ -61,26 +71,49 @@ class Watchdog:
         with self._cond:
             return len(self._due)
 
-    def _push(
-        self, when: float, lease: Lease, max_extensions: int | None, max_hold: float | None
+    def _schedule(
+        self,
+        when: float,
+        lease: Lease,
+        renew: bool,
+        max_extensions: int | None,
+        max_hold: float | None,
     ) -> None:
-        entry = (when, next(self._order), weakref.ref(lease), max_extensions, max_hold)
-        heapq.heappush(self._due, entry)
+        entry = (when, next(self._order), weakref.ref(lease), renew, max_extensions, max_hold)
+        with self._cond:
+            heapq.heappush(self._due, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="redlock-watchdog", daemon=True
+                )
+                self._thread.start()
+            if self._due[0] is entry:  # earlier than what the thread sleeps for
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._due or self._due[0][0] > time.monotonic():
-                    timeout = self._due[0][0] - time.monotonic() if self._due else None
+                    timeout = self._due[0][0] - time.monotonic() + SLACK if self._due else None
                     self._cond.wait(timeout)
-                _, _, ref, max_extensions, max_hold = heapq.heappop(self._due)
-            lease = ref()
-            if lease is None or lease.released or lease.lost:
-                continue
-            next_at = self._renew(lease, max_extensions, max_hold)
-            if next_at is not None:
-                with self._cond:
-                    self._push(next_at, lease, max_extensions, max_hold)
+                now = time.monotonic()
+                entries = []
+                while self._due and self._due[0][0] <= now + SLACK:
+                    entries.append(heapq.heappop(self._due))
+            for _, _, ref, renew, max_extensions, max_hold in entries:
+                lease = ref()
+                if lease is None or lease.released or lease.lost:
+                    continue
+                if not renew:
+                    self._expire(lease)
+                    continue
+                next_at = self._renew(lease, max_extensions, max_hold)
+                if next_at is not None:
+                    self._schedule(next_at, lease, True, max_extensions, max_hold)
+
+    def _expire(self, lease: Lease) -> None:
+        if not lease.check_lost():  # extended meanwhile (by hand): look again when it runs out
+            self._schedule(lease.valid_until, lease, False, None, None)
 
     def _renew(
         self, lease: Lease, max_extensions: int | None, max_hold: float | None
@@ -95,9 +128,11 @@ class Watchdog:
         )
         if capped:
             # Stop renewing; look again when the lease runs out, to report it lost at once.
-            return lease.valid_until if not lease.check_lost() else None
+            if not lease.check_lost():
+                self.watch_expiry(lease)
+            return None
         try:
-            validity = run(masters, procedures.extend(masters, lease, once=True))
+            validity = run(masters, holding.extend(masters, lease, once=True))
         except LockLost:
             return None  # marked lost (event and on_lost fired) by the extend procedure
         except Exception:  # noqa: BLE001 (the watchdog must outlive any one lease's bug)

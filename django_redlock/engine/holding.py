@@ -1,0 +1,154 @@
+"""What a holder does with its lease, each written once as a procedure (see ``procedures``):
+renew it (``extend``), ask the masters whether it is still ours (``holds``), give it back
+(``release``, which tells the truth when it could not), and read its fencing tokens (``fence``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from . import protocol, scripts
+from .errors import LockLost, NodeFailure, QuorumUnavailable
+from .leases import Lease
+from .procedures import COURTESY, JITTER, release_round, tally
+from .rounds import Reply
+from .steps import Masters, Pause, Procedure, Round, failures
+
+
+def extend(
+    masters: Masters, lease: Lease, *, once: bool, ttl: float | None = None
+) -> Procedure[float]:
+    """Renew ``lease`` for ``ttl`` seconds (its own TTL if None; a new one becomes its TTL).
+    With ``once``, a single round: returns the new validity, or 0.0 when this round failed but
+    the lease is still valid (the watchdog tries again)."""
+    ttl = lease.ttl if ttl is None else ttl
+    ttl_ms = int(ttl * 1000)
+    while True:
+        start = time.monotonic()
+        if lease.check_lost():
+            raise LockLost(lease.resource, lease.lost_message())
+        replies: list[Reply] = yield Round(
+            scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)), scripts.EXTEND
+        )
+        if lease.released:
+            return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
+        result = tally(masters, replies, ttl, start)
+        # Counts only if a quorum renewed it *before* the old lease ran out: after that,
+        # someone else may have held the lock in between, and renewing would hide it.
+        if result.won and time.monotonic() < lease.valid_until:
+            lease.valid_until = start + ttl - protocol.drift(ttl, masters.drift_factor)
+            lease.ttl = ttl
+            lease.extensions += 1
+            lease.note_failures(failures(masters, replies), "extend")
+            return lease.validity
+        if result.lost:
+            raise lease.mark_lost(
+                f"lock {lease.resource!r} is gone from {result.denied} of {result.total} "
+                f"masters: it expired or was released by force",
+                gone(masters, replies),
+            )
+        delay = protocol.retry_delay(masters.retry_delay, JITTER)
+        if time.monotonic() + delay >= lease.valid_until:
+            raise lease.mark_lost(
+                f"could not renew lock {lease.resource!r} on a quorum before its lease ran out",
+                gone(masters, replies),
+            )
+        if once:
+            return 0.0
+        yield Pause(delay)
+
+
+def holds(masters: Masters, lease: Lease) -> Procedure[bool]:
+    """Whether a quorum of masters still holds our value (every key of it), within the lease's
+    validity. Marks the lease lost when so many say it is gone that no quorum can hold it."""
+    start = time.monotonic()
+    if lease.released or lease.check_lost():
+        return False
+    replies: list[Reply] = yield Round(
+        scripts.HOLDS.evalsha(lease.keys, (lease.value,)), scripts.HOLDS
+    )
+    result = tally(masters, replies, lease.ttl, start)
+    if result.lost:
+        lease.mark_lost(
+            f"lock {lease.resource!r} is gone from {result.denied} of {result.total} masters: "
+            f"it expired or was released by force",
+            gone(masters, replies),
+        )
+        return False
+    return result.granted >= masters.quorum and not lease.check_lost()
+
+
+def release(masters: Masters, lease: Lease) -> Procedure[None]:
+    """Compare-and-delete on every master and wake the next waiter in each resource's queue.
+    Raises ``LockLost`` (after still removing our lease wherever it is ours) unless a quorum
+    confirmed that it removed *our* lease: it had run out, was released by force, or too few
+    masters answered."""
+    round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    try:
+        replies: list[Reply] = yield round_
+    except BaseException:
+        # Interrupted (a cancelled task): finish the release, shielded, before letting the
+        # interruption through, so that a cancellation never leaves the lock held.
+        yield Round(round_.command, round_.script, cleanup=True)
+        raise
+    several = len(lease.keys)
+    if several > 1:
+        confirmed = sum(r == several for r in replies)
+    else:
+        confirmed = sum(isinstance(r, int) and r >= 1 for r in replies)
+        woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
+        if woken > 0:
+            masters.give_way(lease.resource, COURTESY)
+    if confirmed < masters.quorum:
+        if time.monotonic() >= lease.valid_until:
+            message = lease.lost_message()
+        else:
+            message = (
+                f"lock {lease.resource!r} was not released by a quorum: {confirmed} of "
+                f"{len(replies)} masters still held our lease ({masters.quorum} needed); it was "
+                f"released by force, lost by a master, or too few masters answered"
+            )
+        raise lease.mark_lost(message, gone(masters, replies, several=several))
+    lease.note_failures(failures(masters, replies), "release")
+
+
+def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
+    """The lease's fencing token for ``resource``: a quorum's counters, max + 1, written back
+    to a quorum before use (a majority max-register), so that any later reading quorum sees
+    it."""
+    token = lease.fences.get(resource)
+    if token is not None:
+        return token
+    fence_key = masters.fence_key(resource)
+    replies: list[Reply] = yield Round(("GET", fence_key))
+    counters = [None if isinstance(r, NodeFailure) else int(r or 0) for r in replies]  # type: ignore[call-overload]
+    token = protocol.fence_merge(counters, len(masters.nodes))
+    if token is None:
+        raise fence_unavailable(masters, lease, replies)
+    replies = yield Round(scripts.FENCE_RAISE.evalsha((fence_key,), (token,)), scripts.FENCE_RAISE)
+    if sum(not isinstance(r, NodeFailure) for r in replies) < masters.quorum:
+        raise fence_unavailable(masters, lease, replies)
+    if lease.check_lost():
+        raise LockLost(lease.resource, lease.lost_message())
+    lease.fences[resource] = token
+    return token
+
+
+def fence_unavailable(masters: Masters, lease: Lease, replies: list[Reply]) -> QuorumUnavailable:
+    return QuorumUnavailable(
+        lease.resource,
+        f"lock {lease.resource!r}: no quorum of masters answered for its fencing token",
+        failures(masters, replies),
+    )
+
+
+def gone(masters: Masters, replies: Sequence[Reply], *, several: int = 1) -> list[NodeFailure]:
+    """Per master, for a lost lease: which said our token is gone, which failed."""
+    out = []
+    for node, reply in zip(masters.nodes, replies, strict=True):
+        if isinstance(reply, NodeFailure):
+            out.append(reply)
+        elif reply == 0 or (several > 1 and reply != several):
+            out.append(NodeFailure(node.label, "gone"))
+    return out
