@@ -87,6 +87,7 @@ def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, 
             "page_size": found.page_size,
             "unread_masters": [str(f) for f in found.failures],
             "items": [_lock_json(lock) for lock in found.locks],
+            "unreadable": [asdict(key) for key in found.unreadable],
         },
     }
 
@@ -117,6 +118,12 @@ def render(status: Health, found: Inventory, warnings: list[str]) -> str:
             + ["STALE COPIES"],
             [_lock_row(lock) for lock in found.locks],
         )
+    if found.unreadable:
+        lines += ["", f"Unreadable keys under the lock prefix: {len(found.unreadable)}"]
+        lines += [
+            f"  - {key.resource} on {key.node}: {key.kind}, {key.size_text}: {key.reason}"
+            for key in found.unreadable
+        ]
     return "\n".join(lines)
 
 
