@@ -99,10 +99,16 @@ class UnreadableKey:
         return f"{self.size} {'bytes' if self.kind == 'string' else 'elements'}"
 
 
+#: What a lock's copies say about it. HELD: a quorum of masters has the holder's copy. UNKNOWN:
+#: not a quorum among the masters read, but the masters that could not be read could make one;
+#: nothing is called stale then. STALE: no quorum even if every unread master had a copy.
+HELD, UNKNOWN, STALE = "held", "unknown", "stale"
+
+
 @dataclass(frozen=True)
 class HeldLock:
-    """One resource across all masters. The holder is the token found on the most masters;
-    copies with other tokens, or all copies when the holder is below quorum, are stale."""
+    """One resource across all masters. The holder is the token found on the most masters; when
+    it is HELD, copies with other tokens are stale; when STALE, every copy is."""
 
     resource: str
     node_count: int
@@ -110,6 +116,7 @@ class HeldLock:
     fingerprint: str
     owner: Owner
     held_on: int
+    unread: int  # masters that could not be read: held_on is a lower bound
     min_ttl: float | None
     max_ttl: float | None
     validity: float  # estimate: seconds until fewer than a quorum of the holder's copies remain
@@ -122,6 +129,12 @@ class HeldLock:
         return self.held_on >= self.quorum
 
     @property
+    def state(self) -> str:
+        if self.has_quorum:
+            return HELD
+        return UNKNOWN if self.held_on + self.unread >= self.quorum else STALE
+
+    @property
     def acquired_at(self) -> float | None:
         return self.owner.since
 
@@ -131,6 +144,7 @@ def summarize(
     copies: Sequence[Copy],
     *,
     node_count: int,
+    unread: int = 0,
     fence: int | None,
     drift_factor: float,
 ) -> HeldLock:
@@ -154,7 +168,12 @@ def summarize(
         validity = max(0.0, kth - protocol.drift(lease, drift_factor))
         if math.isinf(validity):
             validity = 0.0  # keys without expiry are not ours; claim no validity for them
-    stale = tuple(c for c in copies if c.fingerprint != holder or len(mine) < quorum)
+    if len(mine) >= quorum:
+        stale = tuple(c for c in copies if c.fingerprint != holder)
+    elif len(mine) + unread >= quorum:
+        stale = ()  # the unread masters may hold the rest of a live quorum: we cannot tell
+    else:
+        stale = tuple(copies)
     return HeldLock(
         resource=resource,
         node_count=node_count,
@@ -162,6 +181,7 @@ def summarize(
         fingerprint=holder,
         owner=owner,
         held_on=len(mine),
+        unread=unread,
         min_ttl=min(ttls) if ttls else None,
         max_ttl=max(ttls) if ttls else None,
         validity=validity,
@@ -316,6 +336,7 @@ def _read(
                     resource,
                     copies,
                     node_count=len(redlock.nodes),
+                    unread=len(failures),
                     fence=max(fences) if fences else None,
                     drift_factor=redlock.drift_factor,
                 )

@@ -153,10 +153,12 @@ def _log(request: HttpRequest, result: inventory.ForceRelease) -> None:
 
 
 def _shared_warnings(status: health.Health) -> list[str]:
-    """Warnings every master has (the same setting everywhere): said once, under the table."""
-    if len(status.nodes) < 2 or not all(n.reachable for n in status.nodes):
+    """Warnings every reachable master has (the same setting everywhere): said once, under the
+    table, also while some master is down."""
+    reachable = [n for n in status.nodes if n.reachable]
+    if len(reachable) < 2:
         return []
-    first, *others = status.nodes
+    first, *others = reachable
     return [w for w in first.warnings if all(w in n.warnings for n in others)]
 
 

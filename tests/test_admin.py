@@ -137,7 +137,9 @@ def test_view_permission_alone_cannot_release(viewer, engine):
     with engine.lock("r") as lock:
         response = viewer.get(release_query("r", inventory.inspect(engine, "r").fingerprint))
         assert response.status_code == 403
-        response = viewer.post(RELEASE_URL, {"ref": views.resource_ref("r"), "fingerprint": "0123abcd"})
+        response = viewer.post(
+            RELEASE_URL, {"ref": views.resource_ref("r"), "fingerprint": "0123abcd"}
+        )
         assert response.status_code == 403
         assert lock.held
 
@@ -258,3 +260,22 @@ def test_the_admin_has_no_add_change_or_delete_views(client, django_user_model, 
     assert client.get(LIST_URL).status_code == 200
     for url in (f"{LIST_URL}add/", f"{LIST_URL}1/change/", f"{LIST_URL}1/delete/"):
         assert client.get(url).status_code == 404
+
+
+def test_verdicts_and_unknown_copies_on_the_page(viewer, settings, fresh_masters):
+    """The page says OK / DEGRADED / NO QUORUM as the status command does, calls copies on
+    masters it could not read unknown (never stale), and says a shared warning once."""
+    masters = fresh_masters(5)
+    settings.REDLOCK = {"NODES": [m.url for m in masters]}
+    conf.get_redlock().lock("invoice:42", ttl=60).acquire()  # left to expire
+    verdicts = []
+    for master in masters[:3]:
+        master.kill()
+        html = viewer.get(LIST_URL).content.decode()
+        verdicts.append(re.search(r'data-verdict="([^"]+)"', html).group(1))
+        assert html.count("appendonly=no") == 1  # one line for every reachable master
+    assert verdicts == ["OK", "DEGRADED", "NO QUORUM"]
+    assert "2/5 read; 3 masters unread: unknown" in html
+    assert "redlock-state-unknown" in html
+    assert "redlock-state-stale" not in html
+    assert "below quorum" not in html

@@ -96,7 +96,8 @@ def test_redlock_status_gives_its_verdict_in_text_and_json(hostile):
     text = out.getvalue()
     assert "quorum 3: OK" in text
     assert f"Unreadable keys under the lock prefix: {len(HOSTILE) + 1}" in text
-    assert "\x1b" not in text and "\r" not in text
+    assert "\x1b" not in text
+    assert "\r" not in text
     out = StringIO()
     call_command("redlock_status", "--json", stdout=out)
     data = json.loads(out.getvalue())
