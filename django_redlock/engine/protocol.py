@@ -17,6 +17,15 @@ from enum import Enum
 #: layer hashes longer ones (see ``bounded_resource``).
 MAX_RESOURCE_LENGTH = 512
 
+#: Longest ``ttl``, ``wait`` or other duration we accept: one year. Redis takes PX up to a signed
+#: 64-bit count of milliseconds from now, but a lease or a wait longer than a year is a bug, not a
+#: lock (use ``auto_extend`` for long work); and a bound far below Redis' keeps every deadline we
+#: compute an exact float.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+#: Longest label: it is stored in every master's copy of the lock value and shown to operators.
+MAX_LABEL_LENGTH = 200
+
 #: Fixed part of the drift allowance: covers Redis' own expiry granularity (1 ms) and rounding.
 DRIFT_FLOOR = 0.002
 
@@ -148,6 +157,8 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:.0f} seconds (a year), got {value}")
     return seconds
 
 
@@ -159,8 +170,24 @@ def check_ttl(value: object) -> float:
     return ttl
 
 
+def check_node_timeout(
+    node_timeout: float, ttl: float, *, names: tuple[str, str] = ("node_timeout", "ttl")
+) -> float:
+    """``node_timeout`` small next to ``ttl`` (below half of it), or ``ValueError``: a round
+    that may take longer than half the lease leaves too little of it even when it succeeds, and
+    one slow master would eat the whole lease."""
+    if node_timeout >= ttl / 2:
+        raise ValueError(
+            f"{names[0]} ({node_timeout!r}s) is not small next to {names[1]} ({ttl!r}s): one "
+            f"slow master would eat the whole lease"
+        )
+    return node_timeout
+
+
 def check_resource(value: object) -> str:
-    """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters."""
+    """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters that
+    can be written as UTF-8 (no lone surrogate). Control characters are allowed (a name may come
+    from a URL): every operator output escapes them."""
     if not isinstance(value, str):
         raise ValueError(f"resource must be a str, got {type(value).__name__} {value!r}")
     if not value:
@@ -170,4 +197,30 @@ def check_resource(value: object) -> str:
             f"resource is {len(value)} characters long, more than {MAX_RESOURCE_LENGTH}: "
             f"{value[:40]!r}...; hash long names (django_redlock.keys.bounded_resource does)"
         )
+    return _check_utf8("resource", value)
+
+
+def check_label(value: object) -> str | None:
+    """A lock's label: None, or a non-empty ``str`` of at most ``MAX_LABEL_LENGTH`` characters
+    that can be written as UTF-8."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"label must be a non-empty str, got {value!r}")
+    if len(value) > MAX_LABEL_LENGTH:
+        raise ValueError(
+            f"label is {len(value)} characters long, more than {MAX_LABEL_LENGTH}: "
+            f"{value[:40]!r}... (it is stored in every master's copy of the lock)"
+        )
+    return _check_utf8("label", value)
+
+
+def _check_utf8(name: str, value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} has a lone surrogate at position {exc.start} ({value[exc.start]!r}), which "
+            f"cannot be written to Redis: {value[:40]!r}"
+        ) from None
     return value
