@@ -7,6 +7,7 @@ and fails under CI (the CI environment variable set), where they are installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission
 
-from django_redlock import conf, inventory
+from django_redlock import LockLost, conf, inventory
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -107,7 +108,7 @@ def test_held_locks_page_in_a_real_browser(
                 page.click("input[type=submit]")
                 page.wait_for_url(f"{live_server.url}{PAGE}")
                 expect(page.locator("#redlock-quorum")).to_have_text(
-                    "5 of 5 masters reachable, quorum 3: OK"
+                    "5 of 5 masters reachable, quorum 3: OK (can lose 2 more masters)"
                 )
                 node_rows = page.locator("#redlock-nodes tr.redlock-node")
                 expect(node_rows).to_have_count(5)
@@ -147,3 +148,47 @@ def test_held_locks_page_in_a_real_browser(
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank image
     ARTIFACT.parent.mkdir(exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
+
+
+def test_a_name_with_a_newline_and_escapes_is_force_released_from_a_real_browser(
+    live_server, admin_user, redlock_settings
+):
+    """A browser sends a form's newline as CR LF: with the name itself in the form, the POST
+    named another resource and released nothing. The form carries an opaque reference instead."""
+    require_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    engine = conf.get_redlock()
+    resource = "order:\nevil\r\x1b[2J\tend"
+    lock = engine.lock(resource, ttl=60, label="line\nbreak").acquire()
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+            )
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(15_000)
+                page.goto(f"{live_server.url}/admin/login/?next={PAGE}")
+                page.fill("#id_username", "admin")
+                page.fill("#id_password", "password")  # pytest-django's admin_user
+                page.click("input[type=submit]")
+                page.wait_for_url(f"{live_server.url}{PAGE}")
+                row = page.locator("tr.redlock-lock")
+                expect(row).to_have_count(1)
+                shown = row.locator("th.redlock-resource").inner_text()
+                row.get_by_text("Force release").click()
+                expect(page.locator("#redlock-holder")).to_contain_text("line\\nbreak")
+                page.click("#redlock-release-form input[type=submit]")
+                page.wait_for_url(f"{live_server.url}{PAGE}")
+                message = page.locator(".messagelist").inner_text()
+                left = page.locator("tr.redlock-lock").count()
+            finally:
+                browser.close()
+    finally:
+        with contextlib.suppress(LockLost):  # the holder finds its lease gone, as it should
+            lock.release()
+    assert shown == "order:\\nevil\\r\\x1b[2J\\tend"  # escaped on the page, never raw
+    assert "released on 5 of 5 masters" in message
+    assert left == 0
+    assert inventory.inspect(engine, resource) is None
