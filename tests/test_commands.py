@@ -302,3 +302,31 @@ def test_subprocess_exits_70_with_a_report_when_the_lock_is_lost(
     assert "WARNING: nightly_report: lost lock 'command:nightly_report'" in err
     assert "nightly_report finished after" in err
     assert "nightly report: done" in out
+
+
+@pytest.mark.parametrize(
+    ("nodes", "check_id"), [("", "django_redlock.E001"), ("not a url", "django_redlock.E003")]
+)
+@pytest.mark.parametrize(
+    "command", [["nightly_report", "--seconds", "0"], ["redlock_run", "--", "check"]]
+)
+def test_a_guarded_command_with_bad_settings_says_the_check_message(
+    tmp_path, nodes, check_id, command
+):
+    """As a plain command does: the system-check message and exit status 1, no traceback (the
+    mixin takes its lock before Django would run the checks)."""
+    env = {**os.environ, "REDLOCK_NODES": nodes, "REDLOCK_DEMO_DIR": str(tmp_path)}
+    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "SystemCheckError: System check identified some issues" in result.stderr
+    assert f"({check_id})" in result.stderr
+    assert "Traceback" not in result.stderr
