@@ -19,7 +19,6 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .engine import Redlock, protocol
-from .engine.client import duplicate_masters
 from .engine.nodes import NodeSpec, check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
@@ -141,7 +140,10 @@ def _node_problems(nodes: object) -> list[Problem]:
             specs.append(node_spec(entry))
         except (ValueError, ImproperlyConfigured) as exc:
             found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
-    duplicates = duplicate_masters(specs)
+    # protocol's identity, not yet NodeSpec.identity: it knows the spellings of loopback.
+    duplicates = protocol.duplicate_servers(
+        [(spec.label, protocol.server_identity(spec.connection_kwargs)) for spec in specs]
+    )
     if duplicates:
         found.append(
             Problem(

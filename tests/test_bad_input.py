@@ -163,7 +163,14 @@ def test_engine_rejects_a_master_listed_twice(no_connection):
 
 @pytest.mark.parametrize(
     "spelling",
-    ["redis://127.0.0.1:{port}", "redis://127.0.0.1:{port}/", "redis://127.0.0.1:{port}/1"],
+    [
+        "redis://127.0.0.1:{port}",
+        "redis://127.0.0.1:{port}/",
+        "redis://127.0.0.1:{port}/1",
+        "redis://localhost:{port}/0",  # the loopback spellings: the engine needs the lead's
+        "redis://127.1:{port}/0",  # NodeSpec.identity -> protocol.server_identity
+        "redis://[::1]:{port}/0",
+    ],
 )
 def test_engine_rejects_one_master_spelled_two_ways(no_connection, spelling):
     """Was a bug: duplicates were found by URL text, so one redis-server named two ways (or with

@@ -16,6 +16,7 @@ from django.core.management import CommandError, call_command
 
 from django_redlock import conf
 from django_redlock.health import probe_all
+from django_redlock.testing.proxy import DelayProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,3 +227,20 @@ def test_paused_masters_cost_one_timeout_not_one_each(settings, fresh_masters):
     assert [n.reachable for n in health.nodes] == [False, False, False, True, True]
     assert not health.has_quorum
     assert elapsed < 1.4  # one after another would take at least 3 x 0.5 s
+
+
+def test_one_redis_server_behind_two_entries_is_an_error_and_votes_once(settings, fresh_masters):
+    """A name the check cannot see through (here a TCP proxy; in production a DNS alias) reaches
+    a server already listed: the run_id tells, and the verdict counts that server once."""
+    masters = fresh_masters(2)
+    with DelayProxy(masters[0].port) as alias:
+        settings.REDLOCK = {"NODES": [masters[0].url, masters[1].url, alias.url]}
+        code, text = status_and_exit("--wide")
+        data = json.loads(status_and_exit("--json")[1])
+    assert code == 1  # 2 real masters for a quorum of 2: DEGRADED, not OK
+    assert "2 of 3 masters reachable, quorum 2: DEGRADED" in text
+    assert "Errors:" in text
+    assert f"{masters[0].url} and {alias.url} are one redis-server" in text
+    assert data["verdict"] == "DEGRADED"
+    assert data["errors"] == [line for line in data["errors"] if "one redis-server" in line]
+    assert len(data["errors"]) == 1

@@ -7,11 +7,15 @@ these functions, so the two cannot drift apart, and property tests can check the
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
+import os.path
 import random
-from collections.abc import Sequence
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 #: Longest resource name we accept. Names built from request data must stay bounded; the Django
 #: layer hashes longer ones (see ``bounded_resource``).
@@ -224,3 +228,52 @@ def _check_utf8(name: str, value: str) -> str:
             f"cannot be written to Redis: {value[:40]!r}"
         ) from None
     return value
+
+
+# --- which redis-server a node is -----------------------------------------------------------------
+
+
+def server_identity(connection_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """Which redis-server a node's connection settings reach, as far as can be told without DNS:
+    host and port (or socket path), not the db number. Loopback is one host however it is
+    spelled (``localhost``, ``127.0.0.1``, ``127.1``, any 127.x.y.z, ``::1``, ``[::1]``,
+    ``::ffff:127.0.0.1``, ``0.0.0.0``); other names are compared as written."""
+    if "path" in connection_kwargs:
+        return ("unix", os.path.normpath(str(connection_kwargs["path"])))
+    host = str(connection_kwargs.get("host", "localhost"))
+    return (_host_identity(host), str(connection_kwargs.get("port", 6379)))
+
+
+def _host_identity(host: str) -> str:
+    name = host.strip().lower().rstrip(".").removeprefix("[").removesuffix("]")
+    if name == "localhost" or name.endswith(".localhost"):
+        return "loopback"
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        try:  # the short and numeric IPv4 forms the resolver accepts: 127.1, 2130706433, 0x7f.1
+            address = ipaddress.IPv4Address(socket.inet_aton(name))
+        except OSError:
+            return name  # a DNS name: compared as written
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    if address.is_loopback or address.is_unspecified:  # 0.0.0.0 and :: reach this host too
+        return "loopback"
+    return str(address)
+
+
+def duplicate_servers(nodes: Sequence[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The (label, identity) entries that name a redis-server already named, one line each:
+    such a server would vote twice, so a "quorum" could be fewer real masters."""
+    seen: dict[tuple[str, ...], str] = {}
+    out = []
+    for label, identity in nodes:
+        first = seen.get(identity)
+        if first == label:
+            out.append(label)
+        elif first is not None:
+            out.append(f"{label} (the same redis-server as {first})")
+        else:
+            seen[identity] = label
+    return out
