@@ -205,8 +205,11 @@ class LocalMaster:
 
 
 @contextlib.contextmanager
-def local_masters(count: int, workdir: Path | None = None) -> Iterator[list[LocalMaster]]:
-    """Start ``count`` masters; stop them (and remove their files) on exit."""
+def local_masters(
+    count: int, workdir: Path | None = None, *extra_args: str
+) -> Iterator[list[LocalMaster]]:
+    """Start ``count`` masters (``extra_args`` go to each redis-server, after ours: they win);
+    stop them (and remove their files) on exit."""
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
@@ -219,7 +222,7 @@ def local_masters(count: int, workdir: Path | None = None) -> Iterator[list[Loca
 
         for i in range(count):
             for attempt in range(5):  # a free port can be taken between probe and bind
-                master = LocalMaster(workdir / f"master{i}")
+                master = LocalMaster(workdir / f"master{i}", None, *extra_args)
                 try:
                     masters.append(master.start())
                     break
