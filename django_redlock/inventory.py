@@ -96,7 +96,8 @@ class UnreadableKey:
     def size_text(self) -> str:
         if self.size is None:
             return "size unknown"
-        return f"{self.size} {'bytes' if self.kind == 'string' else 'elements'}"
+        unit = "byte" if self.kind == "string" else "element"
+        return f"{self.size} {unit}{'' if self.size == 1 else 's'}"
 
 
 #: What a lock's copies say about it. HELD: a quorum of masters has the holder's copy. UNKNOWN:

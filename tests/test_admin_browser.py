@@ -161,21 +161,28 @@ def test_a_name_with_a_newline_and_escapes_is_force_released_from_a_real_browser
     engine = conf.get_redlock()
     resource = "order:\nevil\r\x1b[2J\tend"
     lock = engine.lock(resource, ttl=60, label="line\nbreak").acquire()
+    long_name = "report:" + "x" * 500  # must wrap, not push the actions off-screen
+    long_lock = engine.lock(long_name, ttl=60).acquire()
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
                 executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
             )
             try:
-                page = browser.new_page()
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.set_default_timeout(15_000)
                 page.goto(f"{live_server.url}/admin/login/?next={PAGE}")
                 page.fill("#id_username", "admin")
                 page.fill("#id_password", "password")  # pytest-django's admin_user
                 page.click("input[type=submit]")
                 page.wait_for_url(f"{live_server.url}{PAGE}")
-                row = page.locator("tr.redlock-lock")
-                expect(row).to_have_count(1)
+                expect(page.locator("tr.redlock-lock")).to_have_count(2)
+                action = page.locator("tr.redlock-lock", has_text="report:").get_by_text(
+                    "Force release"
+                )
+                box = action.bounding_box()
+                viewport = page.viewport_size
+                row = page.locator("tr.redlock-lock", has_text="order:")
                 shown = row.locator("th.redlock-resource").inner_text()
                 row.get_by_text("Force release").click()
                 expect(page.locator("#redlock-holder")).to_contain_text("line\\nbreak")
@@ -186,9 +193,13 @@ def test_a_name_with_a_newline_and_escapes_is_force_released_from_a_real_browser
             finally:
                 browser.close()
     finally:
+        long_lock.release()
         with contextlib.suppress(LockLost):  # the holder finds its lease gone, as it should
             lock.release()
     assert shown == "order:\\nevil\\r\\x1b[2J\\tend"  # escaped on the page, never raw
     assert "released on 5 of 5 masters" in message
-    assert left == 0
+    assert left == 1  # the long one
+    assert box is not None
+    assert viewport is not None
+    assert box["x"] + box["width"] <= viewport["width"]  # the action is on screen
     assert inventory.inspect(engine, resource) is None

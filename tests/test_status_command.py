@@ -244,3 +244,26 @@ def test_one_redis_server_behind_two_entries_is_an_error_and_votes_once(settings
     assert data["verdict"] == "DEGRADED"
     assert data["errors"] == [line for line in data["errors"] if "one redis-server" in line]
     assert len(data["errors"]) == 1
+
+
+def test_fits_in_100_columns_and_says_a_shared_warning_once(settings, fresh_masters):
+    """Was: lines of 247-289 columns, and the persistence warning once per master when one was
+    down. --wide keeps the full table for those who want it."""
+    masters = fresh_masters(5)
+    configure(settings, masters)
+    engine = conf.get_redlock()
+    names = ["invoice:42", "report:" + "x" * 150, "seat:\x1b[31mred\r"]
+    held = [engine.lock(names[0], ttl=30, label="a label of some length, for the owner").acquire()]
+    held += [engine.lock(n, ttl=30).acquire() for n in names[1:]]
+    masters[4].kill()
+    code, text = status_and_exit("--timeout", "0.3")
+    wide = status_and_exit("--wide", "--timeout", "0.3")[1]
+    for lock in held:
+        lock.release()
+    assert code == 0
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert max(len(line) for line in wide.splitlines()) > 100
+    assert text.count("appendonly=no") == 1
+    assert "every reachable master: persistence appendonly=no" in text
+    assert "seat:\\x1b[31mred\\r" in text
+    assert "\x1b" not in text
