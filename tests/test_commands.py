@@ -29,6 +29,7 @@ from django_redlock.commands import (
 )
 from django_redlock.conf import get_redlock
 from django_redlock.testing.masters import LocalMaster
+from tests.conftest import manage_py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -315,17 +316,7 @@ def test_a_guarded_command_with_bad_settings_says_the_check_message(
 ):
     """As a plain command does: the system-check message and exit status 1, no traceback (the
     mixin takes its lock before Django would run the checks)."""
-    env = {**os.environ, "REDLOCK_NODES": nodes, "REDLOCK_DEMO_DIR": str(tmp_path)}
-    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
-    result = subprocess.run(  # noqa: S603
-        [sys.executable, "manage.py", *command],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = manage_py(*command, env={"REDLOCK_NODES": nodes, "REDLOCK_DEMO_DIR": str(tmp_path)})
     assert result.returncode == 1
     assert "SystemCheckError: System check identified some issues" in result.stderr
     assert f"({check_id})" in result.stderr

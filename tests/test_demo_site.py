@@ -27,7 +27,7 @@ from django.test import Client
 
 from testproject.shop.models import Account, Show, Ticket
 from testproject.shop.views import DEMO_ACCOUNTS, ensure_accounts, ensure_shows
-from tests.test_admin_browser import CHROMIUM, CHROMIUM_ARGS, require_browser
+from tests.test_admin_browser import browser_page
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -273,28 +273,17 @@ def test_the_money_page_says_what_each_run_did_in_a_real_browser(
 ) -> None:
     """Was: after an unlocked run broke the total, a locked run that changed nothing still looked
     red. Each run now gets a line with the total before and after it, green when unchanged."""
-    require_browser()
-    from playwright.sync_api import expect, sync_playwright
-
     ensure_accounts()
     Account.objects.filter(name="alice").update(balance=990)  # as an unlocked run might leave it
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{live_server.url}/")
-            page.get_by_text("20 concurrent transfers, locked").click()
-            run = page.locator("#runs li").first
-            expect(run).to_have_text(
-                "locked: 20 of 20 transfers, total 2990 \u2192 2990 (unchanged)"
-            )
-            run_class = run.get_attribute("class")
-            total_class = page.locator("#total").get_attribute("class")
-        finally:
-            browser.close()
+    with browser_page() as page:
+        from playwright.sync_api import expect  # installed: browser_page checked
+
+        page.goto(f"{live_server.url}/")
+        page.get_by_text("20 concurrent transfers, locked").click()
+        run = page.locator("#runs li").first
+        expect(run).to_have_text("locked: 20 of 20 transfers, total 2990 \u2192 2990 (unchanged)")
+        run_class = run.get_attribute("class")
+        total_class = page.locator("#total").get_attribute("class")
     assert (run_class, total_class) == ("good", "bad")  # the run kept it; the total is still off
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from io import StringIO
 from pathlib import Path
@@ -17,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django_redlock import conf
 from django_redlock.health import probe_all
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import manage_py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,23 +137,10 @@ def test_three_verdicts_with_their_exit_statuses_and_unknown_copies(settings, fr
 def test_exit_status_of_the_real_command(fresh_masters, tmp_path):
     """As monitoring or cron sees it: exit 0 when OK, 2 without a quorum."""
     masters = fresh_masters(3)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "REDLOCK_NODES": ",".join(m.url for m in masters),
-        "REDLOCK_DEMO_DIR": str(tmp_path),
-    }
+    env = {"REDLOCK_NODES": ",".join(m.url for m in masters), "REDLOCK_DEMO_DIR": str(tmp_path)}
 
     def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "redlock_status", "--json"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return manage_py("redlock_status", "--json", env=env)
 
     healthy = run()
     assert healthy.returncode == 0, healthy.stderr
