@@ -41,6 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from . import conf, redlock
+from .display import printable
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
 from .keys import bounded_resource
 
@@ -139,7 +140,8 @@ def _holder(resource: str) -> str:
     if held is None:
         return "it was released just now"
     age = f" for {time.time() - held.owner.since:.0f}s" if held.owner.since else ""
-    return f"held by {held.owner}{age}, on {held.held_on} of {held.node_count} masters"
+    owner = printable(str(held.owner))  # another holder's label may carry control characters
+    return f"held by {owner}{age}, on {held.held_on} of {held.node_count} masters"
 
 
 if TYPE_CHECKING:
