@@ -155,7 +155,10 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     # bool is an int; ``ttl=True`` is a bug, not one second.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past any float: far past the bound below
+        seconds = math.inf if value > 0 else -math.inf
     if not math.isfinite(seconds):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
