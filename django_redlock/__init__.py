@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .engine import Lock, LockContended, LockLost, LockNotAcquired, QuorumUnavailable
+from .engine import Lock, LockContended, LockLost, LockNotAcquired, QuorumUnavailable, protocol
 
 __all__ = ["LockContended", "LockLost", "LockNotAcquired", "QuorumUnavailable", "redlock"]
 
@@ -46,7 +46,7 @@ def redlock(
         resource,
         ttl=ttl,
         wait=wait,
-        label=label,
+        label=protocol.check_label(label),  # the engine checks it too, once the lead wires it
         auto_extend=auto_extend,
         max_extensions=max_extensions,
         max_hold=max_hold,

@@ -37,9 +37,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 import redis
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from . import redlock
+from . import conf, redlock
+from .display import printable
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
 from .keys import bounded_resource
 
@@ -138,7 +140,8 @@ def _holder(resource: str) -> str:
     if held is None:
         return "it was released just now"
     age = f" for {time.time() - held.owner.since:.0f}s" if held.owner.since else ""
-    return f"held by {held.owner}{age}, on {held.held_on} of {held.node_count} masters"
+    owner = printable(str(held.owner))  # another holder's label may carry control characters
+    return f"held by {owner}{age}, on {held.held_on} of {held.node_count} masters"
 
 
 if TYPE_CHECKING:
@@ -161,6 +164,13 @@ class GuardedCommandMixin(_CommandBase):
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         name = type(self).__module__.rpartition(".")[2]
+        try:
+            conf.get_config()
+        except ImproperlyConfigured as exc:
+            # The lock is taken before Django's own execute() would run the system checks: say
+            # what they say (SystemCheckError: printed without a traceback, exit status 1).
+            self.check()
+            raise CommandError(f"REDLOCK setting: {exc}") from exc
         with guard_command(
             name,
             key=self.lock_key,

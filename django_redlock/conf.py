@@ -20,7 +20,6 @@ from django.dispatch import receiver
 
 from .engine import Redlock, protocol
 from .engine.connections import NodeSpec, check_url, mask_url
-from .engine.redlock import duplicate_masters
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],
@@ -106,15 +105,14 @@ def problems() -> list[Problem]:
         found.append(
             Problem("E005", f"REDLOCK['CLOCK_DRIFT_FACTOR'] must be below 1, got {factor!r}")
         )
-    if _finite(ttl) and _finite(timeout) and ttl > 0 and timeout >= ttl / 2:
-        found.append(
-            Problem(
-                "E006",
-                f"REDLOCK['NODE_TIMEOUT'] ({timeout!r}s) is not small next to REDLOCK['TTL'] "
-                f"({ttl!r}s): one slow master would eat the whole lease",
-                hint="use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)",
+    if _finite(ttl) and _finite(timeout) and ttl > 0:
+        try:
+            protocol.check_node_timeout(
+                timeout, ttl, names=("REDLOCK['NODE_TIMEOUT']", "REDLOCK['TTL']")
             )
-        )
+        except ValueError as exc:
+            hint = "use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)"
+            found.append(Problem("E006", str(exc), hint=hint))
     return found
 
 
@@ -142,7 +140,10 @@ def _node_problems(nodes: object) -> list[Problem]:
             specs.append(node_spec(entry))
         except (ValueError, ImproperlyConfigured) as exc:
             found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
-    duplicates = duplicate_masters(specs)
+    # protocol's identity, not yet NodeSpec.identity: it knows the spellings of loopback.
+    duplicates = protocol.duplicate_servers(
+        [(spec.label, protocol.server_identity(spec.connection_kwargs)) for spec in specs]
+    )
     if duplicates:
         found.append(
             Problem(

@@ -113,7 +113,7 @@ def lock_view(
         status=_check_status(status),
         on_contended=_check_handler("on_contended", on_contended),
         on_unavailable=_check_handler("on_unavailable", on_unavailable),
-        label=_check_label(label),
+        label=protocol.check_label(label),
         atomic=_check_atomic(atomic),
     )
 
@@ -191,12 +191,6 @@ def _check_handler(name: str, handler: Handler | None) -> Handler | None:
     if handler is not None and not callable(handler):
         raise ValueError(f"{name} must be a callable (request, error) -> response, got {handler!r}")
     return handler
-
-
-def _check_label(label: str | None) -> str | None:
-    if label is not None and (not isinstance(label, str) or not label):
-        raise ValueError(f"label must be a non-empty str, got {label!r}")
-    return label
 
 
 def _check_atomic(atomic: object) -> str | bool:

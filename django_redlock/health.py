@@ -2,8 +2,17 @@
 
 One probe per master, all at once in threads, so that a dead or paused master costs one timeout,
 not one per master. Each probe asks a plain redis-py client (``admin_client``) for: a PING round
-trip, the server version and role (INFO), persistence and eviction settings (CONFIG GET, which an
-ACL may refuse: then "unknown"), and TIME for clock skew. Nothing here takes or changes a lock.
+trip, the server version, role and run_id (INFO), persistence and eviction settings (CONFIG GET,
+which an ACL may refuse: then "unknown"), and TIME for its clock. Nothing here takes or changes a
+lock.
+
+The verdict is one of three (``OK``, ``DEGRADED``, ``NO_QUORUM``), said the same way by the status
+command (text, JSON and exit status) and the admin. Masters that report one ``run_id`` are one
+redis-server listed twice: they count once, and that is an error.
+
+Clocks: Redis keeps each expiry as an absolute time on the master's own wall clock, so a master
+whose clock steps forward drops its lock keys early. Each probe reads every master's TIME and
+warns when one is off from this host, or from the other masters, by more than ``SKEW_WARNING``.
 """
 
 from __future__ import annotations
@@ -26,10 +35,15 @@ T = TypeVar("T")
 PROBE_TIMEOUT = 0.5
 
 #: A clock offset above this many seconds gets a warning. Redlock needs clocks that advance at
-#: the same *rate*, not that agree; a large offset hints at an unmanaged clock, which may also jump.
+#: the same *rate*, not that agree; but a large offset means a clock that is not kept by a slewing
+#: time sync, or one that stepped, and a step forward on a master expires its locks early.
 SKEW_WARNING = 1.0
 
 UNKNOWN = "unknown"
+
+OK = "OK"
+DEGRADED = "DEGRADED"
+NO_QUORUM = "NO QUORUM"
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,7 @@ class NodeHealth:
     appendfsync: str = UNKNOWN
     maxmemory_policy: str = UNKNOWN
     clock_skew: float | None = None
+    run_id: str | None = None  # the redis-server process: two entries with one are one server
     warnings: tuple[str, ...] = ()
 
     @property
@@ -62,18 +77,65 @@ class Health:
 
     @property
     def reachable(self) -> int:
-        return sum(n.reachable for n in self.nodes)
+        """Distinct redis-servers that answered (entries sharing a run_id count once)."""
+        answered = [n for n in self.nodes if n.reachable]
+        return len({n.run_id or n.node for n in answered})
+
+    @property
+    def spare(self) -> int:
+        """How many more masters may fail before locking stops (negative: it has stopped)."""
+        return self.reachable - self.quorum
 
     @property
     def has_quorum(self) -> bool:
-        return self.reachable >= self.quorum
+        return self.spare >= 0
+
+    @property
+    def verdict(self) -> str:
+        return OK if self.spare > 0 else DEGRADED if self.spare == 0 else NO_QUORUM
 
     @property
     def summary(self) -> str:
-        verdict = "OK" if self.has_quorum else "NO QUORUM: locks cannot be acquired"
+        consequence = {
+            OK: f"can lose {self.spare} more master{'s' if self.spare > 1 else ''}",
+            DEGRADED: "can lose no more masters: one more failure stops all locking",
+            NO_QUORUM: "locks can be neither acquired nor extended",
+        }[self.verdict]
         return (
-            f"{self.reachable} of {len(self.nodes)} masters reachable, "
-            f"quorum {self.quorum}: {verdict}"
+            f"{self.reachable} of {len(self.nodes)} masters reachable, quorum {self.quorum}: "
+            f"{self.verdict} ({consequence})"
+        )
+
+    @property
+    def same_servers(self) -> list[str]:
+        """One line per redis-server listed under several entries (by run_id)."""
+        by_run: dict[str, list[str]] = {}
+        for node in self.nodes:
+            if node.run_id:
+                by_run.setdefault(node.run_id, []).append(node.node)
+        return [
+            f"{' and '.join(labels)} are one redis-server (run_id {run_id[:8]}): it votes "
+            f"{len(labels)} times, so a quorum may be fewer real masters; list it once"
+            for run_id, labels in by_run.items()
+            if len(labels) > 1
+        ]
+
+    @property
+    def clock_spread(self) -> float | None:
+        """Seconds between the fastest and the slowest master clock (None: fewer than two read)."""
+        skews = [n.clock_skew for n in self.nodes if n.clock_skew is not None]
+        return max(skews) - min(skews) if len(skews) > 1 else None
+
+    @property
+    def clock_warning(self) -> str | None:
+        spread = self.clock_spread
+        if spread is None or spread <= SKEW_WARNING:
+            return None
+        return (
+            f"master clocks differ by {spread:.3f} s from each other: Redis expires keys by each "
+            f"master's own wall clock, so a clock stepped forward on a majority lets a second "
+            f"owner in while the first holds the lock; keep clocks slewed (NTP/chrony), never "
+            f"stepped"
         )
 
 
@@ -108,6 +170,7 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         rtt=rtt,
         version=str(info.get("redis_version", UNKNOWN)),
         role=str(info.get("role", UNKNOWN)),
+        run_id=str(info["run_id"]) if "run_id" in info else None,
         appendonly=_setting(config, "appendonly", _aof_from_info(info)),
         appendfsync=_setting(config, "appendfsync", UNKNOWN),
         maxmemory_policy=_setting(config, "maxmemory-policy", info.get("maxmemory_policy")),
@@ -181,7 +244,8 @@ def _with_warnings(health: NodeHealth, lock_timeout: float) -> NodeHealth:
         )
     if health.clock_skew is not None and abs(health.clock_skew) > SKEW_WARNING:
         warnings.append(
-            f"clock differs from this host's by {health.clock_skew:+.3f} s: check NTP on both "
-            f"(a clock that jumps shortens or stretches lock TTLs)"
+            f"clock is {health.clock_skew:+.3f} s off this host's: Redis expires lock keys by "
+            f"this master's wall clock, so a step forward ends their leases early; check its time "
+            f"sync (slew, never step)"
         )
     return replace(health, warnings=tuple(warnings))

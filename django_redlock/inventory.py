@@ -2,9 +2,13 @@
 
 Listing: each master is SCANned (never KEYS) with MATCH on the glob-escaped key prefix, the
 resource names are merged across masters and sorted, and only the requested page is read back:
-one pipeline per master with each key's value, PTTL and fencing counter. Masters are asked at
-once, in threads. A master that cannot be read is reported, and the k of "held on k of N" is then
-a lower bound.
+one pipeline per master with each key's type, PTTL, length, value (at most
+``lock_values.MAX_VALUE_BYTES`` of it) and fencing counter. Masters are asked at once, in threads.
+A master that cannot be read is reported, and the k of "held on k of N" is then a lower bound.
+
+Whatever is under the prefix is read without trusting it: a key of another type, a value that is
+not ours, too long, or nested too deep becomes an ``UnreadableKey`` (with its type and size) on
+that master, never an exception, and the master's other keys are still listed.
 
 Reading is a snapshot, not atomic across masters: a lock being acquired or released while we read
 may show on fewer masters than it will a moment later.
@@ -14,8 +18,6 @@ Tokens never leave this module: a copy is shown by the fingerprint of its token 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections import Counter
@@ -32,6 +34,16 @@ from .engine.drivers import fan_out
 from .engine.rounds import failure
 from .engine.scripts import RELEASE
 from .health import admin_client
+from .lock_values import (
+    FINGERPRINT_LENGTH,
+    MAX_VALUE_BYTES,
+    Owner,
+    UnreadableValue,
+    fingerprint,
+    parse_value,
+)
+
+__all__ = ["Copy", "HeldLock", "Inventory", "Owner", "UnreadableKey", "fingerprint", "list_locks"]
 
 T = TypeVar("T")
 
@@ -43,76 +55,23 @@ SCAN_COUNT = 1000
 #: Longest search string accepted (it becomes part of a MATCH pattern).
 MAX_SEARCH = 200
 MAX_PAGE_SIZE = 1000
-FINGERPRINT_LENGTH = 8
 _FINGERPRINT = re.compile(rf"[0-9a-f]{{{FINGERPRINT_LENGTH}}}")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+#: How to count the elements of a key of another type than string (to say how big it is).
+_LENGTH_COMMAND = {
+    "hash": "HLEN",
+    "list": "LLEN",
+    "set": "SCARD",
+    "zset": "ZCARD",
+    "stream": "XLEN",
+}
+#: Longest fencing counter we read as a number (a signed 64-bit integer has 19 digits).
+_MAX_FENCE_DIGITS = 20
 
 
 def glob_escape(text: str) -> str:
     """``text`` as a literal in a Redis MATCH pattern (escapes ``* ? [ ] \\``)."""
     return _GLOB_SPECIAL.sub(r"\\\1", text)
-
-
-def fingerprint(token: str | bytes) -> str:
-    """A short, safe-to-show name for a token: the first hex digits of its sha256."""
-    data = token.encode() if isinstance(token, str) else token
-    return hashlib.sha256(data).hexdigest()[:FINGERPRINT_LENGTH]
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who took a lock, as its holder wrote it next to the token (for humans, not for safety)."""
-
-    host: str | None = None
-    pid: int | None = None
-    thread: str | None = None
-    label: str | None = None
-    since: float | None = None  # unix wall-clock seconds at acquisition
-    ttl: float | None = None  # the lease the holder asked for, seconds
-
-    @classmethod
-    def parse(cls, text: str) -> Owner:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return cls()
-        if not isinstance(data, dict):
-            return cls()
-        return cls(
-            host=_typed(data.get("host"), str),
-            pid=_typed(data.get("pid"), int),
-            thread=_typed(data.get("thread"), str),
-            label=_typed(data.get("label"), str),
-            since=_number(data.get("since")),
-            ttl=_number(data.get("ttl")),
-        )
-
-    def __str__(self) -> str:
-        parts = [self.host or "?", f"pid {self.pid if self.pid is not None else '?'}"]
-        if self.thread:
-            parts.append(f"thread {self.thread}")
-        if self.label:
-            parts.append(f"label {self.label!r}")
-        return " ".join(parts)
-
-
-def _typed(value: object, kind: type[T]) -> T | None:
-    return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def split_value(value: bytes) -> tuple[str, Owner]:
-    """``<token>:<json owner>`` -> (fingerprint of the token, owner). A value in another shape
-    (not written by us) is fingerprinted whole."""
-    token, sep, rest = value.partition(b":")
-    if not sep:
-        return fingerprint(value), Owner()
-    return fingerprint(token), Owner.parse(rest.decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True)
@@ -126,9 +85,33 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class UnreadableKey:
+    """A key under the lock prefix on one master that is not a lock value we can read."""
+
+    node: str
+    resource: str  # the name after the prefix (bytes that are not UTF-8 kept as surrogates)
+    kind: str  # its Redis type ("string", "hash"...), or "unknown" when TYPE was refused
+    size: int | None  # bytes of a string, elements of another type; None: not known
+    reason: str
+
+    @property
+    def size_text(self) -> str:
+        if self.size is None:
+            return "size unknown"
+        unit = "byte" if self.kind == "string" else "element"
+        return f"{self.size} {unit}{'' if self.size == 1 else 's'}"
+
+
+#: What a lock's copies say about it. HELD: a quorum of masters has the holder's copy. UNKNOWN:
+#: not a quorum among the masters read, but the masters that could not be read could make one;
+#: nothing is called stale then. STALE: no quorum even if every unread master had a copy.
+HELD, UNKNOWN, STALE = "held", "unknown", "stale"
+
+
+@dataclass(frozen=True)
 class HeldLock:
-    """One resource across all masters. The holder is the token found on the most masters;
-    copies with other tokens, or all copies when the holder is below quorum, are stale."""
+    """One resource across all masters. The holder is the token found on the most masters; when
+    it is HELD, copies with other tokens are stale; when STALE, every copy is."""
 
     resource: str
     node_count: int
@@ -136,6 +119,7 @@ class HeldLock:
     fingerprint: str
     owner: Owner
     held_on: int
+    unread: int  # masters that could not be read: held_on is a lower bound
     min_ttl: float | None
     max_ttl: float | None
     validity: float  # estimate: seconds until fewer than a quorum of the holder's copies remain
@@ -148,6 +132,12 @@ class HeldLock:
         return self.held_on >= self.quorum
 
     @property
+    def state(self) -> str:
+        if self.has_quorum:
+            return HELD
+        return UNKNOWN if self.held_on + self.unread >= self.quorum else STALE
+
+    @property
     def acquired_at(self) -> float | None:
         return self.owner.since
 
@@ -157,6 +147,7 @@ def summarize(
     copies: Sequence[Copy],
     *,
     node_count: int,
+    unread: int = 0,
     fence: int | None,
     drift_factor: float,
 ) -> HeldLock:
@@ -180,7 +171,12 @@ def summarize(
         validity = max(0.0, kth - protocol.drift(lease, drift_factor))
         if math.isinf(validity):
             validity = 0.0  # keys without expiry are not ours; claim no validity for them
-    stale = tuple(c for c in copies if c.fingerprint != holder or len(mine) < quorum)
+    if len(mine) >= quorum:
+        stale = tuple(c for c in copies if c.fingerprint != holder)
+    elif len(mine) + unread >= quorum:
+        stale = ()  # the unread masters may hold the rest of a live quorum: we cannot tell
+    else:
+        stale = tuple(copies)
     return HeldLock(
         resource=resource,
         node_count=node_count,
@@ -188,6 +184,7 @@ def summarize(
         fingerprint=holder,
         owner=owner,
         held_on=len(mine),
+        unread=unread,
         min_ttl=min(ttls) if ttls else None,
         max_ttl=max(ttls) if ttls else None,
         validity=validity,
@@ -211,6 +208,7 @@ class Inventory:
     page_size: int
     search: str
     failures: tuple[NodeFailure, ...]  # masters that could not be read
+    unreadable: tuple[UnreadableKey, ...] = ()  # keys of this page that are not lock values
 
     @property
     def pages(self) -> int:
@@ -259,9 +257,11 @@ def list_locks(
     pages = max(1, math.ceil(len(ordered) / page_size))
     page = min(page, pages)
     chunk = ordered[(page - 1) * page_size : page * page_size]
-    locks, read_failures = _read(redlock, chunk, timeout)
+    locks, unreadable, read_failures = _read(redlock, chunk, timeout)
     failures += [f for f in read_failures if f.node not in {g.node for g in failures}]
-    return Inventory(tuple(locks), len(ordered), page, page_size, search, tuple(failures))
+    return Inventory(
+        tuple(locks), len(ordered), page, page_size, search, tuple(failures), tuple(unreadable)
+    )
 
 
 def inspect(
@@ -269,7 +269,7 @@ def inspect(
 ) -> HeldLock | None:
     """``resource``'s copies on every master now, or None if no master has one."""
     protocol.check_resource(resource)
-    locks, _ = _read(redlock, [resource], timeout)
+    locks, _, _ = _read(redlock, [resource], timeout)
     return locks[0] if locks else None
 
 
@@ -292,55 +292,128 @@ def _each_node(
 
 
 def _scan(client: redis.Redis, pattern: str, prefix: str) -> set[str]:
+    """The names after ``prefix``; bytes that are not UTF-8 are kept (as surrogates) so that the
+    key can be read back exactly and shown as unreadable."""
     skip = len(prefix.encode())
     return {
-        key[skip:].decode("utf-8", "replace")
+        key[skip:].decode("utf-8", "surrogateescape")
         for key in client.scan_iter(match=pattern, count=SCAN_COUNT)
     }
 
 
+def _raw_key(prefix: str, name: str) -> bytes:
+    return prefix.encode() + name.encode("utf-8", "surrogateescape")
+
+
 def _read(
     redlock: Redlock, resources: Sequence[str], timeout: float
-) -> tuple[list[HeldLock], list[NodeFailure]]:
+) -> tuple[list[HeldLock], list[UnreadableKey], list[NodeFailure]]:
+    """Every master's copy of each resource, grouped into held locks and unreadable keys."""
     if not resources:
-        return [], []
-
-    def ask(client: redis.Redis) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for resource in resources:
-            pipe.get(redlock.lock_key(resource))
-            pipe.pttl(redlock.lock_key(resource))
-            pipe.get(redlock.fence_key(resource))
-        return pipe.execute()
-
-    replies = _each_node(redlock, ask, timeout)
+        return [], [], []
+    lock_prefix, fence_prefix = redlock.lock_key(""), redlock.fence_key("")
+    keys = [
+        (_raw_key(lock_prefix, resource), _raw_key(fence_prefix, resource))
+        for resource in resources
+    ]
+    replies = _each_node(redlock, lambda client: _ask_keys(client, keys), timeout)
     failures = [r for r in replies if isinstance(r, NodeFailure)]
-    locks = []
+    locks: list[HeldLock] = []
+    unreadable: list[UnreadableKey] = []
     for i, resource in enumerate(resources):
         copies: list[Copy] = []
         fences: list[int] = []
         for node, reply in zip(redlock.nodes, replies, strict=True):
             if isinstance(reply, NodeFailure):
                 continue
-            value, pttl, fence = reply[3 * i : 3 * i + 3]
-            if fence is not None and fence.isdigit():
-                fences.append(int(fence))
-            if value is None:  # expired or released since the scan
-                continue
-            fp, owner = split_value(value)
-            ttl = None if pttl == -1 else max(pttl, 0) / 1000  # -1: no expiry, -2: just gone
-            copies.append(Copy(node.label, fp, ttl, owner))
+            found, fence = _copy(node.label, resource, reply[i])
+            if fence is not None:
+                fences.append(fence)
+            if isinstance(found, UnreadableKey):
+                unreadable.append(found)
+            elif found is not None:
+                copies.append(found)
         if copies:
             locks.append(
                 summarize(
                     resource,
                     copies,
                     node_count=len(redlock.nodes),
+                    unread=len(failures),
                     fence=max(fences) if fences else None,
                     drift_factor=redlock.drift_factor,
                 )
             )
-    return locks, failures
+    return locks, unreadable, failures
+
+
+def _ask_keys(client: redis.Redis, keys: Sequence[tuple[bytes, bytes]]) -> list[list[Any]]:
+    """For each (lock key, fence key): [type, pttl, strlen, value head, fence, length]. An answer
+    the master refused (a wrong type, an ACL) is the exception itself, not raised: it belongs to
+    that key only. ``length`` (elements) is asked only for keys that are not strings."""
+    pipe = client.pipeline(transaction=False)
+    for key, fence_key in keys:
+        pipe.type(key)
+        pipe.pttl(key)
+        pipe.strlen(key)
+        pipe.getrange(key, 0, MAX_VALUE_BYTES)  # one byte more than a value may have: no more
+        pipe.get(fence_key)
+    flat = pipe.execute(raise_on_error=False)
+    answers = [[*flat[5 * i : 5 * i + 5], None] for i in range(len(keys))]
+    others = [i for i, answer in enumerate(answers) if _text(answer[0]) in _LENGTH_COMMAND]
+    if others:  # rare: only when something else than a lock sits under the prefix
+        pipe = client.pipeline(transaction=False)
+        for i in others:
+            pipe.execute_command(_LENGTH_COMMAND[_text(answers[i][0])], keys[i][0])
+        for i, length in zip(others, pipe.execute(raise_on_error=False), strict=True):
+            answers[i][5] = length
+    return answers
+
+
+def _copy(
+    node: str, resource: str, answer: list[Any]
+) -> tuple[Copy | UnreadableKey | None, int | None]:
+    """One master's answers about one resource -> its copy (None: gone since the scan) or why it
+    cannot be read, and the fencing counter if there is a readable one."""
+    kind_reply, pttl, strlen, value, fence_reply, length = answer
+    fence = None
+    if isinstance(fence_reply, bytes) and fence_reply.isdigit():
+        fence = int(fence_reply) if len(fence_reply) <= _MAX_FENCE_DIGITS else None
+    kind = _text(kind_reply)
+    size = strlen if isinstance(strlen, int) else None
+    if kind == "none" or (kind == "unknown" and size == 0):
+        return None, fence  # expired or released since the scan
+
+    def unreadable(reason: str, size: int | None = size) -> UnreadableKey:
+        return UnreadableKey(node, resource, kind, size, reason)
+
+    if kind not in ("string", "unknown"):
+        elements = length if isinstance(length, int) else None
+        return unreadable(f"a Redis {kind}, not a lock value", elements), fence
+    if not isinstance(value, bytes):
+        return unreadable(f"could not read it: {value}"), fence
+    if not _is_text(resource):
+        return unreadable("its name is not UTF-8 text"), fence
+    try:
+        fp, owner = parse_value(value, size=size)
+    except UnreadableValue as exc:
+        return unreadable(str(exc)), fence
+    ttl = None if pttl == -1 or not isinstance(pttl, int) else max(pttl, 0) / 1000
+    return Copy(node, fp, ttl, owner), fence  # pttl -1: no expiry; -2: gone just now
+
+
+def _text(reply: object) -> str:
+    if isinstance(reply, bytes):
+        return reply.decode("ascii", "replace")
+    return reply if isinstance(reply, str) else "unknown"
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # --- force release ---------------------------------------------------------------------------
@@ -403,7 +476,10 @@ def force_release(
     owner = None
     for reply in current:
         if isinstance(reply, bytes) and reply not in values:
-            fp, found_owner = split_value(reply)
+            try:
+                fp, found_owner = parse_value(reply)
+            except UnreadableValue:
+                continue  # not a lock value: never ours to delete
             if fp == fingerprint_:
                 values.append(reply)
                 owner = found_owner

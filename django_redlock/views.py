@@ -3,10 +3,16 @@
 Listing needs ``view_held_locks``; force release needs ``force_release_lock``. GET never changes
 anything: the release link leads to a confirmation page naming the holder, and only its POST (with
 the CSRF token) deletes, by compare-and-delete, exactly the holder shown there.
+
+The link and the form name the resource by an opaque reference (``resource_ref``), not by the
+name itself: a browser rewrites a newline in a form field as CR LF, so a name that carries one
+would otherwise come back as another resource.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -92,10 +98,10 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     if request.method not in ("GET", "POST"):
         return HttpResponseNotAllowed(["GET", "POST"])
     data = request.POST if request.method == "POST" else request.GET
-    resource = data.get("resource", "")
+    ref = data.get("ref", "")
     fingerprint = data.get("fingerprint", "")
     try:
-        protocol.check_resource(resource)
+        resource = resource_from_ref(ref)
         inventory.check_fingerprint(fingerprint)
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
@@ -118,6 +124,7 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
         "title": "Force release a lock",
         "opts": model_admin.opts,
         "resource": resource,
+        "ref": ref,
         "fingerprint": fingerprint,
         "lock": lock,
         "copies": copies,
@@ -146,15 +153,33 @@ def _log(request: HttpRequest, result: inventory.ForceRelease) -> None:
 
 
 def _shared_warnings(status: health.Health) -> list[str]:
-    """Warnings every master has (the same setting everywhere): said once, under the table."""
-    if len(status.nodes) < 2 or not all(n.reachable for n in status.nodes):
+    """Warnings every reachable master has (the same setting everywhere): said once, under the
+    table, also while some master is down."""
+    reachable = [n for n in status.nodes if n.reachable]
+    if len(reachable) < 2:
         return []
-    first, *others = status.nodes
+    first, *others = reachable
     return [w for w in first.warnings if all(w in n.warnings for n in others)]
 
 
+def resource_ref(resource: str) -> str:
+    """An opaque, form-safe name for ``resource``: its UTF-8 bytes in unpadded base64url."""
+    return base64.urlsafe_b64encode(resource.encode()).decode().rstrip("=")
+
+
+def resource_from_ref(ref: str) -> str:
+    """The resource ``ref`` names, or ``ValueError`` (also for a name the API refuses)."""
+    try:
+        raw = base64.b64decode(ref + "=" * (-len(ref) % 4), altchars=b"-_", validate=True)
+        resource = raw.decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ValueError(f"ref is not a resource reference: {ref[:80]!r}") from None
+    return protocol.check_resource(resource)
+
+
 def _release_url(base: str, lock: HeldLock) -> str:
-    return f"{base}?{urlencode({'resource': lock.resource, 'fingerprint': lock.fingerprint})}"
+    query = {"ref": resource_ref(lock.resource), "fingerprint": lock.fingerprint}
+    return f"{base}?{urlencode(query)}"
 
 
 def _page_number(raw: str | None) -> int:

@@ -7,15 +7,34 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from django_redlock.engine import Redlock
 from django_redlock.testing.masters import LocalMaster, local_masters
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manage_py(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """``manage.py <args>`` of the testproject in a child process, with ``env`` added to ours:
+    what a shell or cron sees (output, exit status)."""
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def _heal(masters: list[LocalMaster]) -> None:

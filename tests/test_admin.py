@@ -66,7 +66,8 @@ def engine(redlock_settings):
 
 
 def release_query(resource, fingerprint):
-    return f"{RELEASE_URL}?{urlencode({'resource': resource, 'fingerprint': fingerprint})}"
+    query = {"ref": views.resource_ref(resource), "fingerprint": fingerprint}
+    return f"{RELEASE_URL}?{urlencode(query)}"
 
 
 def csrf_token_of(response) -> str:
@@ -136,7 +137,9 @@ def test_view_permission_alone_cannot_release(viewer, engine):
     with engine.lock("r") as lock:
         response = viewer.get(release_query("r", inventory.inspect(engine, "r").fingerprint))
         assert response.status_code == 403
-        response = viewer.post(RELEASE_URL, {"resource": "r", "fingerprint": "0123abcd"})
+        response = viewer.post(
+            RELEASE_URL, {"ref": views.resource_ref("r"), "fingerprint": "0123abcd"}
+        )
         assert response.status_code == 403
         assert lock.held
 
@@ -167,7 +170,7 @@ def test_post_without_csrf_token_is_refused(releaser, engine, masters):
         shown = inventory.inspect(engine, "invoice:42")
         before = values(masters, engine.lock_key("invoice:42"))
         response = releaser.post(
-            RELEASE_URL, {"resource": "invoice:42", "fingerprint": shown.fingerprint}
+            RELEASE_URL, {"ref": views.resource_ref("invoice:42"), "fingerprint": shown.fingerprint}
         )
         assert response.status_code == 403
         assert values(masters, engine.lock_key("invoice:42")) == before
@@ -182,7 +185,7 @@ def test_post_with_csrf_releases_that_holder_and_logs_it(releaser, engine, maste
     response = releaser.post(
         RELEASE_URL,
         {
-            "resource": "invoice:42",
+            "ref": views.resource_ref("invoice:42"),
             "fingerprint": shown.fingerprint,
             "csrfmiddlewaretoken": csrf_token_of(page),
         },
@@ -214,7 +217,7 @@ def test_a_new_holder_since_the_confirmation_survives(releaser, engine, masters)
     response = releaser.post(
         RELEASE_URL,
         {
-            "resource": "seat:12",
+            "ref": views.resource_ref("seat:12"),
             "fingerprint": shown.fingerprint,
             "csrfmiddlewaretoken": csrf_token_of(page),
         },
@@ -238,7 +241,12 @@ def test_confirmation_for_a_holder_that_is_gone_offers_no_form(releaser, engine)
 
 @pytest.mark.parametrize(
     "query",
-    [{"resource": "r", "fingerprint": "<script>"}, {"resource": "", "fingerprint": "0123abcd"}],
+    [
+        {"ref": "cg", "fingerprint": "<script>"},  # "cg" is "r"
+        {"ref": "", "fingerprint": "0123abcd"},
+        {"ref": "not base64!", "fingerprint": "0123abcd"},
+        {"ref": "_w", "fingerprint": "0123abcd"},  # b"\xff": not UTF-8
+    ],
 )
 def test_bad_release_input_is_a_plain_400(releaser, engine, query):
     response = releaser.get(RELEASE_URL, query)
@@ -252,3 +260,22 @@ def test_the_admin_has_no_add_change_or_delete_views(client, django_user_model, 
     assert client.get(LIST_URL).status_code == 200
     for url in (f"{LIST_URL}add/", f"{LIST_URL}1/change/", f"{LIST_URL}1/delete/"):
         assert client.get(url).status_code == 404
+
+
+def test_verdicts_and_unknown_copies_on_the_page(viewer, settings, fresh_masters):
+    """The page says OK / DEGRADED / NO QUORUM as the status command does, calls copies on
+    masters it could not read unknown (never stale), and says a shared warning once."""
+    masters = fresh_masters(5)
+    settings.REDLOCK = {"NODES": [m.url for m in masters]}
+    conf.get_redlock().lock("invoice:42", ttl=60).acquire()  # left to expire
+    verdicts = []
+    for master in masters[:3]:
+        master.kill()
+        html = viewer.get(LIST_URL).content.decode()
+        verdicts.append(re.search(r'data-verdict="([^"]+)"', html).group(1))
+        assert html.count("appendonly=no") == 1  # one line for every reachable master
+    assert verdicts == ["OK", "DEGRADED", "NO QUORUM"]
+    assert "2/5 read; 3 masters unread: unknown" in html
+    assert "redlock-state-unknown" in html
+    assert "redlock-state-stale" not in html
+    assert "below quorum" not in html

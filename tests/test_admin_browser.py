@@ -7,15 +7,18 @@ and fails under CI (the CI environment variable set), where they are installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
 
-from django_redlock import conf, inventory
+from django_redlock import LockLost, conf, inventory
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -55,11 +58,41 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
+@contextlib.contextmanager
+def browser_page(width: int = 1280) -> Iterator[Any]:
+    """A page of a headless Debian Chromium (closed after)."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def held_locks_page(live_server: Any, user: str, password: str, width: int) -> Iterator[Any]:
+    """``browser_page`` logged in as ``user``, on the "Held locks" page."""
+    with browser_page(width) as page:
+        page.goto(f"{live_server.url}/admin/login/?next={PAGE}")
+        page.fill("#id_username", user)
+        page.fill("#id_password", password)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{live_server.url}{PAGE}")
+        yield page
+
+
 def test_held_locks_page_in_a_real_browser(
     live_server, django_user_model, redlock_settings, tmp_path
 ):
     require_browser()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     masters = redlock_settings
     user = django_user_model.objects.create_user("ops", password="browser-test-pw", is_staff=True)
@@ -94,42 +127,27 @@ def test_held_locks_page_in_a_real_browser(
     fingerprints = [inventory.inspect(engine, r).fingerprint for r in resources]
     shot = tmp_path / "admin-held-locks.png"
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        with held_locks_page(live_server, "ops", "browser-test-pw", 1700) as page:
+            expect(page.locator("#redlock-quorum")).to_have_text(
+                "5 of 5 masters reachable, quorum 3: OK (can lose 2 more masters)"
             )
-            try:
-                page = browser.new_page(viewport={"width": 1700, "height": 900})
-                page.set_default_timeout(15_000)
-                page.goto(f"{live_server.url}/admin/login/?next={PAGE}")
-                page.fill("#id_username", "ops")
-                page.fill("#id_password", "browser-test-pw")
-                page.click("input[type=submit]")
-                page.wait_for_url(f"{live_server.url}{PAGE}")
-                expect(page.locator("#redlock-quorum")).to_have_text(
-                    "5 of 5 masters reachable, quorum 3: OK"
-                )
-                node_rows = page.locator("#redlock-nodes tr.redlock-node")
-                expect(node_rows).to_have_count(5)
-                shown_nodes = [row.inner_text().split()[0] for row in node_rows.all()]
-                lock_names = page.locator("tr.redlock-lock th.redlock-resource").all_inner_texts()
-                seat_row = page.locator("tr.redlock-lock", has_text="seat:12").inner_text()
-                html = page.content()
-                page.screenshot(path=str(shot), full_page=True)
-                # Force release through the real form: confirmation, then POST with CSRF.
-                page.locator("tr.redlock-lock", has_text="invoice:42").get_by_text(
-                    "Force release"
-                ).click()
-                expect(page.locator("#redlock-holder")).to_contain_text(fingerprints[0])
-                expect(page.locator("#redlock-holder")).to_contain_text("demo invoice:42")
-                page.click("#redlock-release-form input[type=submit]")
-                page.wait_for_url(f"{live_server.url}{PAGE}")
-                expect(page.locator(".messagelist")).to_contain_text("released on 5 of 5 masters")
-                after_release = page.locator(
-                    "tr.redlock-lock th.redlock-resource"
-                ).all_inner_texts()
-            finally:
-                browser.close()
+            node_rows = page.locator("#redlock-nodes tr.redlock-node")
+            expect(node_rows).to_have_count(5)
+            shown_nodes = [row.inner_text().split()[0] for row in node_rows.all()]
+            lock_names = page.locator("tr.redlock-lock th.redlock-resource").all_inner_texts()
+            seat_row = page.locator("tr.redlock-lock", has_text="seat:12").inner_text()
+            html = page.content()
+            page.screenshot(path=str(shot), full_page=True)
+            # Force release through the real form: confirmation, then POST with CSRF.
+            page.locator("tr.redlock-lock", has_text="invoice:42").get_by_text(
+                "Force release"
+            ).click()
+            expect(page.locator("#redlock-holder")).to_contain_text(fingerprints[0])
+            expect(page.locator("#redlock-holder")).to_contain_text("demo invoice:42")
+            page.click("#redlock-release-form input[type=submit]")
+            page.wait_for_url(f"{live_server.url}{PAGE}")
+            expect(page.locator(".messagelist")).to_contain_text("released on 5 of 5 masters")
+            after_release = page.locator("tr.redlock-lock th.redlock-resource").all_inner_texts()
     finally:
         for lock in held:
             lock.release()
@@ -147,3 +165,46 @@ def test_held_locks_page_in_a_real_browser(
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank image
     ARTIFACT.parent.mkdir(exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
+
+
+def test_a_name_with_a_newline_and_escapes_is_force_released_from_a_real_browser(
+    live_server, admin_user, redlock_settings
+):
+    """A browser sends a form's newline as CR LF: with the name itself in the form, the POST
+    named another resource and released nothing. The form carries an opaque reference instead."""
+    require_browser()
+    from playwright.sync_api import expect
+
+    engine = conf.get_redlock()
+    resource = "order:\nevil\r\x1b[2J\tend"
+    lock = engine.lock(resource, ttl=60, label="line\nbreak").acquire()
+    long_name = "report:" + "x" * 500  # must wrap, not push the actions off-screen
+    long_lock = engine.lock(long_name, ttl=60).acquire()
+    try:
+        # pytest-django's admin_user
+        with held_locks_page(live_server, "admin", "password", 1280) as page:
+            expect(page.locator("tr.redlock-lock")).to_have_count(2)
+            action = page.locator("tr.redlock-lock", has_text="report:").get_by_text(
+                "Force release"
+            )
+            box = action.bounding_box()
+            viewport = page.viewport_size
+            row = page.locator("tr.redlock-lock", has_text="order:")
+            shown = row.locator("th.redlock-resource").inner_text()
+            row.get_by_text("Force release").click()
+            expect(page.locator("#redlock-holder")).to_contain_text("line\\nbreak")
+            page.click("#redlock-release-form input[type=submit]")
+            page.wait_for_url(f"{live_server.url}{PAGE}")
+            message = page.locator(".messagelist").inner_text()
+            left = page.locator("tr.redlock-lock").count()
+    finally:
+        long_lock.release()
+        with contextlib.suppress(LockLost):  # the holder finds its lease gone, as it should
+            lock.release()
+    assert shown == "order:\\nevil\\r\\x1b[2J\\tend"  # escaped on the page, never raw
+    assert "released on 5 of 5 masters" in message
+    assert left == 1  # the long one
+    assert box is not None
+    assert viewport is not None
+    assert box["x"] + box["width"] <= viewport["width"]  # the action is on screen
+    assert inventory.inspect(engine, resource) is None

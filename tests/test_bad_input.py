@@ -48,7 +48,15 @@ BAD_LOCK_ARGUMENTS = [
     ({"resource": 42}, "resource must be a str, got int 42"),
     ({"resource": b"job"}, "resource must be a str, got bytes b'job'"),
     ({"resource": TOO_LONG}, f"resource is {MAX_RESOURCE_LENGTH + 1} characters long"),
-    ({"label": 7}, "label must be a str, got 7"),
+    ({"ttl": 1e17}, "ttl must be at most 31536000 seconds (a year), got 1e+17"),
+    ({"ttl": 1e300}, "got 1e+300"),
+    ({"wait": 1e17}, "wait must be at most 31536000 seconds (a year), got 1e+17"),
+    ({"resource": "a\udcffb"}, "resource has a lone surrogate at position 1"),
+    ({"resource": "\ud800"}, "resource has a lone surrogate at position 0"),
+    ({"label": 7}, "label must be a non-empty str, got 7"),
+    ({"label": "x" * 4_000_000}, "label is 4000000 characters long, more than 200"),
+    ({"label": "x" * 201}, "label is 201 characters long, more than 200"),
+    ({"label": "la\udcffbel"}, "label has a lone surrogate at position 2"),
 ]
 
 # (positional nodes / keyword arguments of Redlock(), text the error must contain)
@@ -66,6 +74,9 @@ BAD_ENGINE_ARGUMENTS = [
     ({"wait": -1}, "wait must be >= 0 seconds, got -1"),
     ({"node_timeout": 0}, "node_timeout must be > 0 seconds, got 0"),
     ({"node_timeout": math.inf}, "got inf"),
+    ({"node_timeout": 10.0, "ttl": 0.05}, "node_timeout (10.0s) is not small next to ttl (0.05s)"),
+    ({"node_timeout": 0.05, "ttl": 0.1}, "node_timeout (0.05s) is not small next to ttl (0.1s)"),
+    ({"ttl": 1e17}, "ttl must be at most 31536000 seconds (a year), got 1e+17"),
     ({"drift_factor": 1.5}, "drift_factor must be below 1, got 1.5"),
     ({"drift_factor": -0.1}, "got -0.1"),
     ({"retry_delay": 0}, "retry_delay must be > 0 seconds, got 0"),
@@ -152,7 +163,14 @@ def test_engine_rejects_a_master_listed_twice(no_connection):
 
 @pytest.mark.parametrize(
     "spelling",
-    ["redis://127.0.0.1:{port}", "redis://127.0.0.1:{port}/", "redis://127.0.0.1:{port}/1"],
+    [
+        "redis://127.0.0.1:{port}",
+        "redis://127.0.0.1:{port}/",
+        "redis://127.0.0.1:{port}/1",
+        "redis://localhost:{port}/0",  # the loopback spellings: the engine needs the lead's
+        "redis://127.1:{port}/0",  # NodeSpec.identity -> protocol.server_identity
+        "redis://[::1]:{port}/0",
+    ],
 )
 def test_engine_rejects_one_master_spelled_two_ways(no_connection, spelling):
     """Was a bug: duplicates were found by URL text, so one redis-server named two ways (or with
@@ -208,6 +226,9 @@ def test_redlock_shortcut_rejects_a_bad_node_setting(settings, no_connection, en
         ("TTL", "30", "got '30'"),
         ("WAIT", -1, "REDLOCK['WAIT'] must be >= 0 seconds, got -1"),
         ("NODE_TIMEOUT", True, "got True"),
+        ("TTL", 1e17, "REDLOCK['TTL'] must be at most 31536000 seconds (a year), got 1e+17"),
+        ("WAIT", 1e300, "REDLOCK['WAIT'] must be at most 31536000 seconds (a year)"),
+        ("NODE_TIMEOUT", 20.0, "REDLOCK['NODE_TIMEOUT'] (20.0s) is not small next to"),
     ],
 )
 def test_redlock_shortcut_rejects_bad_numbers_in_settings(

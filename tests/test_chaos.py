@@ -1,8 +1,8 @@
 """The fault-injection suite at CI size: 3 client processes x 20 critical sections per scenario,
 on real redis-server masters with real faults (see bench/chaos/). Every scenario must keep every
-guarantee, except two that exist to fail: the restart-empty hazard must be *detected*, and the
-checker self-test (a quorum of 1) must trip every checker. ``python -m bench.chaos`` runs the
-same scenarios at full size (8 x 250)."""
+guarantee, except three that exist to fail: the restart-empty and clock-step hazards must be
+*detected*, and the checker self-test (a quorum of 1) must trip every checker.
+``python -m bench.chaos`` runs the same scenarios at full size (8 x 250)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bench.chaos.scenarios import CI, SCENARIOS, Result, Size, soak
 
 pytestmark = pytest.mark.slow
 
-MUST_TRIP = {"restart-empty-hazard", "self-test"}
+MUST_TRIP = {"restart-empty-hazard", "clock-step-hazard", "self-test"}
 
 
 def explain(result: Result) -> str:
@@ -40,6 +40,15 @@ def test_a_master_restarted_empty_within_the_ttl_is_caught_by_the_checkers(tmp_p
     """The documented hazard: a holder's majority loses a member that comes back empty at once,
     and the next client wins a majority with it. Two holders at once: the sweep sees it."""
     result = SCENARIOS["restart-empty-hazard"].run(CI, tmp_path)
+    assert result.failed_checks() == [], explain(result)
+    assert result.outcome.verdict.overlaps > 0, explain(result)
+    assert result.ok
+
+
+def test_a_majority_of_clocks_stepped_forward_is_caught_by_the_checkers(tmp_path):
+    """The wall-clock hazard: Redis expires keys by each master's wall clock, so a step forward
+    on a majority ends the holder's copies early and a second client wins: the sweep sees it."""
+    result = SCENARIOS["clock-step-hazard"].run(CI, tmp_path)
     assert result.failed_checks() == [], explain(result)
     assert result.outcome.verdict.overlaps > 0, explain(result)
     assert result.ok

@@ -29,6 +29,7 @@ from django_redlock.commands import (
 )
 from django_redlock.conf import get_redlock
 from django_redlock.testing.masters import LocalMaster
+from tests.conftest import manage_py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -302,3 +303,21 @@ def test_subprocess_exits_70_with_a_report_when_the_lock_is_lost(
     assert "WARNING: nightly_report: lost lock 'command:nightly_report'" in err
     assert "nightly_report finished after" in err
     assert "nightly report: done" in out
+
+
+@pytest.mark.parametrize(
+    ("nodes", "check_id"), [("", "django_redlock.E001"), ("not a url", "django_redlock.E003")]
+)
+@pytest.mark.parametrize(
+    "command", [["nightly_report", "--seconds", "0"], ["redlock_run", "--", "check"]]
+)
+def test_a_guarded_command_with_bad_settings_says_the_check_message(
+    tmp_path, nodes, check_id, command
+):
+    """As a plain command does: the system-check message and exit status 1, no traceback (the
+    mixin takes its lock before Django would run the checks)."""
+    result = manage_py(*command, env={"REDLOCK_NODES": nodes, "REDLOCK_DEMO_DIR": str(tmp_path)})
+    assert result.returncode == 1
+    assert "SystemCheckError: System check identified some issues" in result.stderr
+    assert f"({check_id})" in result.stderr
+    assert "Traceback" not in result.stderr

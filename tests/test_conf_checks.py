@@ -144,6 +144,28 @@ def test_duplicate_node(settings, urls):
 
 
 @pytest.mark.parametrize(
+    "spelling",
+    [
+        "redis://localhost:{port}/0",
+        "redis://127.1:{port}/0",
+        "redis://127.0.0.2:{port}/3",
+        "redis://[::1]:{port}/0",
+        "redis://[::ffff:127.0.0.1]:{port}/0",
+        "redis://LOCALHOST.:{port}",
+    ],
+)
+def test_one_loopback_master_under_another_spelling_is_a_duplicate(settings, urls, spelling):
+    """Was a bug: localhost, 127.0.0.1 and 127.1 passed the check, so a "quorum" of two could be
+    one redis-server. The hint promises "by any spelling": loopback is normalized without DNS."""
+    port = urls[0].rsplit(":", 1)[1].split("/")[0]
+    other = spelling.format(port=port)
+    settings.REDLOCK = {"NODES": [urls[0], urls[1], other]}
+    [problem] = ours()
+    assert problem.id == "django_redlock.E004"
+    assert f"{other} (the same redis-server as {urls[0]})" in problem.msg
+
+
+@pytest.mark.parametrize(
     ("key", "value", "message"),
     [
         ("TTL", "30", "REDLOCK['TTL'] must be a number of seconds, got '30'"),

@@ -8,7 +8,9 @@ ones are not asserted to break (a run may happen to interleave harmlessly).
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +27,7 @@ from django.test import Client
 
 from testproject.shop.models import Account, Show, Ticket
 from testproject.shop.views import DEMO_ACCOUNTS, ensure_accounts, ensure_shows
+from tests.test_admin_browser import browser_page
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,6 +68,8 @@ def test_pages_render(redlock_settings: list) -> None:
     assert seats.status_code == 200
     assert b"Matinee" in seats.content
     assert b"lock_view" in seats.content
+    balances = client.get("/balances/").json()
+    assert balances == {"accounts": DEMO_ACCOUNTS, "total": 3000}
     metrics = client.get("/metrics/")
     assert metrics.status_code == 200
     assert b"redlock_acquire_wait_seconds" in metrics.content
@@ -117,6 +122,63 @@ def test_unsafe_paths_and_resets_work(redlock_settings: list) -> None:
     assert total_balance() == 3000
 
 
+class Demo:
+    """``manage.py demo`` in a session of its own, read until it has printed its URLs."""
+
+    def __init__(self, demo_dir: Path, port: int) -> None:
+        env = {**os.environ, "REDLOCK_DEMO_DIR": str(demo_dir)}
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        env.pop("REDLOCK_NODES", None)
+        self.port = port
+        self.proc = subprocess.Popen(  # noqa: S603
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "demo",
+                "--port",
+                str(port),
+                "--masters",
+                "3",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def printed(self) -> str:
+        """Everything up to the line that says how to stop it (fails if it exits before)."""
+        assert self.proc.stdout is not None
+        lines: list[str] = []
+        while not any("Ctrl-C" in line for line in lines):
+            line = self.proc.stdout.readline()
+            assert line, f"demo exited early: {''.join(lines)}"
+            lines.append(line)
+        return "".join(lines)
+
+    def stop(self, sig: int = signal.SIGINT, *, group: bool = True) -> int:
+        (os.killpg if group else os.kill)(self.proc.pid, sig)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def master_ports(printed: str) -> list[int]:
+    return [int(p) for p in re.findall(r"redis://127\.0\.0\.1:(\d+)/0", printed.split("\n")[1])]
+
+
 def test_demo_command_starts_everything_and_says_how_to_run_the_guarded_command(
     tmp_path: Path,
 ) -> None:
@@ -124,43 +186,105 @@ def test_demo_command_starts_everything_and_says_how_to_run_the_guarded_command(
     the printed lines. Stopped with SIGINT, as Ctrl-C would."""
     from django_redlock.testing.masters import free_port
 
-    port = free_port()
-    env = {**os.environ, "REDLOCK_DEMO_DIR": str(tmp_path / "demo")}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "demo", "--port", str(port), "--masters", "3"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    demo = Demo(tmp_path / "demo", free_port())
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        while not any("Ctrl-C" in line for line in lines):
-            line = proc.stdout.readline()
-            assert line, f"demo exited early: {''.join(lines)}"
-            lines.append(line)
-        printed = "".join(lines)
-        assert f"http://127.0.0.1:{port}/seats/" in printed
+        printed = demo.printed()
+        assert f"http://127.0.0.1:{demo.port}/seats/" in printed
         assert "password" in printed
         assert "nightly_report" in printed
         assert "redlock_run -- " in printed
-        assert "export REDLOCK_NODES=redis://127.0.0.1:" in printed
-        page = get_when_up(f"http://127.0.0.1:{port}/seats/")
+        page = get_when_up(f"http://127.0.0.1:{demo.port}/seats/")
         assert b"Matinee" in page
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
-    assert proc.returncode is not None
+        demo.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_kill_or_a_closed_terminal_stops_everything_the_demo_started(
+    tmp_path: Path, sig: int
+) -> None:
+    """Was: the demo died at once and left its redis-servers and runserver behind, holding the
+    port. Now SIGTERM (kill) and SIGHUP (the terminal closed) stop it as Ctrl-C does. The signal
+    goes to the demo process alone: the hardest case, nothing else is told."""
+    from django_redlock.testing.masters import free_port
+
+    demo = Demo(tmp_path / "demo", free_port())
+    try:
+        ports = master_ports(demo.printed())
+        get_when_up(f"http://127.0.0.1:{demo.port}/")
+        assert len(ports) == 3
+        assert all(listening(p) for p in [*ports, demo.port])
+    finally:
+        code = demo.stop(sig, group=False)
+    assert code == 0
+    assert not any(listening(p) for p in [*ports, demo.port])
+    assert not (tmp_path / "demo" / "demo.pid").exists()
+
+
+def test_a_second_demo_refuses_and_the_printed_commands_work_as_pasted(tmp_path: Path) -> None:
+    """A second demo (same port, or same directory) exits non-zero and changes nothing of the
+    running one's; the commands the first printed run as pasted in a bare new shell, and see a
+    healthy setup (durable masters: no persistence warning)."""
+    from django_redlock.testing.masters import free_port
+
+    demo_dir = tmp_path / "demo"
+    demo = Demo(demo_dir, free_port())
+    try:
+        printed = demo.printed()
+        get_when_up(f"http://127.0.0.1:{demo.port}/")
+        database = demo_dir / "demo.sqlite3"
+        before = (database.stat().st_mtime_ns, (demo_dir / "demo.pid").read_text())
+        env = {**os.environ, "REDLOCK_DEMO_DIR": str(demo_dir)}
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        second = [sys.executable, str(ROOT / "manage.py"), "demo", "--masters", "1"]
+        same_port = subprocess.run(  # noqa: S603
+            [*second, "--port", str(demo.port)],
+            env={**env, "REDLOCK_DEMO_DIR": str(tmp_path / "other")},
+            capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+        )  # fmt: skip
+        same_dir = subprocess.run(  # noqa: S603
+            [*second, "--port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+        )  # fmt: skip
+        after = (database.stat().st_mtime_ns, (demo_dir / "demo.pid").read_text())
+        status_line = next(line for line in printed.splitlines() if "status  :" in line)
+        bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+        pasted = subprocess.run(  # noqa: S603
+            ["/bin/bash", "-c", status_line.split(":", 1)[1]],
+            env=bare, cwd="/", capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        demo.stop()
+    assert same_port.returncode == 1
+    assert f"port {demo.port} is taken" in same_port.stderr
+    assert "nothing changed" in same_port.stderr
+    assert not (tmp_path / "other").exists()
+    assert same_dir.returncode == 1
+    assert "is running from" in same_dir.stderr
+    assert after == before
+    assert pasted.returncode == 0, pasted.stderr
+    assert "3 of 3 masters reachable, quorum 2: OK" in pasted.stdout
+    assert "appendonly" not in pasted.stdout.split("Held locks")[0].replace("AOF", "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_money_page_says_what_each_run_did_in_a_real_browser(
+    live_server, redlock_settings: list
+) -> None:
+    """Was: after an unlocked run broke the total, a locked run that changed nothing still looked
+    red. Each run now gets a line with the total before and after it, green when unchanged."""
+    ensure_accounts()
+    Account.objects.filter(name="alice").update(balance=990)  # as an unlocked run might leave it
+    with browser_page() as page:
+        from playwright.sync_api import expect  # installed: browser_page checked
+
+        page.goto(f"{live_server.url}/")
+        page.get_by_text("20 concurrent transfers, locked").click()
+        run = page.locator("#runs li").first
+        expect(run).to_have_text("locked: 20 of 20 transfers, total 2990 \u2192 2990 (unchanged)")
+        run_class = run.get_attribute("class")
+        total_class = page.locator("#total").get_attribute("class")
+    assert (run_class, total_class) == ("good", "bad")  # the run kept it; the total is still off
 
 
 def get_when_up(url: str, timeout: float = 30) -> bytes:

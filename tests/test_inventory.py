@@ -15,8 +15,8 @@ from django_redlock.inventory import (
     glob_escape,
     inspect,
     list_locks,
-    split_value,
 )
+from django_redlock.lock_values import UnreadableValue, parse_value
 
 FOREIGN_TOKEN = "0123456789abcdef0123456789abcdef"
 
@@ -45,14 +45,29 @@ def test_glob_escape_makes_every_special_character_literal():
 
 def test_fingerprint_is_short_sha256_of_the_token_only():
     value = f'{FOREIGN_TOKEN}:{{"host":"h","pid":1}}'.encode()
-    fp, owner = split_value(value)
+    fp, owner = parse_value(value)
     assert (
         fp == hashlib.sha256(FOREIGN_TOKEN.encode()).hexdigest()[:8] == fingerprint(FOREIGN_TOKEN)
     )
     assert (owner.host, owner.pid) == ("h", 1)
-    # Not our shape: fingerprinted whole, owner unknown, no error.
-    assert split_value(b"garbage")[0] == fingerprint(b"garbage")
-    assert split_value(b"tok:not json")[1].host is None
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"garbage", "not <32 hex token>:<owner>"),
+        (b"tok:{}", "not <32 hex token>:<owner>"),
+        (FOREIGN_TOKEN.encode() + b":not json", "not a flat JSON object"),
+        (FOREIGN_TOKEN.encode() + b":" + b"x" * 8200, "8233 bytes, longer than"),
+        (FOREIGN_TOKEN.encode() + b":" + b'{"a":' * 1300 + b"1" + b"}" * 1300, "not a flat"),
+        (FOREIGN_TOKEN.encode() + b':{"a":' + b"[" * 900 + b"]" * 900 + b"}", "not a flat JSON"),
+        (FOREIGN_TOKEN.encode() + b':{"a": "[{"} ,', "not valid JSON"),
+        (FOREIGN_TOKEN.encode() + b':{"host":"\xff"}', "not UTF-8"),
+    ],
+)
+def test_a_value_in_another_shape_is_refused_with_a_reason(value, reason):
+    with pytest.raises(UnreadableValue, match=re.escape(reason)):
+        parse_value(value)
 
 
 def test_lists_each_lock_once_with_holder_ttls_and_owner(masters, redlock_of):
@@ -80,7 +95,7 @@ def test_prefix_with_glob_characters_lists_only_its_own_keys(masters, redlock_of
     locks = redlock_of(masters, key_prefix="a*[b]?\\:")
     # Matches the prefix read as an unescaped glob ("a", anything, "b", any char, ":").
     for m in masters:
-        put(m, "aZZbQ:lock:foreign", "x:{}")
+        put(m, "aZZbQ:lock:foreign", f"{FOREIGN_TOKEN}:{{}}")
     with locks.lock("mine"):
         found = list_locks(locks)
     assert [lock.resource for lock in found.locks] == ["mine"]

@@ -167,7 +167,10 @@ def test_check_ttl_rejects(value):
     assert repr(value) in str(caught.value)
 
 
-@given(st.floats(min_value=0.01, max_value=1e9) | st.integers(min_value=1, max_value=10**9))
+YEAR = protocol.MAX_SECONDS
+
+
+@given(st.floats(min_value=0.01, max_value=YEAR) | st.integers(min_value=1, max_value=int(YEAR)))
 def test_check_ttl_accepts_positive_finite_numbers(value):
     assert protocol.check_ttl(value) == float(value)
     assert type(protocol.check_ttl(value)) is float
@@ -186,9 +189,25 @@ def test_check_seconds_zero_only_when_allowed():
         protocol.check_seconds("node_timeout", 0, allow_zero=False)
 
 
-@given(st.floats(min_value=0, max_value=1e9) | st.integers(min_value=0, max_value=10**9))
+@given(st.floats(min_value=0, max_value=YEAR) | st.integers(min_value=0, max_value=int(YEAR)))
 def test_check_seconds_accepts_non_negative_finite_numbers(value):
     assert protocol.check_seconds("wait", value, allow_zero=True) == float(value)
+
+
+@given(
+    st.floats(min_value=YEAR, exclude_min=True, allow_infinity=False)
+    | st.integers(min_value=int(YEAR) + 1)
+)
+def test_more_than_a_year_is_refused(value):
+    """Redis would refuse a PX past a signed 64-bit millisecond count (ttl=1e17 made every SET
+    fail, reported as QuorumUnavailable); a year is far below that, and far above a lease."""
+    with pytest.raises(ValueError, match=r"must be at most 31536000 seconds \(a year\)"):
+        protocol.check_seconds("wait", value, allow_zero=True)
+
+
+def test_an_int_too_large_for_a_float_is_a_value_error_not_an_overflow():
+    with pytest.raises(ValueError, match="wait must be finite"):
+        protocol.check_seconds("wait", 10**400, allow_zero=True)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,15 @@ import redis
 from django.contrib.admin.models import LogEntry
 from django.core.management import call_command
 
-from django_redlock import LockContended, LockLost, QuorumUnavailable, conf, inventory, redlock
+from django_redlock import (
+    LockContended,
+    LockLost,
+    QuorumUnavailable,
+    conf,
+    inventory,
+    redlock,
+    views,
+)
 from django_redlock.engine import Redlock
 from django_redlock.testing.masters import (
     LocalMaster,
@@ -163,14 +171,9 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
         shown = inventory.inspect(engine, "sec:admin")
         assert shown is not None
         listing = client.get(LIST_URL)
-        confirm = client.get(
-            RELEASE_URL, {"resource": "sec:admin", "fingerprint": shown.fingerprint}
-        )
-        released = client.post(
-            RELEASE_URL,
-            {"resource": "sec:admin", "fingerprint": shown.fingerprint},
-            follow=True,
-        )
+        form = {"ref": views.resource_ref("sec:admin"), "fingerprint": shown.fingerprint}
+        confirm = client.get(RELEASE_URL, form)
+        released = client.post(RELEASE_URL, form, follow=True)
     assert [r.status_code for r in (listing, confirm, released)] == [200, 200, 200]
     assert tokens_on(masters, engine.lock_key("sec:admin")) == set()  # it was released
     entry = LogEntry.objects.get()
@@ -186,13 +189,15 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
 
 #: What the library sends: the lock path (SET, GET, EVALSHA/EVAL and, inside our scripts, DEL,
 #: PEXPIRE, SET, PUBLISH, TIME, PTTL and the waiter queue's ZADD, ZREM, ZPOPMIN, ZCARD), release
-#: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL). No
-#: CONFIG: the status command must cope with its refusal.
+#: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL, and
+#: TYPE, STRLEN, GETRANGE to read a key without trusting it). No CONFIG: the status command must
+#: cope with its refusal.
 LOCKER_RULES = [
     "reset", "on", ">pw", "~redlock:*", "resetchannels", "&redlock:*", "-@all",
     "+set", "+get", "+evalsha", "+eval", "+del", "+pexpire", "+publish",
     "+zadd", "+zrem", "+zpopmin", "+zcard",
     "+subscribe", "+unsubscribe", "+ping", "+info", "+time", "+scan", "+pttl",
+    "+type", "+strlen", "+getrange",
 ]  # fmt: skip
 
 

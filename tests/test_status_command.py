@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 import subprocess
-import sys
 import time
 from io import StringIO
 from pathlib import Path
@@ -15,6 +14,8 @@ from django.core.management import CommandError, call_command
 
 from django_redlock import conf
 from django_redlock.health import probe_all
+from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import manage_py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +24,16 @@ def status(*args: str) -> str:
     out = StringIO()
     call_command("redlock_status", *args, stdout=out)
     return out.getvalue()
+
+
+def status_and_exit(*args: str) -> tuple[int, str]:
+    """The output and exit status, whatever the verdict."""
+    out = StringIO()
+    try:
+        call_command("redlock_status", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue()
+    return 0, out.getvalue()
 
 
 def tokens(masters, key: str) -> list[str]:
@@ -47,11 +58,11 @@ def test_reports_every_master_and_the_held_locks_without_tokens(redlock_settings
     engine = conf.get_redlock()
     with engine.lock("invoice:42", ttl=20, label="billing"), engine.lock("report", ttl=20) as rep:
         fence = rep.fence
-        text = status()
+        text = status("--wide")
         secret = tokens(masters, engine.lock_key("invoice:42")) + tokens(
             masters, engine.lock_key("report")
         )
-    assert "5 of 5 masters reachable, quorum 3: OK" in text
+    assert "5 of 5 masters reachable, quorum 3: OK (can lose 2 more masters)" in text
     for m in masters:
         assert m.url in text
     assert "noeviction" in text
@@ -72,8 +83,9 @@ def test_password_in_a_node_url_is_masked(settings, fresh_masters):
     finally:
         client.close()
     settings.REDLOCK = {"NODES": [master.url.replace("redis://", "redis://:hunter2@")]}
-    text = status()
-    assert "1 of 1 masters reachable" in text  # the password was used...
+    code, text = status_and_exit()
+    assert code == 1  # one master: it works, but can lose none
+    assert "1 of 1 masters reachable, quorum 1: DEGRADED" in text  # the password was used...
     assert "redis://:***@127.0.0.1" in text
     assert "hunter2" not in text  # ...and never shown
 
@@ -103,37 +115,32 @@ def test_search_and_limit(redlock_settings):
     assert (first["locks"]["total"], first["locks"]["pages"]) == (3, 2)
 
 
-def test_fails_when_a_quorum_is_not_reachable(settings, fresh_masters):
+def test_three_verdicts_with_their_exit_statuses_and_unknown_copies(settings, fresh_masters):
+    """OK while masters may still fail; DEGRADED when one more failure stops locking; NO QUORUM.
+    A lock's copies on masters that cannot be read are unknown: never called stale."""
     masters = fresh_masters(5)
     configure(settings, masters)
-    for m in masters[:3]:
-        m.kill()
-    out = StringIO()
-    with pytest.raises(CommandError, match="no quorum: 2 of 5 masters reachable, quorum 3"):
-        call_command("redlock_status", stdout=out)
-    assert "NO QUORUM" in out.getvalue()
+    conf.get_redlock().lock("invoice:42", ttl=60).acquire()  # left to expire: masters go down
+    seen = []
+    for master in masters[:3]:
+        master.kill()
+        seen.append(status_and_exit("--timeout", "0.3"))
+    assert [code for code, _ in seen] == [0, 1, 2]
+    assert "4 of 5 masters reachable, quorum 3: OK (can lose 1 more master)" in seen[0][1]
+    assert "3 of 5 masters reachable, quorum 3: DEGRADED (can lose no more masters" in seen[1][1]
+    assert "2 of 5 masters reachable, quorum 3: NO QUORUM" in seen[2][1]
+    no_quorum = seen[2][1]
+    assert re.search(r"state +unknown", no_quorum)  # 2 copies read, 3 masters unread
+    assert re.search(r"stale copies +-", no_quorum)
 
 
 def test_exit_status_of_the_real_command(fresh_masters, tmp_path):
-    """As a load balancer or cron sees it: exit 0 with a quorum, non-zero without."""
+    """As monitoring or cron sees it: exit 0 when OK, 2 without a quorum."""
     masters = fresh_masters(3)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "REDLOCK_NODES": ",".join(m.url for m in masters),
-        "REDLOCK_DEMO_DIR": str(tmp_path),
-    }
+    env = {"REDLOCK_NODES": ",".join(m.url for m in masters), "REDLOCK_DEMO_DIR": str(tmp_path)}
 
     def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "redlock_status", "--json"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return manage_py("redlock_status", "--json", env=env)
 
     healthy = run()
     assert healthy.returncode == 0, healthy.stderr
@@ -141,9 +148,10 @@ def test_exit_status_of_the_real_command(fresh_masters, tmp_path):
     masters[0].kill()
     masters[1].kill()
     broken = run()
-    assert broken.returncode != 0
-    assert json.loads(broken.stdout)["healthy"] is False
-    assert "no quorum" in broken.stderr
+    assert broken.returncode == 2
+    assert json.loads(broken.stdout)["verdict"] == "NO QUORUM"
+    assert "NO QUORUM" in broken.stderr
+    assert "Traceback" not in broken.stderr
 
 
 def test_bad_setting_is_a_clear_command_error(settings):
@@ -170,7 +178,7 @@ def test_warns_about_a_replica_and_an_evicting_master(settings, fresh_masters):
     assert f"{replica.url}: role is 'slave', not master" in text
     assert f"{evicting.url}: maxmemory-policy is 'allkeys-lru'" in text
     assert f"{primary.url}: role" not in text
-    assert "3 of 3 masters reachable" in text  # warnings do not fail the health check
+    assert "3 of 3 masters reachable" in text  # warnings do not change the verdict
     by_node = {n.node: n for n in probe_all(conf.get_redlock()).nodes}
     assert by_node[replica.url].role == "slave"
     assert by_node[evicting.url].maxmemory_policy == "allkeys-lru"
@@ -205,3 +213,43 @@ def test_paused_masters_cost_one_timeout_not_one_each(settings, fresh_masters):
     assert [n.reachable for n in health.nodes] == [False, False, False, True, True]
     assert not health.has_quorum
     assert elapsed < 1.4  # one after another would take at least 3 x 0.5 s
+
+
+def test_one_redis_server_behind_two_entries_is_an_error_and_votes_once(settings, fresh_masters):
+    """A name the check cannot see through (here a TCP proxy; in production a DNS alias) reaches
+    a server already listed: the run_id tells, and the verdict counts that server once."""
+    masters = fresh_masters(2)
+    with DelayProxy(masters[0].port) as alias:
+        settings.REDLOCK = {"NODES": [masters[0].url, masters[1].url, alias.url]}
+        code, text = status_and_exit("--wide")
+        data = json.loads(status_and_exit("--json")[1])
+    assert code == 1  # 2 real masters for a quorum of 2: DEGRADED, not OK
+    assert "2 of 3 masters reachable, quorum 2: DEGRADED" in text
+    assert "Errors:" in text
+    assert f"{masters[0].url} and {alias.url} are one redis-server" in text
+    assert data["verdict"] == "DEGRADED"
+    assert data["errors"] == [line for line in data["errors"] if "one redis-server" in line]
+    assert len(data["errors"]) == 1
+
+
+def test_fits_in_100_columns_and_says_a_shared_warning_once(settings, fresh_masters):
+    """Was: lines of 247-289 columns, and the persistence warning once per master when one was
+    down. --wide keeps the full table for those who want it."""
+    masters = fresh_masters(5)
+    configure(settings, masters)
+    engine = conf.get_redlock()
+    names = ["invoice:42", "report:" + "x" * 150, "seat:\x1b[31mred\r"]
+    held = [engine.lock(names[0], ttl=30, label="a label of some length, for the owner").acquire()]
+    held += [engine.lock(n, ttl=30).acquire() for n in names[1:]]
+    masters[4].kill()
+    code, text = status_and_exit("--timeout", "0.3")
+    wide = status_and_exit("--wide", "--timeout", "0.3")[1]
+    for lock in held:
+        lock.release()
+    assert code == 0
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert max(len(line) for line in wide.splitlines()) > 100
+    assert text.count("appendonly=no") == 1
+    assert "every reachable master: persistence appendonly=no" in text
+    assert "seat:\\x1b[31mred\\r" in text
+    assert "\x1b" not in text

@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -382,10 +382,18 @@ class Cluster:
     """Five lock masters (some optionally behind a ``DelayProxy``) and the counter's own server.
     Use as a context manager: everything is stopped on exit."""
 
-    def __init__(self, workdir: Path, *, masters: int = 5, proxied: int = 0) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        masters: int = 5,
+        proxied: int = 0,
+        master_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self._count = masters
         self._proxied = proxied
+        self._master_env = master_env  # e.g. the clock-step shim (django_redlock.testing.clock)
         self._stack = contextlib.ExitStack()
         self.masters: list[LocalMaster] = []
         self.proxies: list[DelayProxy] = []
@@ -394,7 +402,7 @@ class Cluster:
     def __enter__(self) -> Cluster:
         try:
             self.masters = self._stack.enter_context(
-                local_masters(self._count, self.workdir / "masters")
+                local_masters(self._count, self.workdir / "masters", env=self._master_env)
             )
             (self.counter,) = self._stack.enter_context(local_masters(1, self.workdir / "counter"))
             self.proxies = [

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from django_redlock.engine import QuorumUnavailable, Redlock
+from django_redlock.testing.clock import clock_shim, shifted_clock_env, step_clock
 
 from .harness import Clients, Cluster, Hold, Outcome, Plan, run
 
@@ -513,6 +514,31 @@ def restarted_master(size: Size, workdir: Path, *, delayed: bool) -> Result:
         )  # fmt: skip
 
 
+def clock_stepped(size: Size, workdir: Path) -> Result:
+    """A client holds the lock (1 s of its 1.5 s lease) when the wall clocks of masters 0, 1 and
+    2 step 60 s forward. Redis expires keys by its own wall clock, so the holder's copies vanish
+    there and the next client wins a majority while the first still holds it: the documented
+    hazard (run masters with a slewing time sync, never stepped), which the checkers must
+    report. Monotonic clocks, and the clients', are untouched."""
+    hold = Hold(0, size.sections // 2, "sleep", seconds=1.0)
+    env = shifted_clock_env(clock_shim(workdir / "shim"))
+    with Cluster(workdir, master_env=env) as cluster:
+
+        def faults(clients: Clients) -> None:
+            clients.wait_holding(hold.process)
+            for master in cluster.masters[:3]:
+                step_clock(master, 60.0)
+            clients.note("wall clocks of masters 0, 1, 2 stepped 60 s forward under a holder")
+
+        plan = plan_for(cluster, workdir, size, ttl=1.5, hold=hold)
+        outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
+        notes = ["HAZARD shown: a majority's wall clocks stepped forward; detected as expected"]
+        return finish(
+            "clock-step-hazard", cluster, outcome, plan, expected_done=size.total,
+            notes=notes + held_notes(outcome, hold), expect_violations=True,
+        )  # fmt: skip
+
+
 def script_flush(size: Size, workdir: Path) -> Result:
     with Cluster(workdir) as cluster:
 
@@ -614,6 +640,11 @@ SCENARIOS: dict[str, Scenario] = {
             "restart-delayed",
             "the same, restarts delayed past the TTL",
             lambda size, workdir: restarted_master(size, workdir, delayed=True),
+        ),
+        Scenario(
+            "clock-step-hazard",
+            "a majority's wall clocks step forward under a holder (documented hazard)",
+            clock_stepped,
         ),
         Scenario("script-flush", "SCRIPT FLUSH on every master mid-run", script_flush),
         Scenario("fork-after-acquire", "os.fork() while holding", fork_after_acquire),

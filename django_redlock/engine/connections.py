@@ -23,6 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from . import protocol
 from .pipes import Pipe
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
@@ -88,12 +89,10 @@ class NodeSpec:
     @property
     def identity(self) -> tuple[str, ...]:
         """Which redis-server this is, whatever the spelling: host and port (or socket path),
-        not the db number. Two entries with one identity are one failure domain and must not
-        vote twice. (Names are compared as written: no DNS lookup at configuration time.)"""
-        kwargs = self.connection_kwargs
-        if "path" in kwargs:
-            return ("unix", str(kwargs["path"]))
-        return (str(kwargs.get("host", "localhost")).lower(), str(kwargs.get("port", 6379)))
+        loopback however written, not the db number. Two entries with one identity are one
+        failure domain and must not vote twice. (Other names are compared as written: no DNS
+        lookup at configuration time.)"""
+        return protocol.server_identity(self.connection_kwargs)
 
 
 # Settings that every one of our connections overrides, whatever the node's URL or cache says.

@@ -7,15 +7,28 @@ these functions, so the two cannot drift apart, and property tests can check the
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
+import os.path
 import random
-from collections.abc import Sequence
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 #: Longest resource name we accept. Names built from request data must stay bounded; the Django
 #: layer hashes longer ones (see ``bounded_resource``).
 MAX_RESOURCE_LENGTH = 512
+
+#: Longest ``ttl``, ``wait`` or other duration we accept: one year. Redis takes PX up to a signed
+#: 64-bit count of milliseconds from now, but a lease or a wait longer than a year is a bug, not a
+#: lock (use ``auto_extend`` for long work); and a bound far below Redis' keeps every deadline we
+#: compute an exact float.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+#: Longest label: it is stored in every master's copy of the lock value and shown to operators.
+MAX_LABEL_LENGTH = 200
 
 #: Fixed part of the drift allowance: covers Redis' own expiry granularity (1 ms) and rounding.
 DRIFT_FLOOR = 0.002
@@ -142,12 +155,17 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     # bool is an int; ``ttl=True`` is a bug, not one second.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past any float: far past the bound below
+        seconds = math.inf if value > 0 else -math.inf
     if not math.isfinite(seconds):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:.0f} seconds (a year), got {value}")
     return seconds
 
 
@@ -159,8 +177,24 @@ def check_ttl(value: object) -> float:
     return ttl
 
 
+def check_node_timeout(
+    node_timeout: float, ttl: float, *, names: tuple[str, str] = ("node_timeout", "ttl")
+) -> float:
+    """``node_timeout`` small next to ``ttl`` (below half of it), or ``ValueError``: a round
+    that may take longer than half the lease leaves too little of it even when it succeeds, and
+    one slow master would eat the whole lease."""
+    if node_timeout >= ttl / 2:
+        raise ValueError(
+            f"{names[0]} ({node_timeout!r}s) is not small next to {names[1]} ({ttl!r}s): one "
+            f"slow master would eat the whole lease"
+        )
+    return node_timeout
+
+
 def check_resource(value: object) -> str:
-    """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters."""
+    """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters that
+    can be written as UTF-8 (no lone surrogate). Control characters are allowed (a name may come
+    from a URL): every operator output escapes them."""
     if not isinstance(value, str):
         raise ValueError(f"resource must be a str, got {type(value).__name__} {value!r}")
     if not value:
@@ -170,6 +204,32 @@ def check_resource(value: object) -> str:
             f"resource is {len(value)} characters long, more than {MAX_RESOURCE_LENGTH}: "
             f"{value[:40]!r}...; hash long names (django_redlock.keys.bounded_resource does)"
         )
+    return _check_utf8("resource", value)
+
+
+def check_label(value: object) -> str | None:
+    """A lock's label: None, or a non-empty ``str`` of at most ``MAX_LABEL_LENGTH`` characters
+    that can be written as UTF-8."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"label must be a non-empty str, got {value!r}")
+    if len(value) > MAX_LABEL_LENGTH:
+        raise ValueError(
+            f"label is {len(value)} characters long, more than {MAX_LABEL_LENGTH}: "
+            f"{value[:40]!r}... (it is stored in every master's copy of the lock)"
+        )
+    return _check_utf8("label", value)
+
+
+def _check_utf8(name: str, value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} has a lone surrogate at position {exc.start} ({value[exc.start]!r}), which "
+            f"cannot be written to Redis: {value[:40]!r}"
+        ) from None
     return value
 
 
@@ -184,15 +244,57 @@ def check_resources(values: tuple[object, ...]) -> tuple[str, ...]:
     return names
 
 
-def check_label(value: object) -> str | None:
-    """A lock's label (shown to operators): None or a str."""
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"label must be a str, got {value!r}")
-    return value
-
-
 def check_count(name: str, value: object) -> int | None:
     """None or an int >= 0 (not a bool)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     return value
+
+
+# --- which redis-server a node is -----------------------------------------------------------------
+
+
+def server_identity(connection_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """Which redis-server a node's connection settings reach, as far as can be told without DNS:
+    host and port (or socket path), not the db number. Loopback is one host however it is
+    spelled (``localhost``, ``127.0.0.1``, ``127.1``, any 127.x.y.z, ``::1``, ``[::1]``,
+    ``::ffff:127.0.0.1``, ``0.0.0.0``); other names are compared as written."""
+    if "path" in connection_kwargs:
+        return ("unix", os.path.normpath(str(connection_kwargs["path"])))
+    host = str(connection_kwargs.get("host", "localhost"))
+    return (_host_identity(host), str(connection_kwargs.get("port", 6379)))
+
+
+def _host_identity(host: str) -> str:
+    name = host.strip().lower().rstrip(".").removeprefix("[").removesuffix("]")
+    if name == "localhost" or name.endswith(".localhost"):
+        return "loopback"
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        try:  # the short and numeric IPv4 forms the resolver accepts: 127.1, 2130706433, 0x7f.1
+            address = ipaddress.IPv4Address(socket.inet_aton(name))
+        except OSError:
+            return name  # a DNS name: compared as written
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    if address.is_loopback or address.is_unspecified:  # 0.0.0.0 and :: reach this host too
+        return "loopback"
+    return str(address)
+
+
+def duplicate_servers(nodes: Sequence[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The (label, identity) entries that name a redis-server already named, one line each:
+    such a server would vote twice, so a "quorum" could be fewer real masters."""
+    seen: dict[tuple[str, ...], str] = {}
+    out = []
+    for label, identity in nodes:
+        first = seen.get(identity)
+        if first == label:
+            out.append(label)
+        elif first is not None:
+            out.append(f"{label} (the same redis-server as {first})")
+        else:
+            seen[identity] = label
+    return out

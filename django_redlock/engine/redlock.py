@@ -50,18 +50,8 @@ def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder |
 
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
     """The entries that name a redis-server already named (by host and port or socket path,
-    whatever the URL spelling or db number)."""
-    seen: dict[tuple[str, ...], str] = {}
-    out = []
-    for spec in specs:
-        first = seen.get(spec.identity)
-        if first == spec.label:
-            out.append(spec.label)
-        elif first is not None:
-            out.append(f"{spec.label} (the same redis-server as {first})")
-        else:
-            seen[spec.identity] = spec.label
-    return out
+    loopback however spelled, whatever the db number)."""
+    return protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
 
 
 class Redlock:
@@ -99,6 +89,7 @@ class Redlock:
         self.ttl = protocol.check_ttl(ttl)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.node_timeout = protocol.check_seconds("node_timeout", node_timeout, allow_zero=False)
+        protocol.check_node_timeout(self.node_timeout, self.ttl)
         self.drift_factor = protocol.check_seconds("drift_factor", drift_factor, allow_zero=True)
         if self.drift_factor >= 1:
             raise ValueError(f"drift_factor must be below 1, got {drift_factor!r}")

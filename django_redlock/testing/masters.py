@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -78,10 +78,17 @@ def free_port() -> int:
 class LocalMaster:
     """One redis-server process on 127.0.0.1."""
 
-    def __init__(self, workdir: Path, port: int | None = None, *extra_args: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *extra_args: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.extra_args = extra_args
+        self.env = dict(env or {})  # added to ours: e.g. an LD_PRELOAD that steps its clock
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
 
@@ -117,7 +124,12 @@ class LocalMaster:
         if redis_server_version() >= (7,):
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP, for fault tests
         args += list(self.extra_args)
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+        self.proc = subprocess.Popen(  # noqa: S603
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **self.env} if self.env else None,
+        )
         self.paused = False
         deadline = time.monotonic() + timeout
         # No retries with backoff inside ping(): this loop is the retry, and a dead start must
@@ -205,8 +217,14 @@ class LocalMaster:
 
 
 @contextlib.contextmanager
-def local_masters(count: int, workdir: Path | None = None) -> Iterator[list[LocalMaster]]:
-    """Start ``count`` masters; stop them (and remove their files) on exit."""
+def local_masters(
+    count: int,
+    workdir: Path | None = None,
+    *extra_args: str,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[list[LocalMaster]]:
+    """Start ``count`` masters (``extra_args`` go to each redis-server, after ours: they win;
+    ``env`` is added to each one's environment); stop them (and remove their files) on exit."""
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
@@ -219,7 +237,7 @@ def local_masters(count: int, workdir: Path | None = None) -> Iterator[list[Loca
 
         for i in range(count):
             for attempt in range(5):  # a free port can be taken between probe and bind
-                master = LocalMaster(workdir / f"master{i}")
+                master = LocalMaster(workdir / f"master{i}", None, *extra_args, env=env)
                 try:
                     masters.append(master.start())
                     break

@@ -6,6 +6,7 @@ app_name = "shop"
 urlpatterns = [
     path("", views.index, name="index"),
     path("transfer/", views.transfer, name="transfer"),
+    path("balances/", views.balances, name="balances"),
     path("reset/", views.reset, name="reset"),
     path("seats/", views.seats, name="seats"),
     path("seats/<int:show_id>/book/", views.book, name="book"),

@@ -56,6 +56,14 @@ def index(request: HttpRequest) -> HttpResponse:
     )
 
 
+def balances(request: HttpRequest) -> JsonResponse:
+    """The accounts and their total now: the page reads it before and after each run, to show
+    what that run did to the total."""
+    ensure_accounts()
+    accounts = {a.name: a.balance for a in Account.objects.order_by("name")}
+    return JsonResponse({"accounts": accounts, "total": sum(accounts.values())})
+
+
 def _move(amount: int) -> None:
     source, target = random.sample(list(Account.objects.all()), 2)  # noqa: S311 (demo)
     source.balance -= amount

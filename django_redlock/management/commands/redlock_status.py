@@ -1,13 +1,19 @@
 """``manage.py redlock_status``: are the lock masters healthy, and which locks are held?
 
-A health check for load balancers and cron: it exits 0 when a quorum of masters answers and
-non-zero (``CommandError``) when not. ``--json`` prints the same facts for machines. Tokens are
-never printed: a holder is named by the fingerprint of its token.
+A health check for monitoring and cron. The verdict is one of three, and so is the exit status
+(the Nagios convention): ``OK`` (0: one or more masters may still fail), ``DEGRADED`` (1: locking
+works, but one more failed master stops it), ``NO QUORUM`` (2: locks can be neither acquired nor
+extended). ``--json`` prints the same facts for machines. Tokens are never printed: a holder is
+named by the fingerprint of its token; every name is printed through ``display.printable``.
+
+The text fits in 100 columns: a table too wide for that is printed as one block per row.
+``--wide`` prints full tables.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -16,15 +22,21 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, health, inventory
+from ...display import printable
 from ...health import Health, NodeHealth
 from ...inventory import HeldLock, Inventory
+
+#: Exit status per verdict.
+EXIT_STATUS = {health.OK: 0, health.DEGRADED: 1, health.NO_QUORUM: 2}
+#: Columns the default output fits in.
+WIDTH = 100
 
 
 class Command(BaseCommand):
     help = (
         "Show each Redis lock master's health (reachability, round trip, version, role, "
-        "persistence, eviction policy, clock skew), quorum health and the locks held now. "
-        "Exits non-zero when a quorum of masters is not reachable."
+        "persistence, eviction policy, clock), the verdict and the locks held now. Exit status: "
+        "0 OK, 1 DEGRADED (one more failure stops locking), 2 NO QUORUM."
     )
     # A health check must not fail because of another app's check, and our own settings are
     # validated below with a clear message (get_config); so no system checks here.
@@ -32,6 +44,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        parser.add_argument(
+            "--wide", action="store_true", help=f"full tables, even wider than {WIDTH} columns"
+        )
         parser.add_argument("--search", default="", help="only locks whose resource contains this")
         parser.add_argument(
             "--limit", type=int, default=100, help="at most this many locks (default 100)"
@@ -68,18 +83,22 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(as_json(status, found, warnings), indent=2))
         else:
-            self.stdout.write(render(status, found, warnings))
-        if not status.has_quorum:
-            raise CommandError(f"no quorum: {status.summary}")
+            self.stdout.write(render(status, found, warnings, wide=options["wide"]))
+        if status.verdict != health.OK:
+            raise CommandError(status.summary, returncode=EXIT_STATUS[status.verdict])
 
 
 def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, Any]:
     return {
-        "healthy": status.has_quorum,
+        "verdict": status.verdict,
+        "healthy": status.has_quorum,  # locking works (OK or DEGRADED)
+        "can_lose": max(status.spare, 0),
         "quorum": status.quorum,
         "reachable": status.reachable,
         "masters": [asdict(node) for node in status.nodes],
-        "warnings": warnings,
+        "clock_spread": status.clock_spread,
+        "errors": status.same_servers,
+        "warnings": warnings + ([status.clock_warning] if status.clock_warning else []),
         "locks": {
             "total": found.total,
             "page": found.page,
@@ -87,6 +106,7 @@ def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, 
             "page_size": found.page_size,
             "unread_masters": [str(f) for f in found.failures],
             "items": [_lock_json(lock) for lock in found.locks],
+            "unreadable": [asdict(key) for key in found.unreadable],
         },
     }
 
@@ -94,15 +114,21 @@ def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, 
 def _lock_json(lock: HeldLock) -> dict[str, Any]:
     data = asdict(lock)
     data["has_quorum"] = lock.has_quorum
+    data["state"] = lock.state
     return data
 
 
-def render(status: Health, found: Inventory, warnings: list[str]) -> str:
+def render(status: Health, found: Inventory, warnings: list[str], *, wide: bool = False) -> str:
+    width = None if wide else WIDTH
     lines = [f"Redlock masters: {status.summary}", ""]
     lines += _table(
-        ["MASTER", "REACHABLE", "RTT", "VERSION", "ROLE", "AOF/FSYNC", "MAXMEMORY-POLICY", "SKEW"],
+        ["MASTER", "UP", "RTT", "VERSION", "ROLE", "AOF/FSYNC", "EVICTION", "CLOCK"],
         [_node_row(node) for node in status.nodes],
+        width,
     )
+    errors = status.same_servers
+    if errors:
+        lines += ["", "Errors:"] + [f"  - {error}" for error in errors]
     notes = _grouped_warnings(status)
     notes += [f"{node.node}: unreachable: {node.error}" for node in status.nodes if node.error]
     notes += [f"setting: {w}" for w in warnings]
@@ -110,27 +136,54 @@ def render(status: Health, found: Inventory, warnings: list[str]) -> str:
         lines += ["", "Warnings:"] + [f"  - {note}" for note in notes]
     lines += ["", f"Held locks: {found.total} (page {found.page} of {found.pages})"]
     for failure in found.failures:
-        lines.append(f"  could not read {failure} (counts may be low)")
+        lines.append(f"  could not read {failure}: copies there are unknown, counts may be low")
     if found.locks:
         lines += _table(
-            ["RESOURCE", "HELD", "TTL MIN/MAX", "VALIDITY", "OWNER", "SINCE", "FENCE", "HOLDER"]
-            + ["STALE COPIES"],
+            ["RESOURCE", "STATE", "HELD", "VALIDITY", "TTL MIN/MAX", "FENCE", "HOLDER"]
+            + ["OWNER", "SINCE", "STALE COPIES"],
             [_lock_row(lock) for lock in found.locks],
+            width,
         )
-    return "\n".join(lines)
+    if found.unreadable:
+        lines += ["", f"Unreadable keys under the lock prefix: {len(found.unreadable)}"]
+        lines += [
+            f"  - {printable(key.resource)} on {key.node}: {key.kind}, {key.size_text}: "
+            f"{key.reason}"
+            for key in found.unreadable
+        ]
+    if width is None:
+        return "\n".join(lines)
+    return "\n".join(_wrap(line, width) for line in lines)
+
+
+def _wrap(line: str, width: int) -> str:
+    """A long line folded under its own indentation (a list item under its text)."""
+    if len(line) <= width:
+        return line
+    indent = " " * (len(line) - len(line.lstrip(" -")))
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False))
 
 
 def _grouped_warnings(status: Health) -> list[str]:
-    """One line per distinct warning, naming its masters ("all masters" when every one has it),
-    so that a setting shared by five masters is said once."""
+    """One line per distinct warning, naming its masters ("every reachable master" when all that
+    answered have it), so that a setting shared by five masters is said once."""
     by_text: dict[str, list[str]] = {}
     for node in status.nodes:
         for warning in node.warnings:
             by_text.setdefault(warning, []).append(node.node)
-    return [
-        f"{'all masters' if len(nodes) == len(status.nodes) > 1 else ', '.join(nodes)}: {text}"
-        for text, nodes in by_text.items()
+    reachable = sum(n.reachable for n in status.nodes)
+    out = [
+        f"{_which(nodes, reachable, len(status.nodes))}: {text}" for text, nodes in by_text.items()
     ]
+    return out + ([status.clock_warning] if status.clock_warning else [])
+
+
+def _which(nodes: list[str], reachable: int, total: int) -> str:
+    if len(nodes) == total > 1:
+        return "all masters"
+    if len(nodes) == reachable > 1:
+        return "every reachable master"
+    return ", ".join(nodes)
 
 
 def _node_row(node: NodeHealth) -> list[str]:
@@ -150,21 +203,21 @@ def _node_row(node: NodeHealth) -> list[str]:
 
 def _lock_row(lock: HeldLock) -> list[str]:
     ttl = "no expiry" if lock.min_ttl is None else f"{lock.min_ttl:.1f}/{lock.max_ttl:.1f} s"
-    held = f"{lock.held_on}/{lock.node_count}" + ("" if lock.has_quorum else " (no quorum)")
-    since = _utc(lock.owner.since)
+    held = f"{lock.held_on}/{lock.node_count}" + (f" ({lock.unread} unread)" if lock.unread else "")
     stale = ", ".join(
         f"{c.fingerprint}@{c.node}" + ("" if c.ttl is None else f" ({c.ttl:.1f} s)")
         for c in lock.stale
     )
     return [
-        lock.resource,
+        printable(lock.resource),
+        lock.state,
         held,
-        ttl,
         f"{lock.validity:.1f} s" if lock.has_quorum else "none",
-        str(lock.owner),
-        since,
+        ttl,
         "-" if lock.fence is None else str(lock.fence),
         lock.fingerprint,
+        printable(str(lock.owner)),
+        _utc(lock.owner.since),
         stale or "-",
     ]
 
@@ -178,9 +231,19 @@ def _utc(unix_seconds: float | None) -> str:
         return "?"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], width: int | None) -> list[str]:
+    """Columns when they fit in ``width`` (or ``width`` is None); else one block per row, its
+    first cell as the title and each other cell on a line of its own."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return [
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
+    if width is None or 2 + sum(widths) + 2 * (len(widths) - 1) <= width:
+        return [
+            "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *rows]
+        ]
+    label = max(len(name) for name in header[1:])
+    out = []
+    for row in rows:
+        out.append(f"  {row[0]}")
+        pairs = zip(header[1:], row[1:], strict=True)
+        out += [f"      {name.lower():<{label}}  {cell}" for name, cell in pairs]
+    return out

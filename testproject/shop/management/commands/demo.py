@@ -1,25 +1,41 @@
 """``manage.py demo``: five local Redis masters, a fresh database, a demo admin, and runserver.
 
-It prints the URLs (transfers, seat booking, admin, metrics), the admin login, and the commands
-to try by hand: ``redlock_status``, the guarded ``nightly_report`` and ``redlock_run``.
+It prints the URLs (transfers, seat booking, admin, metrics), the admin login, and commands to
+try in another terminal (``redlock_status``, the guarded ``nightly_report``, ``redlock_run``),
+each complete: it works as pasted, with no environment to set first.
 
-Everything stays on loopback. Stop it with Ctrl-C: the masters stop with it.
+Everything stays on loopback. Ctrl-C, ``kill`` (SIGTERM) and closing the terminal (SIGHUP) all
+stop it the same way: runserver and the masters stop with it. A second demo while one runs (its
+port taken, or its directory in use) refuses to start and changes nothing of the first one's.
+The masters run with ``appendonly yes`` and ``appendfsync always``, the setup the admin and
+``redlock_status`` call healthy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.testing.masters import local_masters
+
+#: Signals that stop the demo as Ctrl-C does: ``kill`` and a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: Persistence that survives a crash without losing a lock (see the README's guarantees).
+DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
 
 
 class Command(BaseCommand):
@@ -32,56 +48,123 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, port: int, masters: int, **options: Any) -> None:
         demo_dir = Path(settings.DEMO_DIR)
+        refuse_if_in_use(port, demo_dir)  # before anything of a running demo is touched
         shutil.rmtree(demo_dir, ignore_errors=True)
         demo_dir.mkdir(parents=True)
+        pid_file = demo_dir / "demo.pid"
+        pid_file.write_text(str(os.getpid()))
+        try:
+            with stop_on_signals(), local_masters(masters, demo_dir / "masters", *DURABLE) as up:
+                self.serve(port, [m.url for m in up], demo_dir)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C, SIGTERM or SIGHUP: everything started was stopped on the way out
+        finally:
+            pid_file.unlink(missing_ok=True)
+
+    def serve(self, port: int, urls: list[str], demo_dir: Path) -> None:
+        env = {**os.environ, "REDLOCK_NODES": ",".join(urls), "REDLOCK_DEMO_DIR": str(demo_dir)}
+        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        subprocess.run([*manage, "migrate", "--verbosity", "0"], env=env, check=True)  # noqa: S603
         password = secrets.token_urlsafe(12)
-        with local_masters(masters, demo_dir / "masters") as started:
-            env = {
-                **os.environ,
-                "REDLOCK_NODES": ",".join(m.url for m in started),
-                "REDLOCK_DEMO_DIR": str(demo_dir),
-            }
-            manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
-            subprocess.run([*manage, "migrate", "--verbosity", "0"], env=env, check=True)  # noqa: S603
-            subprocess.run(  # noqa: S603
-                [
-                    *manage,
-                    "shell",
-                    "--no-imports",
-                    "-c",
-                    "from django.contrib.auth.models import User; "
-                    f"User.objects.create_superuser('admin', 'admin@localhost', {password!r})",
-                ],
-                env=env,
-                check=True,
+        subprocess.run(  # noqa: S603
+            [
+                *manage,
+                "shell",
+                "--no-imports",
+                "-c",
+                "from django.contrib.auth.models import User; "
+                f"User.objects.create_superuser('admin', 'admin@localhost', {password!r})",
+            ],
+            env=env,
+            check=True,
+        )
+        self.introduce(port, password, urls, env)
+        server = subprocess.Popen(  # noqa: S603
+            [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"], env=env
+        )
+        try:
+            server.wait()
+        finally:
+            stop(server)
+
+    def introduce(self, port: int, password: str, urls: list[str], env: dict[str, str]) -> None:
+        base = f"http://127.0.0.1:{port}"
+        # Each command carries its environment and absolute paths: it works pasted anywhere.
+        prefix = " ".join(
+            f"{name}={shlex.quote(env[name])}" for name in ("REDLOCK_NODES", "REDLOCK_DEMO_DIR")
+        )
+        run = f"{prefix} {shlex.quote(sys.executable)} "
+        run += shlex.quote(str(Path(settings.BASE_DIR) / "manage.py"))
+        say = self.stdout.write
+        say(self.style.SUCCESS("django-redlock demo"))
+        say(f"  masters : {', '.join(urls)}")
+        say(f"  demo    : {base}/  (money transfers under redlock())")
+        say(f"  seats   : {base}/seats/  (seat bookings under @lock_view)")
+        say(f"  admin   : {base}/admin/  (user admin, password {password})")
+        say(f"  metrics : {base}/metrics/")
+        say("  In another terminal (each line works as pasted):")
+        say(f"  status  : {run} redlock_status")
+        say(
+            f"  guarded : {run} nightly_report\n"
+            f"            (run it in two terminals at once: the second exits with status 75, "
+            f"'held by another process')"
+        )
+        say(f"  any cmd : {run} redlock_run -- clearsessions\n            (as a cron line would)")
+        say("  Ctrl-C (or kill, or closing this terminal) stops the site and the masters.\n")
+        self.stdout.flush()
+
+
+def refuse_if_in_use(port: int, demo_dir: Path) -> None:
+    """``CommandError`` (exit status 1) if the port is taken or a live demo owns ``demo_dir``."""
+    pid_file = demo_dir / "demo.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text())
+        if pid != os.getpid() and _alive(pid):
+            raise CommandError(
+                f"a demo (pid {pid}) is running from {demo_dir}: stop it first (nothing changed)"
             )
-            base = f"http://127.0.0.1:{port}"
-            shell_env = f"REDLOCK_NODES={env['REDLOCK_NODES']}"
-            if "REDLOCK_DEMO_DIR" in os.environ:
-                shell_env += f" REDLOCK_DEMO_DIR={demo_dir}"
-            run = f"{sys.executable} manage.py"
-            self.stdout.write(self.style.SUCCESS("django-redlock demo"))
-            self.stdout.write(f"  masters : {', '.join(m.url for m in started)}")
-            self.stdout.write(f"  demo    : {base}/  (money transfers under redlock())")
-            self.stdout.write(f"  seats   : {base}/seats/  (seat bookings under @lock_view)")
-            self.stdout.write(f"  admin   : {base}/admin/  (user admin, password {password})")
-            self.stdout.write(f"  metrics : {base}/metrics/")
-            self.stdout.write(f"  In another terminal, in {Path.cwd()}:")
-            self.stdout.write(f"  env     : export {shell_env}")
-            self.stdout.write(f"  status  : {run} redlock_status")
-            self.stdout.write(
-                f"  guarded : {run} nightly_report  (a guarded command: run it in two terminals "
-                f"at once, the second exits with status 75, 'held by another process')"
-            )
-            self.stdout.write(
-                f"  any cmd : {run} redlock_run -- clearsessions  (guards any installed command, "
-                f"as a cron line would)"
-            )
-            self.stdout.write("  Ctrl-C stops the site and the masters.\n")
-            self.stdout.flush()
-            try:
-                subprocess.run(  # noqa: S603
-                    [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"], env=env, check=False
-                )
-            except KeyboardInterrupt:
-                pass
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CommandError(
+                f"port {port} is taken ({exc.strerror}): another demo or server runs there; "
+                f"stop it or pass --port (nothing changed)"
+            ) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, so that every ``with`` and
+    ``finally`` on the way out stops what it started; the old handlers come back after."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """Stop runserver: SIGTERM, then SIGKILL if it has not gone within 10 s."""
+    if server.poll() is None:
+        server.terminate()
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
