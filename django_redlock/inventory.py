@@ -3,7 +3,7 @@
 Listing: each master is SCANned (never KEYS) with MATCH on the glob-escaped key prefix, the
 resource names are merged across masters and sorted, and only the requested page is read back:
 one pipeline per master with each key's type, PTTL, length, value (at most
-``lock_values.MAX_VALUE_BYTES`` of it) and fencing counter. Masters are asked at once, in threads.
+``engine.values.MAX_VALUE_BYTES`` of it) and fencing counter. Masters are asked at once, in threads.
 A master that cannot be read is reported, and the k of "held on k of N" is then a lower bound.
 
 Whatever is under the prefix is read without trusting it: a key of another type, a value that is
@@ -33,8 +33,7 @@ from .engine.connections import Node
 from .engine.drivers import fan_out
 from .engine.rounds import failure
 from .engine.scripts import RELEASE
-from .health import admin_client
-from .lock_values import (
+from .engine.values import (
     FINGERPRINT_LENGTH,
     MAX_VALUE_BYTES,
     Owner,
@@ -42,6 +41,7 @@ from .lock_values import (
     fingerprint,
     parse_value,
 )
+from .health import admin_client
 
 __all__ = ["Copy", "HeldLock", "Inventory", "Owner", "UnreadableKey", "fingerprint", "list_locks"]
 

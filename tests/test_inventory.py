@@ -9,6 +9,7 @@ import time
 import pytest
 
 from django_redlock.engine import Redlock
+from django_redlock.engine.values import UnreadableValue, parse_value
 from django_redlock.inventory import (
     fingerprint,
     force_release,
@@ -16,7 +17,6 @@ from django_redlock.inventory import (
     inspect,
     list_locks,
 )
-from django_redlock.lock_values import UnreadableValue, parse_value
 
 FOREIGN_TOKEN = "0123456789abcdef0123456789abcdef"
 

@@ -18,7 +18,7 @@ from .lock import Lock
 from .locking import locking
 from .notices import LocalQueues, ReleaseNotices
 from .rounds import Reply
-from .values import owner_of
+from .values import Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
 
 DEFAULT_KEY_PREFIX = "redlock:"
@@ -28,12 +28,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a resource: the owner its value names (host, pid, thread, task, label, ttl,
-    since; empty if the value is not one of ours), on how many masters, and a short
-    fingerprint of the value (never the token)."""
+    """Who holds a resource: the owner its value names (empty if the value is not one of ours),
+    on how many masters, and a short fingerprint of its token (never the token)."""
 
     resource: str
-    owner: dict[str, object]
+    owner: Owner
     masters: int
     fingerprint: str
 
@@ -42,9 +41,11 @@ def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder |
     values = [r for r in replies if isinstance(r, bytes)]
     for value in set(values):
         if values.count(value) >= masters.quorum:
-            owner = owner_of(value) or {}
-            fingerprint = protocol.notice_digest(value)[:8]
-            return Holder(resource, owner, values.count(value), fingerprint)
+            try:
+                print_, owner = parse_value(value)
+            except UnreadableValue:
+                print_, owner = fingerprint(value.partition(b":")[0]), Owner()
+            return Holder(resource, owner, values.count(value), print_)
     return None
 
 

@@ -1,23 +1,41 @@
-"""What we store on each master as the lock's value: an unguessable token, then who holds it.
+"""What we store on each master as the lock's value: an unguessable token, then who holds it;
+written (``make_value``) and read back (``parse_value``) here only.
 
 ``<32 hex token>:{"host":..,"pid":..,"thread":..,"task":..,"label":..,"ttl":..,"since":<unix>}``
 
 The token (16 bytes from ``secrets``) is what compare-and-delete and compare-and-extend check; the
 JSON after it is for humans (the admin page, ``redlock_status``) and names the thread, and the
 asyncio task if any, that holds the lock now.
+
+Anything else can sit under the key prefix too: another program's keys, a value cut short, or one
+built to hurt the reader (megabytes, JSON nested thousands deep). ``parse_value`` accepts only our
+shape, within ``MAX_VALUE_BYTES`` and one level of nesting, and raises ``UnreadableValue`` saying
+why for everything else, so that callers show a row instead of failing. Tokens never leave this
+module's callers: a holder is named by its fingerprint (a short sha256).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
 import os
+import re
 import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
+from typing import TypeVar
 
 _HOST = socket.gethostname()
+
+#: Longest value we read and parse. Ours are a few hundred bytes (the label is capped); a larger
+#: one is not ours, and reading it whole on every page view would let one key slow the admin.
+MAX_VALUE_BYTES = 8192
+FINGERPRINT_LENGTH = 8
+_TOKEN = re.compile(rb"[0-9a-f]{32}")
 
 #: Everything of the owner JSON but "since", by (process, thread name, task name, label, ttl):
 #: JSON-encoding it on every acquisition cost more than the rest of building the value. Keyed by
@@ -54,19 +72,106 @@ def make_value(label: str | None, ttl: float) -> str:
     return f'{secrets.token_hex(16)}:{owner_json},"since":{since}}}'
 
 
-#: The owner JSON is read back only up to this size (a hostile or foreign value is not parsed).
-MAX_OWNER_BYTES = 4096
+T = TypeVar("T")
 
 
-def owner_of(value: bytes | str) -> dict[str, object] | None:
-    """The owner part of a lock value as a dict, or None if the value is not one of ours (no
-    token, not JSON, too large, too deep, not an object)."""
-    raw = value.encode() if isinstance(value, str) else value
-    token, sep, owner = raw.partition(b":")
-    if not sep or len(token) != 32 or len(owner) > MAX_OWNER_BYTES:
-        return None
+class UnreadableValue(ValueError):
+    """A value that is not a lock value written by django-redlock; the message says why."""
+
+
+def fingerprint(token: str | bytes) -> str:
+    """A short, safe-to-show name for a token: the first hex digits of its sha256."""
+    data = token.encode() if isinstance(token, str) else token
+    return hashlib.sha256(data).hexdigest()[:FINGERPRINT_LENGTH]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who took a lock, as its holder wrote it next to the token (for humans, not for safety)."""
+
+    host: str | None = None
+    pid: int | None = None
+    thread: str | None = None
+    task: str | None = None  # the asyncio task, if the holder was one
+    label: str | None = None
+    since: float | None = None  # unix wall-clock seconds at acquisition
+    ttl: float | None = None  # the lease the holder asked for, seconds
+
+    def __str__(self) -> str:
+        parts = [self.host or "?", f"pid {self.pid if self.pid is not None else '?'}"]
+        if self.thread:
+            parts.append(f"thread {self.thread}")
+        if self.task:
+            parts.append(f"task {self.task}")
+        if self.label:
+            parts.append(f"label {self.label!r}")
+        return " ".join(parts)
+
+
+def parse_value(value: bytes, *, size: int | None = None) -> tuple[str, Owner]:
+    """``<token>:<owner JSON>`` -> (fingerprint of the token, owner), or ``UnreadableValue``.
+
+    ``size``: the stored length, when ``value`` is only the head of it."""
+    size = len(value) if size is None else size
+    if size > MAX_VALUE_BYTES:
+        raise UnreadableValue(f"{size} bytes, longer than a lock value can be ({MAX_VALUE_BYTES})")
+    token, sep, rest = value.partition(b":")
+    if not sep or not _TOKEN.fullmatch(token):
+        raise UnreadableValue("not <32 hex token>:<owner>, so not a django-redlock lock value")
     try:
-        parsed = json.loads(owner)
-    except (ValueError, RecursionError):
+        text = rest.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnreadableValue("owner is not UTF-8 text") from None
+    if not text.startswith("{") or _nested(text):
+        raise UnreadableValue("owner is not a flat JSON object")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise UnreadableValue("owner is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise UnreadableValue("owner is not a JSON object")
+    owner = Owner(
+        host=_typed(data.get("host"), str),
+        pid=_typed(data.get("pid"), int),
+        thread=_typed(data.get("thread"), str),
+        task=_typed(data.get("task"), str),
+        label=_typed(data.get("label"), str),
+        since=_number(data.get("since")),
+        ttl=_number(data.get("ttl")),
+    )
+    return fingerprint(token), owner
+
+
+def _nested(text: str) -> bool:
+    """Whether a JSON text opens an object or array inside its outer one (outside strings).
+
+    Checked before ``json.loads``, whose recursion a value nested thousands deep would exhaust."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+            if depth > 1:
+                return True
+        elif char in "}]":
+            depth -= 1
+    return False
+
+
+def _typed(value: object, kind: type[T]) -> T | None:
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    return parsed if isinstance(parsed, dict) else None
+    return float(value)
