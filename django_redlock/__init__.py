@@ -4,20 +4,74 @@ from django_redlock import redlock
 
 with redlock("invoice:42", ttl=10, wait=5) as lock:
     ...
+
+Importing this package reads no settings and connects to nothing; the Django surfaces
+(``lock_view``, ``GuardedCommandMixin``, ``guard_command``, ``fenced_update``) are imported from
+here on first use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .engine import Lock, LockContended, LockLost, LockNotAcquired, QuorumUnavailable, protocol
+from .engine import (
+    ExtensionLimit,
+    Lock,
+    LockContended,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+)
+from .engine.locking import locking
 
-__all__ = ["LockContended", "LockLost", "LockNotAcquired", "QuorumUnavailable", "redlock"]
+if TYPE_CHECKING:
+    from .commands import GuardedCommandMixin, guard_command
+    from .decorators import lock_view
+    from .engine.redlock import Holder
+    from .fencing import fenced_update
+
+__all__ = [
+    "ExtensionLimit",
+    "GuardedCommandMixin",
+    "LockContended",
+    "LockLost",
+    "LockNotAcquired",
+    "QuorumUnavailable",
+    "fenced_update",
+    "guard_command",
+    "holder",
+    "is_locked",
+    "lock_view",
+    "locked",
+    "redlock",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The Django surfaces, imported on first use (``from django_redlock import lock_view``): they
+#: import Django's request and command machinery, which a plain ``redlock()`` user does not need.
+_LAZY = {
+    "lock_view": "decorators",
+    "GuardedCommandMixin": "commands",
+    "guard_command": "commands",
+    "fenced_update": "fencing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def redlock(
-    resource: str,
-    *,
+    *resources: str,
     ttl: float | None = None,
     wait: float | None = None,
     label: str | None = None,
@@ -27,29 +81,61 @@ def redlock(
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
 ) -> Lock:
-    """A lock on ``resource`` over the masters of ``settings.REDLOCK``.
+    """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
+    several (all of them or none, on each master: no deadlock whatever the order).
 
     Use it as ``with redlock(...) as lock:`` or ``async with``. ``ttl`` (seconds) is the lease and
     ``wait`` (seconds) how long to keep trying when another owner holds it; both default to the
     setting. Leaving the block releases the lock on every master. Raises ``LockContended`` or
     ``QuorumUnavailable`` (both ``LockNotAcquired``) when it cannot be acquired, and ``LockLost``
-    on leaving a block that outlived its lease.
+    on leaving a block that outlived its lease (``release()`` too, when no quorum confirmed it).
 
     ``auto_extend=True`` renews the lease in the background until the block ends (capped by
     ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
     it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
-    is a fencing token that strictly increases per resource.
+    is a fencing token that strictly increases per resource (``lock.fences`` for several).
     """
     from .conf import get_redlock
 
     return get_redlock().lock(
-        resource,
+        *resources,
         ttl=ttl,
         wait=wait,
-        label=protocol.check_label(label),  # the engine checks it too, once the lead wires it
+        label=label,
         auto_extend=auto_extend,
         max_extensions=max_extensions,
         max_hold=max_hold,
         reentrant=reentrant,
         on_lost=on_lost,
     )
+
+
+def locked(*resources: str, **options: Any) -> Callable[[F], F]:
+    """A decorator for any function, sync or async (a service function, a Celery task): run it
+    holding ``redlock(*resources, **options)``, each resource formatted from the call's
+    arguments::
+
+        @locked("report:{user_id}", ttl=60, wait=5)
+        def build_report(user_id: int) -> None: ...
+
+    Settings are read at call time, never when the module is imported."""
+
+    def current() -> Any:
+        from .conf import get_redlock
+
+        return get_redlock()
+
+    return locking(current, resources, options)
+
+
+def holder(resource: str) -> Holder | None:
+    """Who holds ``resource`` now, as a quorum of masters says (host, pid, thread, task,
+    label, since); None if nobody holds it."""
+    from .conf import get_redlock
+
+    return get_redlock().holder(resource)
+
+
+def is_locked(resource: str) -> bool:
+    """Whether anyone holds ``resource`` on a quorum of masters (one round)."""
+    return holder(resource) is not None

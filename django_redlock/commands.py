@@ -70,15 +70,23 @@ def command_resource(name: str) -> str:
 def guard_command(
     name: str,
     *,
-    key: str | None = None,
+    key: str | tuple[str, ...] | None = None,
     ttl: float | None = None,
     wait: float = 0.0,
     label: str | None = None,
     stderr: TextIO | None = None,
 ) -> Iterator[Lock]:
-    """Hold the lock of command ``name`` (``key``, default ``command:<name>``) around the block;
-    see the module docstring for the errors and exit statuses."""
-    resource = bounded_resource(key) if key is not None else command_resource(name)
+    """Hold the lock of command ``name`` (``key``, default ``command:<name>``; a tuple of names
+    locks all of them, as one lock) around the block; see the module docstring for the errors
+    and exit statuses."""
+    resources: tuple[str, ...]
+    if key is None:
+        resources = (command_resource(name),)
+    elif isinstance(key, str):
+        resources = (bounded_resource(key),)
+    else:
+        resources = tuple(bounded_resource(k) for k in key)
+    resource = " + ".join(resources)
     began = time.monotonic()
     lost_after: list[float] = []
 
@@ -93,7 +101,7 @@ def guard_command(
         out.flush()
 
     lock = redlock(
-        resource,
+        *resources,
         ttl=ttl,
         wait=wait,
         label=label or f"manage.py {name}",
@@ -108,7 +116,7 @@ def guard_command(
             except LockContended as error:
                 raise CommandError(
                     f"{name} not started: lock {resource!r} is held by another process "
-                    f"({_holder(resource)}); waited {wait:g}s",
+                    f"({_holder(resources[0])}); waited {wait:g}s",
                     returncode=EXIT_HELD,
                 ) from error
             except QuorumUnavailable as error:
@@ -153,12 +161,13 @@ else:
 class GuardedCommandMixin(_CommandBase):
     """Run this command under its lock: ``class Command(GuardedCommandMixin, BaseCommand)``.
 
-    Set ``lock_key`` (default ``command:<name>``), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
+    Set ``lock_key`` (default ``command:<name>``; a tuple of names locks all of them as one
+    lock), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
     auto-extended) and ``lock_wait`` (default 0: skip at once when another process runs it).
     Defines no ``check()``: that would shadow Django's system checks.
     """
 
-    lock_key: str | None = None
+    lock_key: str | tuple[str, ...] | None = None
     lock_ttl: float | None = None
     lock_wait: float = 0.0
 

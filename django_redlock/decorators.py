@@ -84,8 +84,7 @@ def retry_after(error: LockNotAcquired, fallback: float) -> int:
 
 
 def lock_view(
-    key: Key,
-    *,
+    *keys: Key,
     ttl: float | None = None,
     wait: float = 0.0,
     status: int = 423,
@@ -94,10 +93,12 @@ def lock_view(
     label: str | None = None,
     atomic: bool | str = False,
 ) -> Callable[[V], V]:
-    """Run the view while holding a Redlock on ``key`` (see the module docstring for choices).
+    """Run the view while holding a Redlock on ``keys`` (see the module docstring for choices).
 
-    ``key``: a template formatted from the URL kwargs (``"order:{order_id}"``) or a callable
-    ``(request, *args, **kwargs) -> str``; names longer than 200 characters are hashed.
+    ``keys``: each a template formatted from the URL kwargs (``"order:{order_id}"``) or a
+    callable ``(request, *args, **kwargs) -> str``; names longer than 200 characters are hashed.
+    Several keys make one lock over all of them (``"account:{src}", "account:{dst}"``): all or
+    none, on each master, so two views locking the same pair in opposite orders never deadlock.
     ``ttl``: the lease in seconds (default: ``REDLOCK["TTL"]``), renewed while the view runs.
     ``wait``: seconds to keep trying a held lock before answering ``status`` (default 0: once).
     ``on_contended`` / ``on_unavailable``: ``(request, error) -> response`` (a coroutine
@@ -106,8 +107,10 @@ def lock_view(
     ``atomic``: ``True`` or a database alias to run a sync view in ``transaction.atomic`` inside
     the lock, committed only if the lease is still held.
     """
+    if not keys:
+        raise KeyTemplateError("lock_view needs at least one key: lock_view('order:{order_id}')")
     options = _Options(
-        resource=_resource_function(key),
+        resources=tuple(_resource_function(key) for key in keys),
         ttl=None if ttl is None else protocol.check_ttl(ttl),
         wait=protocol.check_seconds("wait", wait, allow_zero=True),
         status=_check_status(status),
@@ -137,7 +140,7 @@ ResourceOf = Callable[[HttpRequest, tuple[Any, ...], dict[str, Any]], str]
 
 @dataclass(frozen=True)
 class _Options:
-    resource: ResourceOf
+    resources: tuple[ResourceOf, ...]
     ttl: float | None
     wait: float
     status: int
@@ -270,8 +273,8 @@ class _ViewLock:
 
     def lock(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
         o = self.options
-        resource = o.resource(request, args, kwargs)
-        return redlock(resource, ttl=o.ttl, wait=o.wait, label=self.label, auto_extend=True)
+        resources = [resource_of(request, args, kwargs) for resource_of in o.resources]
+        return redlock(*resources, ttl=o.ttl, wait=o.wait, label=self.label, auto_extend=True)
 
     def run_sync(
         self,

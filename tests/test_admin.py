@@ -12,7 +12,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 from django.urls import reverse
 
-from django_redlock import conf, inventory, views
+from django_redlock import LockLost, conf, inventory, views
 from django_redlock.models import HeldLock
 
 pytestmark = pytest.mark.django_db
@@ -204,7 +204,8 @@ def test_post_with_csrf_releases_that_holder_and_logs_it(releaser, engine, maste
     listing = releaser.get(LIST_URL).content.decode()
     assert "released on 5 of 5 masters" in listing  # the success message
     assert secret not in listing
-    lock.release()
+    with pytest.raises(LockLost, match="not released by a quorum"):
+        lock.release()  # the holder learns that its lease was taken away
 
 
 def test_a_new_holder_since_the_confirmation_survives(releaser, engine, masters):

@@ -150,7 +150,8 @@ def test_held_locks_page_in_a_real_browser(
             after_release = page.locator("tr.redlock-lock th.redlock-resource").all_inner_texts()
     finally:
         for lock in held:
-            lock.release()
+            with contextlib.suppress(LockLost):  # the one force-released says so
+                lock.release()
     assert shown_nodes == [m.url for m in masters]
     assert lock_names == resources
     assert after_release == resources[1:]

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from django_redlock import LockLost
 from django_redlock.engine import Redlock
 from django_redlock.engine.values import UnreadableValue, parse_value
 from django_redlock.inventory import (
@@ -204,7 +205,8 @@ def test_force_release_deletes_that_holder_on_every_master(masters, redlock_of):
     assert result.released_on == 5
     assert all(o.released and o.detail == "released" for o in result.outcomes)
     assert raw_values(masters, locks.lock_key("stuck")) == [None] * 5
-    lock.release()  # the old holder's release finds nothing of its own: no error, no harm
+    with pytest.raises(LockLost):
+        lock.release()  # the old holder's release finds nothing of its own, and says so
 
 
 def test_force_release_spares_a_new_holder_that_took_the_lock_since(masters, redlock_of):

@@ -54,7 +54,7 @@ def test_no_repr_of_a_held_lock_or_what_the_operator_tools_return_has_a_token(re
     from django_redlock import LockContended, conf, inventory
 
     engine = conf.get_redlock()
-    with redlock("repr:held", ttl=20, label="repr") as lock:
+    with pytest.raises(LockLost) as lost, redlock("repr:held", ttl=20, label="repr") as lock:  # noqa: PT012
         [token] = {m.call("GET", lock.key).split(b":", 1)[0].decode() for m in redlock_settings}
         with pytest.raises(LockContended) as contended:
             redlock("repr:held").acquire()
@@ -70,4 +70,5 @@ def test_no_repr_of_a_held_lock_or_what_the_operator_tools_return_has_a_token(re
         ]
         released = inventory.force_release(engine, "repr:held", held.fingerprint)
         shown += [repr(released), released.describe()]
+    shown += [repr(lost.value), str(lost.value)]  # leaving: the lease was taken away
     assert [text for text in shown if token in text] == []

@@ -188,7 +188,10 @@ class Client:
             nodes = nodes[shift:] + nodes[:shift]
         self.engine = Redlock(
             nodes,
-            ttl=plan.ttl,
+            # Every lock passes the plan's TTL itself; the engine's default only has to pass the
+            # engine's own check against its budget (replies-past-ttl gives locks a TTL shorter
+            # than the budget on purpose, to show that late grants are refused).
+            ttl=max(plan.ttl, 4 * plan.node_timeout),
             wait=plan.wait,
             node_timeout=plan.node_timeout,
             retry_delay=plan.retry_delay,
@@ -238,7 +241,9 @@ class Client:
         """One critical section; False if the lock could not be acquired (the caller retries)."""
         plan = self.plan
         wait = max(0.0, min(plan.wait, plan.stop_by - time.monotonic()))
-        lock = self.engine.lock(plan.resource, wait=wait, auto_extend=plan.auto_extend)
+        lock = self.engine.lock(
+            plan.resource, ttl=plan.ttl, wait=wait, auto_extend=plan.auto_extend
+        )
         started = time.monotonic()
         try:
             lock.acquire()

@@ -499,7 +499,10 @@ def restarted_master(size: Size, workdir: Path, *, delayed: bool) -> Result:
                 rejoin(i)
             clients.note("masters 2, 3, 4 back, empty" + (" after the TTL" if delayed else ""))
 
-        plan = plan_for(cluster, workdir, size, ttl=ttl, hold=hold)
+        # Clients poll (a short wait, tried again and again) rather than sleep in the queues:
+        # masters that come back empty send no release notice, so a queued waiter would sleep
+        # past the window in which the hazard shows.
+        plan = plan_for(cluster, workdir, size, ttl=ttl, hold=hold, wait=0.05)
         outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
         name = "restart-delayed" if delayed else "restart-empty-hazard"
         notes = (

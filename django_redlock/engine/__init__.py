@@ -2,6 +2,7 @@
 
 from .connections import NodeSpec
 from .errors import (
+    ExtensionLimit,
     LockContended,
     LockLost,
     LockNotAcquired,
@@ -13,6 +14,7 @@ from .lock import Lock
 from .redlock import Redlock
 
 __all__ = [
+    "ExtensionLimit",
     "Lock",
     "LockContended",
     "LockLost",

@@ -11,7 +11,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import protocol, scripts
 from .errors import LockContended, NodeFailure, QuorumUnavailable
@@ -63,7 +63,7 @@ class Want:
     keys: tuple[str, ...]
     ttl: float
     wait: float
-    value: str
+    value: str = field(repr=False)  # the token: never in a repr (error pages show locals)
 
     @property
     def several(self) -> bool:

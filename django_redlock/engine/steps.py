@@ -47,7 +47,7 @@ class Masters(Protocol):
 # --- the steps a procedure can ask for ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Round:
     """Send ``command`` to every master at once; the answer is the list of their replies."""
 
@@ -55,6 +55,12 @@ class Round:
     script: scripts.Script | None = None
     #: Clean-up after an interruption: the async runner shields it from a second cancellation.
     cleanup: bool = False
+
+    def __repr__(self) -> str:
+        # Never the arguments: they carry the lock's value, and error pages and trackers that
+        # capture frame locals would show its token.
+        name = self.command[0] if self.script is None else self.script.name
+        return f"<Round {name}{' (clean-up)' if self.cleanup else ''}>"
 
 
 @dataclass(frozen=True, slots=True)

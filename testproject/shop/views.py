@@ -6,7 +6,8 @@ would: only the lock keeps concurrent requests from losing money or selling a se
 request happens under the lock (SQLite in the tests shares one in-memory database between
 threads, and it refuses concurrent access to a table instead of waiting).
 
-- ``transfer`` uses ``redlock()`` directly: one lock for all accounts.
+- ``transfer`` uses ``redlock()`` directly, on exactly the two accounts it moves money between
+  (one lock over both: all or none, so two transfers in opposite directions cannot deadlock).
 - ``book`` uses ``@lock_view("show:{show_id}")``: one lock per show, from the URL kwarg, so
   bookings for different shows run in parallel.
 """
@@ -64,8 +65,9 @@ def balances(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"accounts": accounts, "total": sum(accounts.values())})
 
 
-def _move(amount: int) -> None:
-    source, target = random.sample(list(Account.objects.all()), 2)  # noqa: S311 (demo)
+def _move(amount: int, source_name: str, target_name: str) -> None:
+    source = Account.objects.get(name=source_name)
+    target = Account.objects.get(name=target_name)
     source.balance -= amount
     time.sleep(0.02)  # the window in which a concurrent transfer would overwrite ours
     target.refresh_from_db()
@@ -77,14 +79,16 @@ def _move(amount: int) -> None:
 @require_POST
 def transfer(request: HttpRequest) -> JsonResponse:
     amount = random.randint(1, 50)  # noqa: S311 (demo)
+    source, target = random.sample(sorted(DEMO_ACCOUNTS), 2)  # noqa: S311 (demo)
     if request.GET.get("unsafe"):
         ensure_accounts()
-        _move(amount)
+        _move(amount, source, target)
         return JsonResponse({"ok": True, "locked": False})
     try:
-        with redlock("shop:accounts", ttl=5, wait=5, label="transfer view") as lock:
+        accounts = (f"account:{source}", f"account:{target}")
+        with redlock(*accounts, ttl=5, wait=5, label="transfer view") as lock:
             ensure_accounts()
-            _move(amount)
+            _move(amount, source, target)
             left = round(lock.validity, 3)
             return JsonResponse({"ok": True, "locked": True, "validity_left": left})
     except LockNotAcquired as exc:

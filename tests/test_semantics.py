@@ -1,0 +1,324 @@
+"""What users of other lock libraries rely on (issue 11), on real masters: a release that did not
+happen says so, "is it still mine?", new durations, locks over several resources, a decorator for
+any function, notices of failing masters and of leases running out, hold counts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import redis
+
+from django_redlock.engine import ExtensionLimit, LockContended, LockLost, Redlock
+from django_redlock.engine.events import NullObserver
+
+
+def delete_everywhere(masters, key: str) -> None:
+    """An operator's force release, or a master that lost the key, on every master."""
+    for m in masters:
+        m.call("DEL", key)
+
+
+def values_of(masters, key: str) -> list[bytes | None]:
+    return [m.call("GET", key) for m in masters]
+
+
+# --- 1. release tells the truth ------------------------------------------------------------------
+
+
+def test_release_after_expiry_raises_and_lost_stays_readable(masters, redlock_of):
+    lock = redlock_of(masters).lock("r", ttl=0.05).acquire()
+    time.sleep(0.1)
+    with pytest.raises(LockLost, match="ran out") as caught:
+        lock.release()
+    assert {f.reason for f in caught.value.failures} == {"gone"}
+    assert lock.lost
+    assert not lock.held
+
+
+def test_release_after_a_forced_release_raises(masters, redlock_of):
+    lock = redlock_of(masters).lock("r", ttl=10).acquire()
+    delete_everywhere(masters, lock.key)
+    with pytest.raises(LockLost, match="not released by a quorum"):
+        lock.release()
+    assert lock.lost
+
+
+def test_release_after_another_owner_took_over_raises_and_leaves_its_key(masters, redlock_of):
+    engine, other = redlock_of(masters), redlock_of(masters)
+    old = engine.lock("r", ttl=0.05).acquire()
+    time.sleep(0.1)
+    new = other.lock("r", ttl=10).acquire()
+    theirs = values_of(masters, new.key)
+    with pytest.raises(LockLost):
+        old.release()
+    assert values_of(masters, new.key) == theirs
+    new.release()
+
+
+def test_release_without_a_quorum_raises_after_releasing_where_it_could(fresh_masters, redlock_of):
+    masters = fresh_masters(5)
+    lock = redlock_of(masters, node_timeout=0.05).lock("r", ttl=10).acquire()
+    for m in masters[:3]:
+        m.kill()
+    with pytest.raises(LockLost) as caught:
+        lock.release()
+    assert sorted(f.reason for f in caught.value.failures) == ["error"] * 3
+    assert values_of(masters[3:], lock.key) == [None, None]  # removed where it could be
+
+
+def test_a_block_whose_lease_was_lost_raises_once(masters, redlock_of):
+    engine = redlock_of(masters)
+    with pytest.raises(LockLost) as caught, engine.lock("r", ttl=10) as lock:
+        delete_everywhere(masters, lock.key)
+    assert caught.value.__context__ is None  # one LockLost, not one raised while handling another
+    with pytest.raises(ValueError, match="own") as own, engine.lock("r", ttl=10) as lock:  # noqa: PT012
+        delete_everywhere(masters, lock.key)
+        raise ValueError("the block's own error")
+    assert any("not released by a quorum" in note for note in own.value.__notes__)
+
+
+# --- 2. "is it still mine?" and "is anyone holding it?" -------------------------------------------
+
+
+def test_locked_asks_the_masters_and_notices_a_forced_release(masters, redlock_of):
+    lost: list[LockLost] = []
+    lock = redlock_of(masters).lock("r", ttl=10, on_lost=lambda lock, error: lost.append(error))
+    assert not lock.locked()
+    lock.acquire()
+    assert lock.locked()
+    delete_everywhere(masters, lock.key)
+    assert lock.held  # the local clock alone cannot know
+    assert not lock.locked()
+    assert lock.lost
+    assert len(lost) == 1
+    with pytest.raises(LockLost):
+        lock.release()
+
+
+def test_alocked_and_the_holder_of_a_resource(masters, redlock_of):
+    engine = redlock_of(masters)
+
+    async def main() -> None:
+        async with engine.lock("r", ttl=10, label="nightly") as lock:
+            assert await lock.alocked()
+            holder = await engine.aholder("r")
+            assert holder is not None
+            assert holder.masters == 5
+            assert (holder.owner.label, holder.owner.task) == ("nightly", "the-task")
+            assert await engine.ais_locked("r")
+        assert await engine.aholder("r") is None
+
+    async def as_a_named_task() -> None:
+        await asyncio.wait_for(asyncio.create_task(main(), name="the-task"), 10)
+
+    asyncio.run(as_a_named_task())
+    assert not engine.is_locked("r")
+
+
+# --- 3. extend to a new duration, max_extensions over every extension -----------------------------
+
+
+def test_extend_to_a_new_duration(masters, redlock_of):
+    with redlock_of(masters).lock("r", ttl=1) as lock:
+        assert lock.validity < 1
+        assert 4.9 < lock.extend(ttl=5) <= 5
+        assert all(4000 < m.call("PTTL", lock.key) <= 5000 for m in masters)
+        assert 4.9 < lock.extend() <= 5  # the new duration is the lease's TTL from now on
+
+
+def test_max_extensions_counts_manual_and_automatic_extensions(masters, redlock_of):
+    with redlock_of(masters).lock("r", ttl=0.3, auto_extend=True, max_extensions=2) as lock:
+        lock.extend()
+        time.sleep(0.15)  # the watchdog renews once at ~0.1 s: 2 extensions in all
+        with pytest.raises(ExtensionLimit, match="max_extensions=2"):
+            lock.extend()
+        assert lock.held  # the refusal changed nothing
+
+
+# --- 4. locks over several resources --------------------------------------------------------------
+
+
+def test_a_lock_over_two_resources_holds_both_or_none(masters, redlock_of):
+    engine, other = redlock_of(masters), redlock_of(masters)
+    with engine.lock("account:1", "account:2", ttl=10) as pair:
+        values = [values_of(masters, k) for k in pair.keys]
+        assert values[0] == values[1]
+        assert None not in values[0]
+        for overlapping in (("account:1",), ("account:2",), ("account:2", "account:3")):
+            with pytest.raises(LockContended):
+                other.lock(*overlapping, ttl=10).acquire()
+        assert values_of(masters, engine.lock_key("account:3")) == [None] * 5  # none, not some
+        with other.lock("account:3", ttl=10):
+            pass
+        assert 9 < pair.extend()
+        assert all(m.call("PTTL", pair.keys[1]) > 9000 for m in masters)
+        fences = pair.fences
+        assert set(fences) == {"account:1", "account:2"}
+        with pytest.raises(RuntimeError, match="fences"):
+            pair.fence  # noqa: B018
+    assert [values_of(masters, k) for k in pair.keys] == [[None] * 5] * 2
+    with engine.lock("account:2", "account:1", ttl=10) as again:
+        assert all(again.fences[r] > fences[r] for r in fences)
+
+
+def test_several_resources_refuse_duplicates_and_a_partial_holding_is_a_loss(masters, redlock_of):
+    engine = redlock_of(masters)
+    with pytest.raises(ValueError, match="more than once"):
+        engine.lock("a", "b", "a")
+    with pytest.raises(LockLost) as caught, engine.lock("a", "b", ttl=10) as pair:  # noqa: PT012
+        delete_everywhere(masters, pair.keys[1])  # one of the two taken away
+        assert not pair.locked()
+    assert caught.value.__context__ is None
+
+
+def test_a_lock_over_several_resources_waits_for_a_single_holder(masters, redlock_of):
+    engine, other = redlock_of(masters), redlock_of(masters)
+    held = threading.Event()
+
+    def hold_b_for_a_while() -> None:
+        with other.lock("b", ttl=10):
+            held.set()
+            time.sleep(0.2)
+
+    holder = threading.Thread(target=hold_b_for_a_while)
+    holder.start()
+    held.wait(5)
+    started = time.monotonic()
+    with engine.lock("a", "b", ttl=10, wait=5):
+        assert 0.1 < time.monotonic() - started < 2
+    holder.join(5)
+
+
+def _opposite_orders(urls: list[str], worker: int, rounds: int, counter: str) -> None:
+    engine = Redlock(urls, node_timeout=0.25)
+    order = ("x", "y") if worker % 2 else ("y", "x")
+    store = redis.Redis.from_url(counter)
+    for _ in range(rounds):
+        with engine.lock(*order, ttl=5, wait=30):
+            seen = int(store.get("count") or 0)  # read, pause, write: overlaps would lose counts
+            time.sleep(0.001)
+            store.set("count", seen + 1)
+    engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_opposite_orders_in_8_processes_neither_deadlock_nor_overlap(masters, fresh_masters):
+    import multiprocessing
+
+    counter = fresh_masters(1)[0]
+    urls = [m.url for m in masters]
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_opposite_orders, args=(urls, n, 15, counter.url)) for n in range(8)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(90)
+    assert [w.exitcode for w in workers] == [0] * 8
+    assert int(counter.call("GET", "count")) == 8 * 15  # no lost update: never two at once
+
+
+# --- 5. a decorator for any function --------------------------------------------------------------
+
+
+def test_the_decorator_locks_sync_and_async_functions_by_their_arguments(masters, redlock_of):
+    engine = redlock_of(masters)
+    seen: list[object] = []
+
+    @engine.locked("report:{user_id}", ttl=10)
+    def report(user_id: int, *, fmt: str = "pdf") -> str:
+        seen.append(values_of(masters, engine.lock_key(f"report:{user_id}")))
+        return f"{user_id}.{fmt}"
+
+    @engine.locked("a:{a}", "b:{b}", ttl=10)
+    async def transfer(a: int, b: int) -> int:
+        seen.append(await engine.ais_locked(f"a:{a}") and await engine.ais_locked(f"b:{b}"))
+        return a + b
+
+    assert report(7, fmt="csv") == "7.csv"
+    assert None not in seen[0]
+    assert asyncio.run(transfer(1, b=2)) == 3
+    assert seen[1] is True
+    assert not engine.is_locked("report:7")
+    with pytest.raises(ValueError, match="names {usr}, which is not a parameter"):
+        engine.locked("report:{usr}")(lambda user_id: None)
+
+
+def test_the_decorator_refuses_a_held_resource(masters, redlock_of):
+    engine = redlock_of(masters)
+
+    @engine.locked("job:{name}", ttl=10)
+    def job(name: str) -> None:
+        raise AssertionError("ran while another held the lock")
+
+    with engine.lock("job:nightly", ttl=10), pytest.raises(LockContended):
+        job("nightly")
+
+
+# --- 6. a master that fails while the lock still works is told ------------------------------------
+
+
+class Recorder(NullObserver):
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, list[str]]] = []
+
+    def masters_failed(self, lock, *, action, failures) -> None:  # type: ignore[no-untyped-def]
+        self.failed.append((action, [f.node for f in failures]))
+
+
+def test_a_failing_minority_is_told_on_acquire_extend_and_release(fresh_masters, redlock_of):
+    masters = fresh_masters(5)
+    recorder = Recorder()
+    engine = redlock_of(masters, observer=recorder)
+    masters[0].kill()
+    with engine.lock("r", ttl=10) as lock:
+        lock.extend()
+    down = engine.nodes[0].label
+    assert recorder.failed == [("acquire", [down]), ("extend", [down]), ("release", [down])]
+
+
+# --- 7. a lease that runs out while nobody looks is told at once ----------------------------------
+
+
+def test_a_lease_running_out_unwatched_fires_on_lost_at_its_expiry(masters, redlock_of):
+    noticed: list[float] = []
+    lock = redlock_of(masters).lock(
+        "r", ttl=0.3, on_lost=lambda lock, error: noticed.append(time.monotonic())
+    )
+    lock.acquire()
+    expires = time.monotonic() + lock.validity
+    time.sleep(0.5)
+    assert len(noticed) == 1, "on_lost did not fire when the lease ran out"
+    assert 0 <= noticed[0] - expires < 0.1
+    with pytest.raises(LockLost):
+        lock.release()
+    assert len(noticed) == 1  # once
+
+
+def test_a_released_lease_fires_nothing_later(masters, redlock_of):
+    noticed: list[float] = []
+    lock = redlock_of(masters).lock("r", ttl=0.2, on_lost=lambda *_: noticed.append(1.0))
+    with lock:
+        pass
+    time.sleep(0.35)
+    assert noticed == []
+
+
+# --- 8. hold count --------------------------------------------------------------------------------
+
+
+def test_hold_count_of_a_reentrant_lock(masters, redlock_of):
+    engine = redlock_of(masters)
+    outer = engine.lock("r", ttl=10, reentrant=True)
+    assert outer.hold_count == 0
+    with outer:
+        inner = engine.lock("r", ttl=10, reentrant=True)
+        with inner:
+            assert (outer.hold_count, inner.hold_count) == (2, 2)
+        assert outer.hold_count == 1
+    assert outer.hold_count == 0
