@@ -86,6 +86,17 @@ def ip_tool(name: str) -> str:
     return found
 
 
+def require_root() -> None:
+    """Raise ``HostsUnavailable``, saying why, unless this process can make namespaces."""
+    if os.geteuid() != 0:
+        raise HostsUnavailable(
+            f"network namespaces need root (CAP_SYS_ADMIN, CAP_NET_ADMIN); this runs as uid "
+            f"{os.geteuid()}: run the separate-hosts tests as root (CI does)"
+        )
+    ip_tool("ip")
+    ip_tool("tc")
+
+
 def run(*command: str, check: bool = True) -> str:
     """Run ``ip``/``tc``/``kill`` style commands; an error carries their stderr."""
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=30)
@@ -183,11 +194,7 @@ class Network:
     def up(self) -> Network:
         """Make the namespaces, bridge and links. On any error, remove what was made and raise
         ``HostsUnavailable`` when the cause is that namespaces cannot be made here."""
-        if os.geteuid() != 0:
-            raise HostsUnavailable(
-                f"network namespaces need root (CAP_SYS_ADMIN, CAP_NET_ADMIN); this runs as uid "
-                f"{os.geteuid()}: run the separate-hosts tests as root (CI does)"
-            )
+        require_root()
         sweep_leftovers()
         try:
             self._add(self.hub)
