@@ -18,6 +18,8 @@ from .host_scenarios import HOST_SCENARIOS, all_silent_partition_timings, timing
 from .hosts import HostsUnavailable, require_root
 from .scenarios import FULL, SCENARIOS, Result, Size, soak
 
+WHERE_HOSTS = "each master and client group in a network namespace of its own (veth + bridge)"
+
 
 def verdict_cell(result: Result) -> str:
     failed = result.failed_checks()
@@ -134,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"# Chaos: {what}",
         "",
         f"`{' '.join(['python -m bench.chaos', *(sys.argv[1:] if argv is None else argv)])}`"
-        f" — {report.environment()}",
+        f" — {report.environment(WHERE_HOSTS if args.hosts else 'all masters on 127.0.0.1')}",
         "",
         table(results),
     ]

@@ -15,12 +15,12 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .harness import Clients, Hold
+from .harness import Clients, Faults, Hold, Outcome, Plan, run
 from .hosts import ROOT, HostCluster
 from .scenarios import (
     CI,
@@ -58,12 +58,45 @@ def work_for(size: Size) -> float:
 TOLD_SLACK = 0.1
 
 
-def by_host(cluster: HostCluster, outcome_sections: list[Any], start: float, end: float) -> dict:
+def by_host(cluster: HostCluster, outcome: Outcome, start: float, end: float) -> dict[str, int]:
+    """Sections acquired between two instants, by client host."""
     counts = dict.fromkeys(cluster.network.clients, 0)
-    for s in outcome_sections:
+    for s in outcome.sections:
         if start <= s.acquired < end:
             counts[cluster.host_of(s.worker)] += 1
     return counts
+
+
+def run_on(
+    cluster: HostCluster, plan: Plan, size: Size, faults: Faults, per_section: float = 0.05
+) -> Outcome:
+    return run(cluster, plan, size.processes, faults, budget=budget_for(size, per_section))
+
+
+def mid_run_fault(
+    name: str,
+    cluster: HostCluster,
+    size: Size,
+    workdir: Path,
+    fault: tuple[Callable[[], None], Callable[[], None]],
+    check: str,
+    describe: Callable[[Outcome, float, float], str],
+    **options: Any,
+) -> Result:
+    """Run the clients with ``fault`` (begin, end) in force from a third to two thirds of the
+    run (at most ``window_length``); some sections must be done while it lasts."""
+    window: list[float] = []
+
+    def faults(clients: Clients) -> None:
+        window.extend(fault_window(clients, *fault, longest=window_length(size)))
+
+    plan = plan_for(cluster, workdir, size, work=work_for(size), **options)
+    outcome = run_on(cluster, plan, size, faults, per_section=0.1)
+    return finish(
+        name, cluster, outcome, plan, expected_done=size.total,
+        checks={check: within(outcome, *window) > 0},
+        notes=[describe(outcome, *window)],
+    )  # fmt: skip
 
 
 def asymmetric(size: Size, workdir: Path) -> Result:
@@ -71,36 +104,22 @@ def asymmetric(size: Size, workdir: Path) -> Result:
     the two majorities share master 2. Mutual exclusion must hold across them."""
     with HostCluster(workdir) as cluster:
         net = cluster.network
-        window: list[float] = []
 
         def cut() -> None:
             net.cut("c0", ["m3", "m4"])
             net.cut("c1", ["m0", "m1"])
 
-        def heal() -> None:
-            net.uncut("c0")
-            net.uncut("c1")
+        def describe(outcome: Outcome, start: float, end: float) -> str:
+            sides = by_host(cluster, outcome, start, end)
+            return (
+                f"{end - start:.1f} s with c0 -> m0-m2 and c1 -> m2-m4: sections by c0 "
+                f"{sides['c0']}, by c1 {sides['c1']}"
+            )
 
-        def faults(clients: Clients) -> None:
-            window.extend(fault_window(clients, cut, heal, longest=window_length(size)))
-
-        plan = plan_for(cluster, workdir, size, work=work_for(size))
-        outcome = run_on(cluster, plan, size, faults)
-        sides = by_host(cluster, outcome.sections, *window)
-        return finish(
-            "hosts-asymmetric", cluster, outcome, plan, expected_done=size.total,
-            checks={"sections while the majorities differed": sum(sides.values()) > 0},
-            notes=[
-                f"{window[1] - window[0]:.1f} s with c0 -> m0-m2 and c1 -> m2-m4: sections by "
-                f"c0 {sides['c0']}, by c1 {sides['c1']}"
-            ],
+        return mid_run_fault(
+            "hosts-asymmetric", cluster, size, workdir, (cut, net.heal),
+            "sections while the majorities differed", describe,
         )  # fmt: skip
-
-
-def run_on(cluster: HostCluster, plan: Any, size: Size, faults: Any, per_section: float = 0.05):
-    from .harness import run
-
-    return run(cluster, plan, size.processes, faults, budget=budget_for(size, per_section))
 
 
 def minority_extending(size: Size, workdir: Path) -> Result:
@@ -220,10 +239,8 @@ def flapping(size: Size, workdir: Path) -> Result:
             plan_for(cluster, workdir, Size(size.processes, 0)),
             sections=None, ttl=0.5, node_timeout=0.02, wait=2.0,
         )  # fmt: skip
-        from .harness import run
-
         outcome = run(cluster, plan, size.processes, faults, budget=seconds)
-        sides = by_host(cluster, outcome.sections, 0.0, float("inf"))
+        sides = by_host(cluster, outcome, 0.0, float("inf"))
         return finish(
             f"hosts-flapping {seconds:.0f} s", cluster, outcome, plan,
             expected_done=outcome.done,
@@ -235,26 +252,17 @@ def flapping(size: Size, workdir: Path) -> Result:
 def slow_link(size: Size, workdir: Path) -> Result:
     """Master 0's link collapses to 16 kbit/s both ways (``tc tbf``; what does not fit in 200 ms
     of queue is dropped); budget 20 ms. The lock is won on the others meanwhile."""
-    node_timeout = 0.02
     with HostCluster(workdir) as cluster:
         net = cluster.network
-        window: list[float] = []
-
-        def faults(clients: Clients) -> None:
-            window.extend(
-                fault_window(
-                    clients, lambda: net.throttle("m0"), lambda: net.unthrottle("m0"),
-                    longest=window_length(size),
-                )
-            )  # fmt: skip
-
-        plan = plan_for(cluster, workdir, size, node_timeout=node_timeout, work=work_for(size))
-        outcome = run_on(cluster, plan, size, faults, per_section=0.1)
-        during = within(outcome, *window)
-        return finish(
-            "hosts-slow-link", cluster, outcome, plan, expected_done=size.total,
-            checks={"sections while the link was collapsed": during > 0},
-            notes=[f"{during} sections in {window[1] - window[0]:.1f} s at 16 kbit/s on m0"],
+        return mid_run_fault(
+            "hosts-slow-link", cluster, size, workdir,
+            (lambda: net.throttle("m0"), lambda: net.unthrottle("m0")),
+            "sections while the link was collapsed",
+            lambda outcome, start, end: (
+                f"{within(outcome, start, end)} sections in {end - start:.1f} s at 16 kbit/s "
+                f"on m0"
+            ),
+            node_timeout=0.02,
         )  # fmt: skip
 
 
@@ -262,26 +270,21 @@ def delayed_path(size: Size, workdir: Path) -> Result:
     """Masters 0 and 1 reached through a proxy on their own host that holds every chunk 50 ms
     each way (no netem here); budget 20 ms: outvoted, and still released (no key outlives its
     TTL)."""
-    node_timeout, delay = 0.02, 0.05
     with HostCluster(workdir, proxied=2) as cluster:
-        window: list[float] = []
 
         def slow(seconds: float) -> None:
             for proxy in cluster.proxies:
                 proxy.delay = seconds
 
-        def faults(clients: Clients) -> None:
-            window.extend(
-                fault_window(clients, lambda: slow(delay), lambda: slow(0.0), window_length(size))
-            )
-
-        plan = plan_for(cluster, workdir, size, node_timeout=node_timeout, work=work_for(size))
-        outcome = run_on(cluster, plan, size, faults, per_section=0.1)
-        during = within(outcome, *window)
-        return finish(
-            "hosts-delayed-path", cluster, outcome, plan, expected_done=size.total,
-            checks={"sections while 2 paths were slow": during > 0},
-            notes=[f"{during} sections while m0, m1 answered after 100 ms (budget 20 ms)"],
+        return mid_run_fault(
+            "hosts-delayed-path", cluster, size, workdir,
+            (lambda: slow(0.05), lambda: slow(0.0)),
+            "sections while 2 paths were slow",
+            lambda outcome, start, end: (
+                f"{within(outcome, start, end)} sections while m0, m1 answered after 100 ms "
+                f"(budget 20 ms)"
+            ),
+            node_timeout=0.02,
         )  # fmt: skip
 
 

@@ -47,7 +47,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -335,10 +334,6 @@ class HostMaster(LocalMaster):
     def url(self) -> str:
         return f"redis://{self.address}:{self.port}/0"
 
-    def __repr__(self) -> str:
-        state = "down" if not self.alive else "paused" if self.paused else "up"
-        return f"<HostMaster {self.host} {self.address}:{self.port} {state}>"
-
     def command(self) -> list[str]:
         # ``ip netns exec`` execs redis-server in place: ``proc`` is the server itself, and
         # kill/pause/resume signal it directly.
@@ -495,12 +490,3 @@ class HostCluster(Cluster):
 
     def master(self, index: int) -> str:
         return self.network.masters[index]
-
-
-def wait_until(predicate: object, timeout: float, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
