@@ -66,14 +66,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def environment() -> str:
+def environment(where: str = "all masters on 127.0.0.1") -> str:
     """One line saying where the numbers come from (they mean little without it)."""
     server = ".".join(str(p) for p in redis_server_version())
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
         f"{time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
         f"redis-py {redis.__version__}, redis-server {server}, {os.cpu_count()} CPUs, "
-        f"load average {load}, all masters on 127.0.0.1, {engine_version()}"
+        f"load average {load}, {where}, {engine_version()}"
     )
 
 

@@ -1,7 +1,7 @@
 """``python -m bench.chaos``: the fault-injection suite at full size, or a soak; prints a summary
-table and writes it to ``bench/results/chaos.md`` (a soak: ``chaos-soak.md``). Exits 1 if any
-scenario is not as it must be (a violation where none is allowed, a hazard or self-test that did
-not trip, a failed check)."""
+table and writes it to ``bench/results/chaos.md`` (a soak: ``chaos-soak.md``; ``--hosts``:
+``chaos-hosts.md``). Exits 1 if any scenario is not as it must be (a violation where none is
+allowed, a hazard or self-test that did not trip, a failed check, a time bound missed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from pathlib import Path
 
 from bench import report
 
+from .host_scenarios import HOST_SCENARIOS, all_silent_partition_timings, timings_table
+from .hosts import HostsUnavailable, require_root
 from .scenarios import FULL, SCENARIOS, Result, Size, soak
+
+WHERE_HOSTS = "each master and client group in a network namespace of its own (veth + bridge)"
 
 
 def verdict_cell(result: Result) -> str:
@@ -64,8 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scenario",
         default="all",
-        choices=["all", *SCENARIOS],
-        help="one scenario, or all (default)",
+        choices=["all", *SCENARIOS, *HOST_SCENARIOS],
+        help="one scenario, or all (default: the loopback ones)",
+    )
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="instead: every scenario with masters on separate hosts (network namespaces; needs "
+        "root), then the time bounds under a silent partition",
     )
     parser.add_argument(
         "--soak",
@@ -81,15 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.soak is not None and args.soak < 10:
         parser.error(f"--soak must be at least 10 seconds, got {args.soak}")
+    if args.hosts and (args.soak is not None or args.scenario != "all"):
+        parser.error("--hosts runs every separate-hosts scenario: no --soak or --scenario with it")
+    if args.hosts or args.scenario in HOST_SCENARIOS:
+        try:
+            require_root()
+        except HostsUnavailable as exc:
+            parser.error(str(exc))
 
     size = Size(args.processes, args.sections)
     results: list[tuple[Result, float]] = []
+    timings = []
+    scenarios = {**SCENARIOS, **HOST_SCENARIOS}
     with tempfile.TemporaryDirectory(prefix="redlock-chaos-") as tmp:
-        names = (
-            ["soak"]
-            if args.soak is not None
-            else (list(SCENARIOS) if args.scenario == "all" else [args.scenario])
-        )
+        if args.soak is not None:
+            names = ["soak"]
+        elif args.hosts:
+            names = list(HOST_SCENARIOS)
+        else:
+            names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
         for name in names:
             print(f"{name} ...", end=" ", flush=True)
             began = time.monotonic()
@@ -97,29 +117,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.soak is not None:
                 result = soak(args.soak, args.processes, workdir, seed=args.seed)
             else:
-                result = SCENARIOS[name].run(size, workdir)
+                result = scenarios[name].run(size, workdir)
             seconds = time.monotonic() - began
             results.append((result, seconds))
             print(f"{verdict_cell(result)} ({seconds:.0f} s)", flush=True)
+        if args.hosts:
+            print("time bounds under a silent partition ...", end=" ", flush=True)
+            timings = all_silent_partition_timings(Path(tmp) / "bounds")
+            print("ok" if all(t.ok for t in timings) else "BOUND MISSED", flush=True)
 
     what = (
         f"soak {args.soak:.0f} s, {args.processes} processes"
         if args.soak is not None
         else f"{args.processes} processes x {args.sections} sections per scenario"
+        + (", masters on separate hosts" if args.hosts else "")
     )
-    text = "\n".join(
-        [
-            f"# Chaos: {what}",
-            "",
-            f"`{' '.join(['python -m bench.chaos', *(sys.argv[1:] if argv is None else argv)])}`"
-            f" — {report.environment()}",
-            "",
-            table(results),
-        ]
-    )
-    saved = report.save("chaos-soak" if args.soak is not None else "chaos", text)
+    lines = [
+        f"# Chaos: {what}",
+        "",
+        f"`{' '.join(['python -m bench.chaos', *(sys.argv[1:] if argv is None else argv)])}`"
+        f" — {report.environment(WHERE_HOSTS if args.hosts else 'all masters on 127.0.0.1')}",
+        "",
+        table(results),
+    ]
+    if timings:
+        lines += ["", "Time bounds under a silent partition:", "", timings_table(timings)]
+    text = "\n".join(lines)
+    kind = "chaos-soak" if args.soak is not None else "chaos-hosts" if args.hosts else "chaos"
+    saved = report.save(kind, text)
     print("\n" + text + f"\n\n(saved to {saved})")
-    return 0 if all(result.ok for result, _ in results) else 1
+    fine = all(result.ok for result, _ in results) and all(t.ok for t in timings)
+    return 0 if fine else 1
 
 
 if __name__ == "__main__":

@@ -92,6 +92,10 @@ class Plan:
     fork_every: int = 0  # fork a child inside every n-th section (0: never)
     hold: Hold | None = None
     broken_quorum: bool = False  # the checker self-test: a quorum of 1 in the clients
+    #: While the file ``long_flag`` exists, sections hold the lock ``long_work`` seconds instead
+    #: of ``work`` (the controller makes long holds only while a fault is in force).
+    long_work: float = 0.0
+    long_flag: str = ""
 
 
 # --- inside a client process ---
@@ -200,6 +204,12 @@ class Client:
         self.journal = Journal(Path(plan.journal_dir) / f"{index}.jsonl")
         self.intruder = Intruder() if plan.intruder else None
         self.observers: list[redis.Redis] = []
+        #: When the engine told this process (on_lost, from any thread) that a lease was lost,
+        #: by ``id()`` of the lock handle (alive while it is watched).
+        self.lost_at: dict[int, float] = {}
+
+    def told_lost(self, lock: Lock, error: LockLost) -> None:
+        self.lost_at[id(lock)] = time.monotonic()
 
     def run(self) -> None:
         plan = self.plan
@@ -242,7 +252,11 @@ class Client:
         plan = self.plan
         wait = max(0.0, min(plan.wait, plan.stop_by - time.monotonic()))
         lock = self.engine.lock(
-            plan.resource, ttl=plan.ttl, wait=wait, auto_extend=plan.auto_extend
+            plan.resource,
+            ttl=plan.ttl,
+            wait=wait,
+            auto_extend=plan.auto_extend,
+            on_lost=self.told_lost,
         )
         started = time.monotonic()
         try:
@@ -281,6 +295,12 @@ class Client:
                 try:
                     self.critical(lock, record, worker, seq)
                 finally:
+                    # Renewals moved the end of validity: as last known, a lower bound (0 is
+                    # no validity left, not "valid until now").
+                    now = time.monotonic()
+                    validity = lock.validity
+                    if validity > 0:
+                        record["valid_until"] = max(record["valid_until"], now + validity)
                     record["released"] = time.monotonic()
                     if self.intruder is not None:
                         self.intruder.target = None
@@ -306,7 +326,8 @@ class Client:
             record["note"] = f"no fence: {type(exc).__name__}"
             return
         value = self.store.read()
-        time.sleep(plan.work)
+        long = plan.long_flag and os.path.exists(plan.long_flag)
+        time.sleep(plan.long_work if long else plan.work)
         hold = plan.hold
         if hold is not None and (hold.process, hold.seq) == (self.index, seq):
             if worker == str(self.index) or worker.endswith("/0"):
@@ -314,7 +335,7 @@ class Client:
                 if hold.how == "stop":
                     os.kill(os.getpid(), signal.SIGSTOP)
                 else:
-                    time.sleep(hold.seconds)
+                    self.hold_watching(lock, hold.seconds, worker, seq)
                 # What others did to the counter meanwhile (nothing, if the lock held).
                 record["note"] = f"held: read {value}, counter {self.store.read()} after the hold"
         if plan.fork_every and seq % plan.fork_every == 0:
@@ -324,6 +345,20 @@ class Client:
             record["counted"] = True
         record["fenced"] = self.store.fenced_write(record["fence"])
         record["wrote_at"] = time.monotonic()  # after the write: an upper bound of when it landed
+
+    def hold_watching(self, lock: Lock, seconds: float, worker: str, seq: int) -> None:
+        """Hold ``seconds``, watching the lease as a careful holder would without renewing it
+        (auto-extension does): journal the end of its validity as last seen, and when the
+        engine told us it was lost (``on_lost``; None if it did not within the hold)."""
+        began = time.monotonic()
+        valid_until = began + lock.validity
+        while time.monotonic() < began + seconds:
+            time.sleep(0.005)
+            validity = lock.validity  # does not decide "lost" itself: only the engine does
+            if validity > 0:
+                valid_until = max(valid_until, time.monotonic() + validity)
+        told = self.lost_at.pop(id(lock), None)
+        self.journal.write("told", worker=worker, seq=seq, valid_until=valid_until, lost_at=told)
 
     def fork_check(self, lock: Lock) -> str:
         """Fork while holding: the child must neither renew nor release the parent's lock."""
@@ -421,6 +456,11 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    def placed(self, index: int) -> contextlib.AbstractContextManager[None]:
+        """Where client process ``index`` starts: here, on this host (``hosts.HostCluster``
+        starts each on a host of its own)."""
+        return contextlib.nullcontext()
+
     @property
     def nodes(self) -> tuple[str, ...]:
         """What clients connect to: the proxy in front of a master where there is one."""
@@ -478,6 +518,7 @@ class Outcome:
     sections: list[Section]
     failures: list[Failure]
     holding: list[dict[str, Any]]  # "holding" journal lines (hold hook reached)
+    told: list[dict[str, Any]]  # "told" lines: a watched hold's last validity and lost notice
     intruders: list[dict[str, Any]]
     exitcodes: list[int | None]
     counter: int
@@ -530,8 +571,9 @@ class Clients:
         return per * self.processes
 
     def start(self) -> None:
-        for proc in self.procs:
-            proc.start()
+        for index, proc in enumerate(self.procs):
+            with self.cluster.placed(index):
+                proc.start()
         deadline = time.monotonic() + 120
         while self.ready.value < self.processes:  # every client built its engine: start together
             if time.monotonic() > deadline or any(p.exitcode is not None for p in self.procs):
@@ -598,6 +640,7 @@ class Clients:
         sections: list[Section] = []
         failures: list[Failure] = []
         holding: list[dict[str, Any]] = []
+        told: list[dict[str, Any]] = []
         intruders: list[dict[str, Any]] = []
         for path in sorted(Path(self.plan.journal_dir).glob("*.jsonl")):
             for record in read_journal(path):
@@ -610,6 +653,8 @@ class Clients:
                     holding.append(record)
                 elif kind == "intruder":
                     intruders.append(record)
+                elif kind == "told":
+                    told.append(record)
         finished = {(s.worker, s.seq) for s in sections}
         for record in holding:
             if (record["worker"], record["seq"]) not in finished:
@@ -623,6 +668,7 @@ class Clients:
             sections=sections,
             failures=failures,
             holding=holding,
+            told=told,
             intruders=intruders,
             exitcodes=[p.exitcode for p in self.procs],
             counter=counter,

@@ -104,8 +104,9 @@ class LocalMaster:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, timeout: float = 10.0) -> LocalMaster:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def command(self) -> list[str]:
+        """The redis-server command line. A subclass may run it elsewhere (in a network
+        namespace, say): later options override earlier ones, so it can append ``--bind``."""
         args = [
             find_redis_server(),
             "--port",
@@ -123,9 +124,12 @@ class LocalMaster:
         ]
         if redis_server_version() >= (7,):
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP, for fault tests
-        args += list(self.extra_args)
-        self.proc = subprocess.Popen(  # noqa: S603
-            args,
+        return args + list(self.extra_args)
+
+    def start(self, timeout: float = 10.0) -> LocalMaster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(  # noqa: S603 (our own binary, our own arguments)
+            self.command(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, **self.env} if self.env else None,

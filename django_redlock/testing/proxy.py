@@ -7,6 +7,10 @@ Delayed data is delivered, never dropped, in order per connection: a request the
 on still reaches the master late, as on a slow network. ``delay`` can be changed while running;
 a chunk keeps the delay in force when it was read.
 
+``listen_host``/``listen_port`` choose where it listens (default: a free port on 127.0.0.1);
+the bench's separate-hosts harness runs one inside a master's network namespace, listening on that
+host's address.
+
 ``blackhole()`` keeps accepting and holding connections but forwards nothing (bytes are read and
 discarded, as by a partitioned link). ``heal()`` forwards again and closes the connections that
 lost bytes, since their streams can no longer be parsed.
@@ -47,15 +51,23 @@ class _Link:
 
 
 class DelayProxy:
-    """Forward 127.0.0.1:``port`` to 127.0.0.1:``target_port`` with ``delay`` seconds each way."""
+    """Forward ``listen_host``:``port`` to 127.0.0.1:``target_port``, ``delay`` seconds each way."""
 
-    def __init__(self, target_port: int, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        delay: float = 0.0,
+        *,
+        listen_host: str = _HOST,
+        listen_port: int = 0,
+    ) -> None:
         self.target_port = target_port
+        self.listen_host = listen_host
         #: Seconds added to every chunk in each direction; settable while running.
         self.delay = delay
         #: Connections accepted so far (a test can prove that no connection was attempted).
         self.accepted = 0
-        self.port = 0
+        self.port = listen_port
         self._blackholed = False
         self._links: set[_Link] = set()
         self._serving: set[asyncio.Task[None]] = set()
@@ -66,7 +78,7 @@ class DelayProxy:
 
     @property
     def url(self) -> str:
-        return f"redis://{_HOST}:{self.port}/0"
+        return f"redis://{self.listen_host}:{self.port}/0"
 
     @property
     def open_connections(self) -> int:
@@ -89,7 +101,7 @@ class DelayProxy:
             target=loop.run_forever, name=f"DelayProxy->{self.target_port}", daemon=True
         )
         self._thread.start()
-        self._server = self._call(asyncio.start_server(self._serve, _HOST, 0))
+        self._server = self._call(asyncio.start_server(self._serve, self.listen_host, self.port))
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self
 
