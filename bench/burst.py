@@ -11,9 +11,9 @@
 
 Measured: acquisitions that succeeded; their latency (asking to holding; p50, p99);
 throughput = successes / wall time of the burst (first task started to last one done, holds
-included); lock-path connections from the process on each master (``crowd.Census``: sampled
-every 50 ms during the burst and once after it, the most on any master), pub/sub ones apart; the
-process's open file descriptors before the first burst and at their peak.
+included); lock-path connections from the process on each master (``census.Census``, from this
+process: sampled every 50 ms during the burst and once after it, the most on any master), pub/sub
+ones apart; the process's open file descriptors before the first burst and at their peak.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 from django_redlock.testing.masters import local_masters
 
 from . import report
+from .census import Census
 from .remote import CROWD, Unavailable, Worker
 
 TASKS = 1000
@@ -104,13 +105,25 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def crowd(mode: str, implementation: str, config: dict[str, Any], reports: int) -> list[Any]:
-    """Run one ``crowd.py`` process and collect its ``reports`` result lines."""
+def crowd(mode: str, implementation: str, config: dict[str, Any], parts: int) -> list[Any]:
+    """Run one ``crowd.py`` process through its ``parts`` measured parts, counting its
+    connections from here while each runs and right after it."""
     process = Worker(implementation, config, mode=mode, script=CROWD)
+    census: Census | None = None
     try:
-        return [figures(process.read(timeout=DEADLINE)) for _ in range(reports)]
+        results = []
+        for _ in range(parts):
+            process.read(timeout=DEADLINE)  # ready
+            census = census or Census(process.proc.pid, config["urls"], INTERVAL)
+            with census.sampling():
+                process.send("go")
+                result = process.read(timeout=DEADLINE)
+            results.append(figures({**result, **census.figures()}))
+        return results
     finally:
         process.close()
+        if census is not None:
+            census.close()
 
 
 def run(
@@ -121,7 +134,7 @@ def run(
     data: dict[str, Any] = {"scenario": "f", "environment": report.environment()}
     data["burst"] = {"cold": {}, "warm": {}}
     data["threads"] = {}
-    base = {"ttl": TTL, "hold": HOLD, "interval": INTERVAL}
+    base = {"ttl": TTL, "hold": HOLD}
     with local_masters(5) as masters:
         urls = [m.url for m in masters]
         for n, (label, implementation, extra, used, _) in enumerate(BURST):
@@ -164,12 +177,11 @@ def run(
             "is its first use there (connects and script loading included, imports not), "
             "'warm' the second burst in the same process. Latency: asking to holding, successes "
             "only. acquisitions/s: successes / wall time of the burst (holds included). "
-            f"Connections: from this process, sampled every {INTERVAL * 1000:g} ms and after "
-            "the burst, the most on any master it uses (the bench's own admin connection and "
-            "pub/sub connections excluded; pub/sub counted apart). fds: the process's open file "
-            "descriptors before the first burst (one admin connection per master used included) "
-            "and at their "
-            "peak. Ratios are to the best peer (ours excluded) in the same process state. "
+            "Connections: from that process (counted from outside it with CLIENT LIST and its "
+            f"sockets), sampled every {INTERVAL * 1000:g} ms and right after the burst, the most "
+            "on any master it uses; pub/sub connections counted apart. fds: the process's open "
+            "file descriptors before the first burst and at their peak. Ratios are to the best "
+            "peer (ours excluded) in the same process state. "
             "Targets for ours (issue 10): all succeed; at most 2 lock-path connections per "
             f"master; p99 <= 100 ms. Took {took:.1f} s.",
             "",

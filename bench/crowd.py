@@ -19,10 +19,10 @@ Modes (each prints JSON lines on stdout):
 - ``hold``: take ``config["key"]`` with the implementation's sync lock, print ``held``, wait for a
   line ``release_at <monotonic seconds>``, release then, print ``released``.
 
-Connections: ``Census`` counts, on each master, the ``CLIENT LIST`` entries whose client port is
-one of this process's own TCP sockets (``/proc/self/fd`` -> ``/proc/net/tcp``), without its own
-admin connection and without pub/sub ones (``sub``/``psub``/``ssub`` > 0 or a subscribe command):
-the lock path. A thread samples it every ``config["interval"]`` seconds while callers run.
+``burst`` and ``threads`` say ``ready`` and wait for ``go`` before each measured part, and after
+the last one wait for the end of their input before closing anything: the parent counts this
+process's connections and file descriptors from outside (``census.py``), during and after each
+part, so that counting takes nothing from the callers measured here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -40,106 +39,12 @@ from typing import Any, Protocol
 
 from worker import IMPLEMENTATIONS, Failed, Impl, error_text, reply
 
-PUBSUB_COMMANDS = {"subscribe", "psubscribe", "ssubscribe"}
 
-
-# --- who is connected -------------------------------------------------------------------------
-
-
-def own_ports() -> set[int]:
-    """Local ports of this process's TCP sockets."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                if fields[9] in inodes:
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-class Census:
-    """Lock-path and pub/sub connections from this process on each master, and its open file
-    descriptors: sampled by a thread while callers run, and once at the end; the peaks kept."""
-
-    def __init__(self, urls: list[str], interval: float) -> None:
-        import redis
-
-        self.admins = [redis.Redis.from_url(url, socket_timeout=5) for url in urls]
-        self.admin_ids = [admin.client_id() for admin in self.admins]
-        self.interval = interval
-        self.fds_before = open_fds()
-        self.peak = {"lock": 0, "pubsub": 0, "fds": 0}
-        self.last = dict(self.peak)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def take(self) -> dict[str, int]:
-        """One sample: the most lock-path and pub/sub connections on any master, and the fds."""
-        lists = [admin.client_list() for admin in self.admins]
-        mine = own_ports()
-        lock = pubsub = 0
-        for clients, admin_id in zip(lists, self.admin_ids, strict=True):
-            on_master = [
-                c
-                for c in clients
-                if int(c["id"]) != admin_id and int(c["addr"].rsplit(":", 1)[1]) in mine
-            ]
-            subscribed = [c for c in on_master if is_pubsub(c)]
-            lock = max(lock, len(on_master) - len(subscribed))
-            pubsub = max(pubsub, len(subscribed))
-        self.last = {"lock": lock, "pubsub": pubsub, "fds": open_fds()}
-        self.peak = {k: max(v, self.last[k]) for k, v in self.peak.items()}
-        return self.last
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval):
-            with contextlib.suppress(Exception):  # a failed sample is only a missed sample
-                self.take()
-
-    @contextlib.contextmanager
-    def sampling(self) -> Any:
-        """Sample in a thread for the duration; then once more (the ``after`` figures)."""
-        self.peak = {"lock": 0, "pubsub": 0, "fds": 0}
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            self._thread.join()
-            self.take()
-
-    def figures(self) -> dict[str, int]:
-        return {
-            "conns_peak": self.peak["lock"],
-            "conns_after": self.last["lock"],
-            "pubsub_peak": self.peak["pubsub"],
-            "fds_before": self.fds_before,
-            "fds_peak": self.peak["fds"],
-            "fds_after": self.last["fds"],
-        }
-
-    def close(self) -> None:
-        for admin in self.admins:
-            admin.close()
-
-
-def is_pubsub(client: dict[str, Any]) -> bool:
-    counts = (int(client.get(flag, 0) or 0) for flag in ("sub", "psub", "ssub"))
-    return any(n > 0 for n in counts) or client.get("cmd", "") in PUBSUB_COMMANDS
+def ready_then_go(**state: Any) -> bool:
+    """Say ``ready`` (with ``state``), then wait for the parent's ``go`` line (it counts this
+    process's connections from outside, before and after each measured part)."""
+    reply({"ready": True, **state})
+    return sys.stdin.readline().strip() == "go"
 
 
 # --- async implementations --------------------------------------------------------------------
@@ -336,23 +241,21 @@ async def burst_once(aio: Aio, prefix: str, tasks: int, hold: float) -> dict[str
 
 async def burst(name: str, config: dict[str, Any]) -> None:
     aio = ASYNC[name](config)
-    census = Census(aio.urls, config["interval"])
     try:
         for phase in ("cold", "warm"):
-            with census.sampling():
-                result = await burst_once(
-                    aio, f"{config['key']}:{phase}:", config["tasks"], config["hold"]
-                )
-            reply({"phase": phase, **result, **census.figures()})
-            await asyncio.sleep(0.2)  # let the first burst's stragglers settle
+            if not await asyncio.to_thread(ready_then_go, phase=phase):
+                return
+            result = await burst_once(
+                aio, f"{config['key']}:{phase}:", config["tasks"], config["hold"]
+            )
+            reply({"phase": phase, **result})
+        await asyncio.to_thread(sys.stdin.readline)  # the parent has counted what is left
     finally:
         await aio.aclose()
-        census.close()
 
 
 def threads(name: str, config: dict[str, Any]) -> None:
     impl = IMPLEMENTATIONS[name](config)
-    census = Census(impl.urls, config["interval"])
     outcome = Outcome()
     guard = threading.Lock()
     count, cycles, hold = config["threads"], config["cycles"], config["hold"]
@@ -382,22 +285,22 @@ def threads(name: str, config: dict[str, Any]) -> None:
     workers = [threading.Thread(target=caller, args=(t,)) for t in range(count)]
     for worker in workers:
         worker.start()
-    with census.sampling():
-        start = clock()
-        gate.wait()
-        for worker in workers:
-            worker.join()
-        wall = clock() - start
-    reply({**outcome.as_dict(), "wall_ns": wall, **census.figures()})
+    go = ready_then_go()
+    start = clock()
+    gate.wait()  # also when not ``go``: the threads end with their cycles either way
+    for worker in workers:
+        worker.join()
+    wall = clock() - start
+    if go:
+        reply({**outcome.as_dict(), "wall_ns": wall})
+        sys.stdin.readline()  # the parent has counted what is left
     impl.close()
-    census.close()
 
 
 async def waiters(name: str, config: dict[str, Any]) -> None:
     aio = ASYNC[name](config)
     await warm_up(aio, f"{config['key']}:warm-up")
-    reply({"ready": True})
-    if (await asyncio.to_thread(sys.stdin.readline)).strip() != "go":
+    if not await asyncio.to_thread(ready_then_go):
         return
     n, wait, key = config["waiters"], config["wait"], config["key"]
     clock = time.monotonic_ns
