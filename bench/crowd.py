@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from worker import IMPLEMENTATIONS, Failed, Impl, error_text, reply
@@ -45,6 +47,20 @@ def ready_then_go(**state: Any) -> bool:
     process's connections from outside, before and after each measured part)."""
     reply({"ready": True, **state})
     return sys.stdin.readline().strip() == "go"
+
+
+#: Reads stdin for the event loop: a thread of its own, so that the loop's default executor (which
+#: a library may use, e.g. to connect) is neither made early nor kept busy by it.
+_STDIN = ThreadPoolExecutor(1, thread_name_prefix="stdin")
+
+
+async def aready_then_go(**state: Any) -> bool:
+    call = functools.partial(ready_then_go, **state)
+    return await asyncio.get_running_loop().run_in_executor(_STDIN, call)
+
+
+async def until_input_ends() -> None:
+    await asyncio.get_running_loop().run_in_executor(_STDIN, sys.stdin.read)
 
 
 # --- async implementations --------------------------------------------------------------------
@@ -243,13 +259,13 @@ async def burst(name: str, config: dict[str, Any]) -> None:
     aio = ASYNC[name](config)
     try:
         for phase in ("cold", "warm"):
-            if not await asyncio.to_thread(ready_then_go, phase=phase):
+            if not await aready_then_go(phase=phase):
                 return
             result = await burst_once(
                 aio, f"{config['key']}:{phase}:", config["tasks"], config["hold"]
             )
             reply({"phase": phase, **result})
-        await asyncio.to_thread(sys.stdin.readline)  # the parent has counted what is left
+        await until_input_ends()  # the parent has counted what is left
     finally:
         await aio.aclose()
 
@@ -293,14 +309,14 @@ def threads(name: str, config: dict[str, Any]) -> None:
     wall = clock() - start
     if go:
         reply({**outcome.as_dict(), "wall_ns": wall})
-        sys.stdin.readline()  # the parent has counted what is left
+        sys.stdin.read()  # until the input ends: the parent has counted what is left
     impl.close()
 
 
 async def waiters(name: str, config: dict[str, Any]) -> None:
     aio = ASYNC[name](config)
     await warm_up(aio, f"{config['key']}:warm-up")
-    if not await asyncio.to_thread(ready_then_go):
+    if not await aready_then_go():
         return
     n, wait, key = config["waiters"], config["wait"], config["key"]
     clock = time.monotonic_ns
