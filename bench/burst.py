@@ -84,7 +84,8 @@ THREADED = [
         "single: redis-py Lock",
         "redis-py-lock",
         1,
-        "Redis (default pool, unbounded).lock(key, timeout=10).acquire(blocking=False)",
+        "Redis (default pool: at most 100 connections).lock(key, timeout=10)"
+        ".acquire(blocking=False)",
     ),
 ]
 

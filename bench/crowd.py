@@ -217,7 +217,7 @@ class Outcome:
 
     def failed(self, exc: BaseException, after_ns: int) -> None:
         self.failed_ns.append(after_ns)
-        entry = self.errors.setdefault(type(exc).__name__, [0, str(exc)[:160]])
+        entry = self.errors.setdefault(type(exc).__name__, [0, str(exc)[:240]])
         entry[0] += 1
 
     def as_dict(self) -> dict[str, Any]:
