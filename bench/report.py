@@ -67,7 +67,10 @@ def best_peer(rows: dict[str, dict[str, Any]], key: str, *, highest: bool = Fals
 
 def errors_by_class(errors: dict[str, list[Any]]) -> str:
     """``{class: [count, first message]}`` as one cell: ``3 x Class (first message)``."""
-    return "; ".join(f"{count} x {name} ({first})" for name, (count, first) in errors.items())
+    return "; ".join(
+        f"{count} x {name}" + (f" ({first})" if first else "")
+        for name, (count, first) in errors.items()
+    )
 
 
 def number(value: float, digits: int = 0) -> str:

@@ -4,8 +4,9 @@ locks: the first one).
 Per implementation: a waiter process (``crowd.py waiters``) warms up (connections open, scripts
 loaded); a holder process (``crowd.py hold``, the same library's sync lock) takes the key; then the
 2,000 tasks arrive one after the other (each records its arrival, then asks, with ``wait=30``,
-``ttl=10``; the next one is made once it is waiting) and wait. The holder lets go 2 s after the
-last one arrived; each waiter releases the lock as soon as it has it. Measured:
+``ttl=10``; their first steps run in creation order in one pass of the loop, so the next one
+starts once this one waits) and wait. The holder lets go 2 s after the last one arrived; each
+waiter releases the lock as soon as it has it. Measured:
 
 - acquired within the wait (30 s from its arrival);
 - client CPU while they wait: the waiter process's ``time.process_time()`` over the holder's last
