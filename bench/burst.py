@@ -18,7 +18,6 @@ ones apart; the process's open file descriptors before the first burst and at th
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -207,11 +206,6 @@ def _row(
         return [*cells, *["n/a"] * 7, f"not measured: {d['error']}", meaning]
     best = {k: report.best_peer(rows, k) for k in ("p50_ms", "p99_ms")}
     fastest = report.best_peer(rows, "per_second", highest=True)
-    failures = report.errors_by_class(d["errors"])
-    if not math.isnan(d["failed_p50_ms"]):
-        failures += f"; failed after {d['failed_p50_ms']:.0f} ms (p50)"
-    if d["release_errors"]:
-        failures += f"; {d['release_errors']} releases failed"
     return [
         *cells,
         f"{d['acquired']}/{total}",
@@ -221,6 +215,6 @@ def _row(
         f"{d['conns_peak']} / {d['conns_after']}",
         str(d["pubsub_peak"]),
         f"{d['fds_before']} / {d['fds_peak']}",
-        failures or "none",
+        report.failures(d),
         meaning,
     ]

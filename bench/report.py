@@ -65,12 +65,19 @@ def best_peer(rows: dict[str, dict[str, Any]], key: str, *, highest: bool = Fals
     return max(values) if highest else min(values)
 
 
-def errors_by_class(errors: dict[str, list[Any]]) -> str:
-    """``{class: [count, first message]}`` as one cell: ``3 x Class (first message)``."""
-    return "; ".join(
+def failures(row: dict[str, Any]) -> str:
+    """A row's failures as one cell: ``row["errors"]`` (``{class: [count, first message]}``) as
+    ``3 x Class (first message)``, how long a failure took (``failed_p50_ms``), and releases that
+    failed (``release_errors``); "none" when there were none."""
+    cell = "; ".join(
         f"{count} x {name}" + (f" ({first})" if first else "")
-        for name, (count, first) in errors.items()
+        for name, (count, first) in row["errors"].items()
     )
+    if not math.isnan(row.get("failed_p50_ms", math.nan)):
+        cell += f"; failed after {row['failed_p50_ms']:,.0f} ms (p50)"
+    if row.get("release_errors"):
+        cell += f"; {row['release_errors']} releases failed"
+    return cell or "none"
 
 
 def number(value: float, digits: int = 0) -> str:

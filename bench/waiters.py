@@ -124,6 +124,8 @@ def measure(
         "adjacent_inversions": adjacent,
         "arrivals_s": (max(result["arrived_ns"]) - min(result["arrived_ns"])) / 1e9,
         "errors": result["errors"],
+        "failed_p50_ms": report.percentile_ms(result["failed_ns"], 0.50),
+        "release_errors": result["release_errors"],
     }
 
 
@@ -165,7 +167,7 @@ def run(*, waiters: int = WAITERS) -> tuple[str, dict[str, Any]]:
                 report.with_ratio(d["first_handoff_ms"], best["first_handoff_ms"], 1),
                 report.with_ratio(d["drain_s"], best["drain_s"], 2),
                 f"{d['inversions']:,} / {d['adjacent_inversions']:,}",
-                report.errors_by_class(d["errors"]) or "none",
+                report.failures(d),
                 f"{how}; arrivals took {d['arrivals_s']:.2f} s",
             ]
         )
