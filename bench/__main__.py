@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import chart, contention, cycle, memory, report
+from . import burst, chart, contention, cycle, memory, report, waiters
 
 DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
 
@@ -31,6 +31,15 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
     ),
     "d": ("1 of 5 masters killed, then 1 of 5 paused", lambda args: cycle.faults()),
     "e": ("client and Redis memory per held lock", lambda args: memory.run()),
+    "f": (
+        "many callers in one process: 1,000 asyncio tasks at once (cold and warm), 200 threads "
+        "x 10, each on a key of its own",
+        lambda args: burst.run(tasks=args.tasks, threads=args.threads, cycles=args.thread_cycles),
+    ),
+    "g": (
+        "2,000 asyncio waiters on one key in one process",
+        lambda args: waiters.run(waiters=args.waiters),
+    ),
 }
 ALIASES = {
     "uncontended": "a",
@@ -39,7 +48,13 @@ ALIASES = {
     "contention": "c",
     "faults": "d",
     "memory": "e",
+    "burst": "f",
+    "crowd": "f",
+    "waiters": "g",
 }
+
+#: Options that count something (rounds, cycles, callers): each must be at least 1.
+COUNTS = ("rounds", "cycles", "contention_rounds", "tasks", "threads", "thread_cycles", "waiters")
 
 
 def main() -> None:
@@ -57,7 +72,7 @@ def main() -> None:
         nargs="*",
         default=["all"],
         metavar="scenario",
-        help="a b c d e (or their names), all, chart, profile",
+        help="a b c d e f g (or their names), all, chart, profile",
     )
     # Many short rounds rather than few long ones: load from other processes on the machine
     # comes and goes in bursts, and short rounds spread each burst over every implementation.
@@ -71,15 +86,23 @@ def main() -> None:
     parser.add_argument(
         "--contention-rounds", type=int, default=2, help="(c): races per implementation (2)"
     )
+    parser.add_argument("--tasks", type=int, default=1000, help="(f): asyncio tasks (1000)")
+    parser.add_argument("--threads", type=int, default=200, help="(f): threads (200)")
+    parser.add_argument(
+        "--thread-cycles", type=int, default=10, help="(f): acquisitions per thread (10)"
+    )
+    parser.add_argument("--waiters", type=int, default=2000, help="(g): waiters (2000)")
     args = parser.parse_args()
-    if args.rounds < 1 or args.cycles < 1 or args.contention_rounds < 1:
-        parser.error("--rounds, --cycles and --contention-rounds must be >= 1")
+    too_small = [name for name in COUNTS if getattr(args, name) < 1]
+    if too_small:
+        options = ", ".join("--" + name.replace("_", "-") for name in too_small)
+        parser.error(f"{options}: must be >= 1")
     if not 0 < args.delay < 1:
         parser.error(f"--delay must be between 0 and 1 second, got {args.delay}")
     wanted = [ALIASES.get(s, s) for s in args.scenarios]
     unknown = [s for s in wanted if s not in (*SCENARIOS, "all", "chart", "profile")]
     if unknown:
-        choices = "a b c d e all chart profile"
+        choices = "a b c d e f g all chart profile"
         parser.error(f"unknown scenario {', '.join(unknown)}; choose from {choices}")
 
     if "profile" in wanted:

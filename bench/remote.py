@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from .peers import Batch
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WORKER = BENCH / "worker.py"
+#: Many callers in one process (scenarios f and g), run by path like ``worker.py``.
+CROWD = BENCH / "crowd.py"
 NG_VENV = BENCH / ".venv-redlock-ng"
 NG_REQUIREMENTS = ("redlock-ng", "hiredis")
 
@@ -81,14 +84,17 @@ def ng_version() -> str:
     return f"{out[0]} (redis-py {out[1]})" if len(out) == 2 else "?"
 
 
-def spawn(mode: str, implementation: str, config: dict[str, Any]) -> subprocess.Popen[str]:
-    """Start ``bench/worker.py <mode> <implementation> <config>`` in the right environment.
-    The repository is on its path (our engine is imported from the work tree, not installed)."""
+def spawn(
+    mode: str, implementation: str, config: dict[str, Any], script: Path = WORKER
+) -> subprocess.Popen[str]:
+    """Start ``bench/worker.py <mode> <implementation> <config>`` (or another ``script`` of the
+    same shape) in the right environment. The repository is on its path (our engine is imported
+    from the work tree, not installed)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if implementation in NG_IMPLEMENTATIONS:
         env.pop("PYTHONPATH")  # nothing of ours in redlock-ng's process
     return subprocess.Popen(
-        [python_for(implementation), str(WORKER), mode, implementation, json.dumps(config)],
+        [python_for(implementation), str(script), mode, implementation, json.dumps(config)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -98,18 +104,40 @@ def spawn(mode: str, implementation: str, config: dict[str, Any]) -> subprocess.
 
 
 class Worker:
-    """A ``serve``-mode worker: one request, one answer."""
+    """A worker process spoken to in JSON lines: by default a ``serve``-mode ``worker.py`` (one
+    request, one answer: ``ask``); other modes and scripts talk with ``send`` and ``read``."""
 
-    def __init__(self, implementation: str, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        implementation: str,
+        config: dict[str, Any],
+        mode: str = "serve",
+        script: Path = WORKER,
+    ) -> None:
         self.implementation = implementation
-        self.proc = spawn("serve", implementation, config)
+        self.proc = spawn(mode, implementation, config, script)
 
     def ask(self, **request: Any) -> dict[str, Any]:
+        self.send(json.dumps(request))
+        return self.read()
+
+    def send(self, line: str) -> None:
         assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+
+    def read(self, timeout: float | None = None) -> dict[str, Any]:
+        """The worker's next JSON line; ``RuntimeError`` if it exits, says ``error``, or (with
+        ``timeout``, seconds) is killed for being silent that long."""
+        assert self.proc.stdout is not None
+        watchdog = None if timeout is None else threading.Timer(timeout, self.proc.kill)
+        if watchdog is not None:
+            watchdog.start()
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         if not line:
             raise RuntimeError(f"worker {self.implementation} exited ({self.proc.wait()})")
         answer: dict[str, Any] = json.loads(line)

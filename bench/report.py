@@ -44,6 +44,42 @@ def summarize(times_ns: Sequence[int], errors: Sequence[str]) -> Summary:
     )
 
 
+def percentile_ms(times_ns: Sequence[int], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``times_ns``, in milliseconds; NaN if empty."""
+    if not times_ns:
+        return math.nan
+    ordered = sorted(times_ns)
+    return ordered[min(len(ordered) - 1, max(math.ceil(q * len(ordered)) - 1, 0))] / 1e6
+
+
+def best_peer(rows: dict[str, dict[str, Any]], key: str, *, highest: bool = False) -> float:
+    """The best value of ``key`` among the peers' rows (ours excluded: the reference ours is
+    compared with where there is no floor); NaN if no peer measured it."""
+    values = [
+        d[key]
+        for label, d in rows.items()
+        if not label.startswith("ours") and key in d and not math.isnan(d[key])
+    ]
+    if not values:
+        return math.nan
+    return max(values) if highest else min(values)
+
+
+def failures(row: dict[str, Any]) -> str:
+    """A row's failures as one cell: ``row["errors"]`` (``{class: [count, first message]}``) as
+    ``3 x Class (first message)``, how long a failure took (``failed_p50_ms``), and releases that
+    failed (``release_errors``); "none" when there were none."""
+    cell = "; ".join(
+        f"{count} x {name}" + (f" ({first})" if first else "")
+        for name, (count, first) in row["errors"].items()
+    )
+    if not math.isnan(row.get("failed_p50_ms", math.nan)):
+        cell += f"; failed after {row['failed_p50_ms']:,.0f} ms (p50)"
+    if row.get("release_errors"):
+        cell += f"; {row['release_errors']} releases failed"
+    return cell or "none"
+
+
 def number(value: float, digits: int = 0) -> str:
     return "n/a" if math.isnan(value) else f"{value:,.{digits}f}"
 

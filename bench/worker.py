@@ -13,11 +13,11 @@ Modes:
   ``{"op": "hold", "n": N, "prefix": P}`` -> ``{"client_bytes": B, "held": k, "errors": [...]}``
   (acquire N locks ``P0 .. P{N-1}`` and keep them; B is what tracemalloc saw allocated for them);
   ``{"op": "drop"}`` -> ``{"released": k}``; end of input ends the worker.
-- ``contend``: prints ``{"ready": true}`` once connected and warm, waits for one ``go`` line, then
-  makes ``config["count"]`` blocking acquisitions of ``config["key"]``, holding each
-  ``config["hold"]`` seconds, and prints what happened as one JSON line (monotonic nanoseconds;
-  ``CLOCK_MONOTONIC`` is one clock for every process on the machine, so the parent can merge
-  the timelines of all workers).
+- ``contend``: prints ``{"ready": true}`` once connected and warm (``config["cold"]``: once built,
+  without connecting), waits for one ``go`` line, then makes ``config["count"]`` blocking
+  acquisitions of ``config["key"]``, holding each ``config["hold"]`` seconds, and prints what
+  happened as one JSON line (monotonic nanoseconds; ``CLOCK_MONOTONIC`` is one clock for every
+  process on the machine, so the parent can merge the timelines of all workers).
 
 ``config``: ``urls`` (the masters), ``ttl`` (seconds), ``timeout`` (per-request socket budget in
 seconds, or null for the library's default), and the mode's keys above.
@@ -447,8 +447,9 @@ def contend(name: str, config: dict[str, Any]) -> None:
     impl = IMPLEMENTATIONS[name](config)
     key, count, hold_s = config["key"], config["count"], config["hold"]
     # Warm: connections open, scripts loaded, imports done, so the race measures the lock. A
-    # few tries: on a loaded machine one round can miss its budget.
-    for attempt in range(5):
+    # few tries: on a loaded machine one round can miss its budget. Cold (``config["cold"]``):
+    # imports only; the first acquisition of the race opens the connections.
+    for attempt in range(0 if config.get("cold") else 5):
         try:
             impl.release(impl.acquire(f"{key}:warm-up:{secrets.token_hex(4)}"))
             break
