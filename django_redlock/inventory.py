@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import redis
@@ -126,6 +126,18 @@ class HeldLock:
     fence: int | None
     stale: tuple[Copy, ...]
     copies: tuple[Copy, ...]
+    #: A lock over several resources: all of them (this one included), one holder. Empty for a
+    #: lock over one resource.
+    resources: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.resources or (self.resource,)
+
+    @property
+    def name(self) -> str:
+        """What to show: the resource, or the resources of a lock over several."""
+        return " + ".join(self.names)
 
     @property
     def has_quorum(self) -> bool:
@@ -260,8 +272,32 @@ def list_locks(
     locks, unreadable, read_failures = _read(redlock, chunk, timeout)
     failures += [f for f in read_failures if f.node not in {g.node for g in failures}]
     return Inventory(
-        tuple(locks), len(ordered), page, page_size, search, tuple(failures), tuple(unreadable)
+        _one_row_per_holder(locks),
+        len(ordered),
+        page,
+        page_size,
+        search,
+        tuple(failures),
+        tuple(unreadable),
     )
+
+
+def _one_row_per_holder(locks: Sequence[HeldLock]) -> tuple[HeldLock, ...]:
+    """A lock over several resources is one holder: one row naming all its resources (those on
+    this page), where it holds each of them. A fingerprint is of a random token: the same one on
+    two resources is the same acquisition."""
+    by_holder: dict[str, list[HeldLock]] = {}
+    for lock in locks:
+        if lock.state == HELD:
+            by_holder.setdefault(lock.fingerprint, []).append(lock)
+    rows = []
+    for lock in locks:
+        together = by_holder.get(lock.fingerprint, [lock]) if lock.state == HELD else [lock]
+        if len(together) == 1:
+            rows.append(lock)
+        elif together[0] is lock:
+            rows.append(replace(lock, resources=tuple(t.resource for t in together)))
+    return tuple(rows)
 
 
 def inspect(

@@ -98,23 +98,26 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     if request.method not in ("GET", "POST"):
         return HttpResponseNotAllowed(["GET", "POST"])
     data = request.POST if request.method == "POST" else request.GET
-    ref = data.get("ref", "")
+    refs = data.getlist("ref")[:MAX_RESOURCES_PER_RELEASE] or [""]
     fingerprint = data.get("fingerprint", "")
     try:
-        resource = resource_from_ref(ref)
+        # A lock over several resources is released as one: every resource, the same holder.
+        resources = [resource_from_ref(ref) for ref in refs]
         inventory.check_fingerprint(fingerprint)
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    resource = resources[0]
     redlock = conf.get_redlock()
     changelist = reverse(f"{model_admin.admin_site.name}:django_redlock_heldlock_changelist")
     if request.method == "POST":
-        result = inventory.force_release(redlock, resource, fingerprint)
-        if result.owner is None:
-            messages.warning(request, result.describe())
-        else:
-            _log(request, result)
-            level = messages.SUCCESS if result.released_on else messages.WARNING
-            messages.add_message(request, level, result.describe())
+        for each in resources:
+            result = inventory.force_release(redlock, each, fingerprint)
+            if result.owner is None:
+                messages.warning(request, result.describe())
+            else:
+                _log(request, result)
+                level = messages.SUCCESS if result.released_on else messages.WARNING
+                messages.add_message(request, level, result.describe())
         return HttpResponseRedirect(changelist)
     lock = inventory.inspect(redlock, resource)
     copies: list[Copy] = [c for c in lock.copies if c.fingerprint == fingerprint] if lock else []
@@ -123,8 +126,8 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
         **model_admin.admin_site.each_context(request),
         "title": "Force release a lock",
         "opts": model_admin.opts,
-        "resource": resource,
-        "ref": ref,
+        "resource": " + ".join(resources),
+        "refs": refs,
         "fingerprint": fingerprint,
         "lock": lock,
         "copies": copies,
@@ -177,9 +180,13 @@ def resource_from_ref(ref: str) -> str:
     return protocol.check_resource(resource)
 
 
+#: A force release names at most this many resources (one lock over several).
+MAX_RESOURCES_PER_RELEASE = 64
+
+
 def _release_url(base: str, lock: HeldLock) -> str:
-    query = {"ref": resource_ref(lock.resource), "fingerprint": lock.fingerprint}
-    return f"{base}?{urlencode(query)}"
+    query = [("ref", resource_ref(name)) for name in lock.names]
+    return f"{base}?{urlencode([*query, ('fingerprint', lock.fingerprint)])}"
 
 
 def _page_number(raw: str | None) -> int:

@@ -280,3 +280,28 @@ def test_verdicts_and_unknown_copies_on_the_page(viewer, settings, fresh_masters
     assert "redlock-state-unknown" in html
     assert "redlock-state-stale" not in html
     assert "below quorum" not in html
+
+
+def test_a_lock_over_two_resources_is_one_holder_listed_and_released_as_one(
+    releaser, engine, masters
+):
+    pair = engine.lock("account:1", "account:2", ttl=30, label="transfer").acquire()
+    found = inventory.list_locks(engine)
+    assert [lock.names for lock in found.locks] == [("account:1", "account:2")]
+    listing = releaser.get(LIST_URL).content.decode()
+    assert "account:1 + account:2" in listing
+    [link] = re.findall(r'href="([^"]*release/\?[^"]*)"', listing)
+    link = link.replace("&amp;", "&")
+    assert link.count("ref=") == 2  # both resources, one holder
+    confirm = releaser.get(link)
+    assert "account:1 + account:2" in confirm.content.decode()
+    form = re.findall(r'name="(ref|fingerprint)" value="([^"]*)"', confirm.content.decode())
+    assert [name for name, _ in form].count("ref") == 2
+    done = releaser.post(
+        RELEASE_URL, {"ref": [v for n, v in form if n == "ref"], "fingerprint": form[-1][1]}
+    )
+    assert done.status_code == 302, done.content
+    assert values(masters, pair.keys[0]) == values(masters, pair.keys[1]) == [None] * 5
+    assert LogEntry.objects.count() == 2  # one entry per resource released
+    with pytest.raises(LockLost):
+        pair.release()

@@ -40,7 +40,8 @@ def extend(
             lease.valid_until = start + ttl - protocol.drift(ttl, masters.drift_factor)
             lease.ttl = ttl
             lease.extensions += 1
-            lease.note_failures(failures(masters, replies), "extend")
+            if result.failed:
+                lease.note_failures(failures(masters, replies), "extend")
             return lease.validity
         if result.lost:
             raise lease.mark_lost(
@@ -110,7 +111,8 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
                 f"released by force, lost by a master, or too few masters answered"
             )
         raise lease.mark_lost(message, gone(masters, replies, several=several))
-    lease.note_failures(failures(masters, replies), "release")
+    if any(isinstance(r, NodeFailure) for r in replies):
+        lease.note_failures(failures(masters, replies), "release")
 
 
 def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:

@@ -135,7 +135,7 @@ def attempt(
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        return Granted(valid_until, failures(masters, replies))
+        return Granted(valid_until, failures(masters, replies) if result.failed else [])
     if result.granted or result.failed:  # 4
         yield release_round(masters, want.resources, want.value, notify=False)
     return Lost(result, replies)

@@ -115,6 +115,7 @@ def _lock_json(lock: HeldLock) -> dict[str, Any]:
     data = asdict(lock)
     data["has_quorum"] = lock.has_quorum
     data["state"] = lock.state
+    data["resources"] = list(lock.names)  # a lock over several resources: all of them
     return data
 
 
@@ -209,7 +210,7 @@ def _lock_row(lock: HeldLock) -> list[str]:
         for c in lock.stale
     )
     return [
-        printable(lock.resource),
+        printable(lock.name),
         lock.state,
         held,
         f"{lock.validity:.1f} s" if lock.has_quorum else "none",
