@@ -298,7 +298,12 @@ def test_a_lock_over_two_resources_is_one_holder_listed_and_released_as_one(
     form = re.findall(r'name="(ref|fingerprint)" value="([^"]*)"', confirm.content.decode())
     assert [name for name, _ in form].count("ref") == 2
     done = releaser.post(
-        RELEASE_URL, {"ref": [v for n, v in form if n == "ref"], "fingerprint": form[-1][1]}
+        RELEASE_URL,
+        {
+            "ref": [v for n, v in form if n == "ref"],
+            "fingerprint": form[-1][1],
+            "csrfmiddlewaretoken": csrf_token_of(confirm),
+        },
     )
     assert done.status_code == 302, done.content
     assert values(masters, pair.keys[0]) == values(masters, pair.keys[1]) == [None] * 5
