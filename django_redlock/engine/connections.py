@@ -24,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import protocol
-from .pipes import Pipe
+from .pipes import Flusher, Pipe
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
@@ -219,7 +219,7 @@ class Node:
             del self._loop_connecting[loop]
         try:
             conn = made.result()
-            pipe = Pipe(conn, _PID, loop)
+            pipe = Pipe(conn, _PID, loop, _flusher_of(loop))
         except (redis.RedisError, OSError) as exc:
             connecting.set_exception(exc)
             connecting.exception()  # retrieved: a round that gave up waiting must not warn
@@ -269,6 +269,19 @@ class Node:
         kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
         pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
         return redis.Redis(connection_pool=pool)
+
+
+#: One flusher per event loop, shared by the pipes of every master (see ``pipes.Flusher``).
+_FLUSHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Flusher] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
+    flusher = _FLUSHERS.get(loop)
+    if flusher is None:
+        flusher = _FLUSHERS[loop] = Flusher(loop)
+    return flusher
 
 
 class _Connecting:

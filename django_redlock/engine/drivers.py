@@ -12,7 +12,6 @@ them from a second cancellation) before it re-raises.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -88,8 +87,11 @@ def fan_out(
         answer = None
         try:
             if isinstance(wait, Replies):
-                for n, (pipe, slot) in enumerate(wait.sent):
-                    pipe.wait(slot, wait.deadline, fresh=n == 0)
+                fresh = True  # the first reply of a round cannot be there yet
+                for pipe, slot in wait.sent:
+                    if slot.reply is PENDING:
+                        pipe.wait(slot, wait.deadline, fresh=fresh)
+                    fresh = False
                     if second_try(slot):
                         break
             else:
@@ -195,7 +197,7 @@ async def _replies(
             done.set_result(None)
 
     for slot in waiting:
-        slot.on_reply = functools.partial(came, slot)
+        slot.on_reply = came
     timer = loop.call_at(loop.time() + max(deadline - time.monotonic(), 0.0), _settle, done)
     try:
         await done

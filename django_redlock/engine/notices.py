@@ -293,10 +293,6 @@ class LocalQueues:
         self._guard = threading.Lock()
         self._queues: dict[str, deque[Turn]] = {}
 
-    def busy(self, resource: str) -> bool:
-        """Someone in this process already waits for ``resource``: a newcomer queues behind."""
-        return resource in self._queues
-
     def join(self, resource: str) -> Turn:
         turn = Turn(resource)
         with self._guard:

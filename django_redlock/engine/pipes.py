@@ -9,8 +9,9 @@ read fills the oldest slot. A thousand tasks then cost one connection per master
   is abandoned *owes* replies: its master was silent past someone's budget.
 - Sync pipes (threads): whoever waits reads, for everyone (one reader at a time; the others sleep
   on a condition and are woken when replies were handed out or the reader leaves).
-- Async pipes (one per event loop): the loop's reader callback reads; requests written during one
-  loop tick go out in one write.
+- Async pipes (one per event loop): the loop's reader callback reads. The first request of a loop
+  tick is written at once; those that follow in the same tick go out together in one write at its
+  end (a thousand tasks cost a few writes, one caller no added latency).
 - redis-py opens the connection (TLS, AUTH, ACL user, SELECT, unix sockets, URL options); after
   that we use its socket directly: non-blocking, through our own hiredis reader.
 - After ``fork()`` a child never reads its parent's pipes (``connections`` forgets them).
@@ -63,8 +64,9 @@ class Slot:
         self.sent_at = sent_at
         self.reply: object = PENDING
         self.abandoned = False
-        #: Called (in the reading thread) when the reply came: how an async round learns it.
-        self.on_reply: Callable[[], None] | None = None
+        #: Called with the slot (in the reading thread) when the reply came: how an async round
+        #: learns it.
+        self.on_reply: Callable[[Slot], None] | None = None
 
 
 class Pipe:
@@ -80,6 +82,8 @@ class Pipe:
     _flush_scheduled: bool
     _out: bytearray
     _unsent: list[Slot]
+    _flusher: Flusher
+    _in_tick: bool
     _read_lock: threading.Lock
     _write_lock: threading.Lock
     _woken: threading.Condition
@@ -94,6 +98,7 @@ class Pipe:
         conn: redis.connection.AbstractConnection,
         pid: int,
         loop: asyncio.AbstractEventLoop | None = None,
+        flusher: Flusher | None = None,
     ) -> None:
         sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
         if sock is None:
@@ -121,7 +126,9 @@ class Pipe:
         else:
             self._out = bytearray()
             self._unsent = []
-            self._flush_scheduled = False
+            assert flusher is not None  # noqa: S101
+            self._flusher = flusher
+            self._in_tick = False  # this tick's first request went out already
             self._writing = False
             loop.add_reader(self._fd, self._pump)
 
@@ -142,9 +149,10 @@ class Pipe:
             self._pending.append(slot)
             self._unsent.append(slot)
             self._out += request
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self.loop.call_soon(self._flush)
+            if not self._in_tick and not self._writing:
+                self._in_tick = True
+                self._flusher.later(self)
+                self._flush()  # the tick's first request: at once
             return slot
         with self._write_lock:
             if self.closed:
@@ -158,9 +166,13 @@ class Pipe:
                 return None
         return slot
 
+    def end_tick(self) -> None:
+        """The loop tick is over: write what its later requests queued, in one send."""
+        self._in_tick = False
+        self._flush()
+
     def _flush(self) -> None:
-        """Write what this loop tick queued, in one send (what does not fit waits for POLLOUT)."""
-        self._flush_scheduled = False
+        """Write what is queued, in one send (what does not fit waits for POLLOUT)."""
         if self.closed or not self._out:
             return
         now = time.monotonic()
@@ -206,7 +218,7 @@ class Pipe:
                     if not slot.abandoned:
                         slot.reply = reply
                         if slot.on_reply is not None:
-                            slot.on_reply()
+                            slot.on_reply(slot)
                     reply = reader.gets()
                 if received < len(self._buffer):
                     return
@@ -243,7 +255,8 @@ class Pipe:
                         self._pump()
                 finally:
                     self._read_lock.release()
-                self._wake_sleepers()
+                if self._sleepers:
+                    self._wake_sleepers()
             elif remaining > 0:
                 with self._woken:
                     self._sleepers += 1
@@ -302,9 +315,28 @@ class Pipe:
             if slot.reply is PENDING and not slot.abandoned:
                 slot.reply = broken
                 if slot.on_reply is not None:
-                    slot.on_reply()
+                    slot.on_reply(slot)
         if self.loop is None:
             self._wake_sleepers()
+
+
+class Flusher:
+    """Ends each loop tick for the pipes of one event loop that wrote during it: one callback a
+    tick for all of them, not one per pipe."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pipes: list[Pipe] = []
+
+    def later(self, pipe: Pipe) -> None:
+        if not self._pipes:
+            self.loop.call_soon(self._end_tick)
+        self._pipes.append(pipe)
+
+    def _end_tick(self) -> None:
+        pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.end_tick()
 
 
 def _wait_readable(sock: socket.socket, timeout: float) -> None:

@@ -154,20 +154,23 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
     lost: Lost | None = None
     split_retried = False
     try:
-        courtesy = masters.courtesy_until(want.resource) - began
-        if want.wait > 0 and courtesy > 0:
-            # We just woke a waiter by releasing this lock: let it go first, then queue behind
-            # it (as a waiter at once: a plain SET would only lose).
+        if want.wait > 0:
+            # In line with this process's other waiters of the resource, before any I/O: only
+            # the first of them competes on the masters, and they get it in arrival order.
             turn = masters.queues.join(want.resource)
-            yield Pause(min(courtesy, want.wait))
-        elif want.wait > 0 and masters.queues.busy(want.resource):
-            turn = masters.queues.join(want.resource)  # others here wait already: behind them
+            courtesy = masters.courtesy_until(want.resource) - began
+            if courtesy > 0:
+                # We just woke a waiter by releasing this lock: let it go first.
+                yield Pause(min(courtesy, want.wait))
         while True:
             if turn is not None:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
                 if not first:
                     raise not_acquired(masters, want, lost, attempts, time.monotonic() - began)
-                if waiter is None:
+                if waiter is None and lost is not None and not want.several:
+                    # It lost once: a waiter from now on, that releases wake by name. (Then it
+                    # tries again: that try queues it on the masters if it loses, and a release
+                    # in between cannot be missed, since the next try then finds it free.)
                     waiter = yield Listen()
             attempts += 1
             outcome = yield from attempt(masters, want, waiter, deadline)
@@ -187,12 +190,8 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                     sleep = min(sleep, expiry + EXPIRY_MARGIN)
                 yield Pause(max(0.0, min(sleep, deadline - time.monotonic())))
                 continue
-            if lost.result.contended and turn is None:
-                # Become this process's waiter for the resource (first in line, or behind the
-                # others), then try again: that try queues us on the masters if it loses, and a
-                # release in between cannot be missed, since the next try then finds it free.
-                turn = masters.queues.join(want.resource)
-                continue
+            if lost.result.contended and waiter is None:
+                continue  # become a waiter, then try again (above)
             if lost.result.contended and waiter is not None:
                 if lost.result.granted and not split_retried:
                     # Some masters were free: perhaps a split vote with another waiter and no

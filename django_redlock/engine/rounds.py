@@ -123,15 +123,17 @@ def exchange(
     unconnected = []
     for i, node in enumerate(nodes):
         pipe = pipe_of(node)
+        owes = False
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
-        if node.silent_until > began and may_leave_out > 0:
-            if pipe is None or pipe.owes:
+            owes = pipe.owes
+        if node.silent_until and node.silent_until > began and may_leave_out > 0:
+            if pipe is None or owes:
                 may_leave_out -= 1
                 replies[i] = _tell(node, pipe, requests.for_node(node))
                 continue
             node.silent_until = 0.0  # its late replies came: it answers again
-        elif pipe is not None and pipe.stalled(began, SKIP_SILENT_FOR):
+        elif pipe is not None and owes and pipe.stalled(began, SKIP_SILENT_FOR):
             # Silent for a while and still owing: its replies may never come (a broken path,
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
@@ -157,12 +159,21 @@ def exchange(
         yield Replies([(pipe, slot) for _, pipe, slot in sent], _due(sent, budget))
         later = []
         for i, pipe, slot in sent:
-            if slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
+            reply = slot.reply
+            if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
+                replies[i] = reply
+                if script is not None:
+                    nodes[i].warm.add(script.sha)
+            elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
             else:
                 replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
         sent = later
     return replies
+
+
+#: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
+ANSWERS = frozenset({bytes, int, list, type(None)})
 
 
 def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
@@ -174,7 +185,8 @@ _SECOND_TRY = (Broken, NoScriptError)
 
 def second_try(slot: Slot) -> bool:
     """Whether ``slot``'s answer asks for a second try rather than a vote."""
-    return isinstance(slot.reply, _SECOND_TRY)
+    reply = slot.reply
+    return type(reply) not in ANSWERS and isinstance(reply, _SECOND_TRY)
 
 
 def _vote(
