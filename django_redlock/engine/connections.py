@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -140,7 +140,7 @@ class Node:
         self._connecting: _Connecting | None = None
         #: Per event loop: its pipe, and the connect in progress for it.
         self._loop_pipes: dict[asyncio.AbstractEventLoop, Pipe] = {}
-        self._loop_connecting: dict[asyncio.AbstractEventLoop, asyncio.Future[Pipe]] = {}
+        self._loop_connecting: dict[asyncio.AbstractEventLoop, _Attempt] = {}
         self._last: Pipe | None = None  # the last loop pipe used: the usual one, found at once
 
     def __repr__(self) -> str:
@@ -198,39 +198,43 @@ class Node:
         connecting = self._loop_connecting.get(loop)
         if connecting is None:
             self._sweep_closed_loops()
-            made = loop.run_in_executor(_connect_pool(), self._open, budget)
-            connecting = self._loop_connecting[loop] = loop.create_future()
-            made.add_done_callback(lambda done: self._opened(loop, done, connecting))
+            made = _connect_pool().submit(self._open, budget)
+            connecting = _Attempt(made, loop.create_future())
+            self._loop_connecting[loop] = connecting
+            made.add_done_callback(lambda _: _call_soon(loop, self._opened, loop, connecting))
+        elif connecting.made.done():
+            # Made already, and the loop has not run our callback yet (a thousand rounds ahead
+            # of it): use it now rather than a whole loop pass later.
+            self._opened(loop, connecting)
         # No timer of our own: the attempt is bounded by its budget (socket timeouts), and a
         # timer would fire late anyway on a loop busy with a thousand rounds, and blame the
         # master for it.
         try:
-            return await asyncio.shield(connecting)
+            if connecting.pipe.done():
+                return connecting.pipe.result()
+            return await asyncio.shield(connecting.pipe)
         except (redis.RedisError, OSError) as exc:
             return exc
 
-    def _opened(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        made: asyncio.Future[redis.connection.AbstractConnection],
-        connecting: asyncio.Future[Pipe],
-    ) -> None:
+    def _opened(self, loop: asyncio.AbstractEventLoop, connecting: _Attempt) -> None:
+        """The connect ended (in our thread pool): make the loop's pipe of it, once."""
+        if connecting.pipe.done():
+            return
         if self._loop_connecting.get(loop) is connecting:
             del self._loop_connecting[loop]
         try:
-            conn = made.result()
-            pipe = Pipe(conn, _PID, loop, _flusher_of(loop))
+            pipe = Pipe(connecting.made.result(), _PID, loop, _flusher_of(loop))
         except (redis.RedisError, OSError) as exc:
-            connecting.set_exception(exc)
-            connecting.exception()  # retrieved: a round that gave up waiting must not warn
+            connecting.pipe.set_exception(exc)
+            connecting.pipe.exception()  # retrieved: a round that gave up waiting must not warn
             return
         if _PID != pipe.pid or loop.is_closed():
             pipe.close()
-            connecting.set_exception(redis.ConnectionError("the event loop closed"))
-            connecting.exception()
+            connecting.pipe.set_exception(redis.ConnectionError("the event loop closed"))
+            connecting.pipe.exception()
             return
         self._loop_pipes[loop] = self._last = pipe
-        connecting.set_result(pipe)
+        connecting.pipe.set_result(pipe)
 
     def _sweep_closed_loops(self) -> None:
         for loop in [loop for loop in self._loop_pipes if loop.is_closed()]:
@@ -282,6 +286,25 @@ def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
     if flusher is None:
         flusher = _FLUSHERS[loop] = Flusher(loop)
     return flusher
+
+
+class _Attempt:
+    """A connect in progress for a loop's pipe: the thread's work, and the pipe it becomes."""
+
+    __slots__ = ("made", "pipe")
+
+    def __init__(
+        self, made: Future[redis.connection.AbstractConnection], pipe: asyncio.Future[Pipe]
+    ) -> None:
+        self.made = made
+        self.pipe = pipe
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, *call: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(*call)
+    except RuntimeError:  # the loop closed meanwhile: nobody awaits the connection there
+        pass
 
 
 class _Connecting:
