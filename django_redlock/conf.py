@@ -8,6 +8,7 @@ error, naming the bad value. Nothing here runs at import time.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -217,7 +218,17 @@ def get_config() -> Config:
 
 @cache
 def get_redlock() -> Redlock:
-    """The process-wide engine for ``REDLOCK`` (built on first use, never at import)."""
+    """The process-wide engine for ``REDLOCK`` (built on first use, never at import; once, also
+    when many threads ask first at the same time: an engine is connections and threads)."""
+    with _BUILDING:
+        return _build_redlock()
+
+
+_BUILDING = threading.Lock()
+
+
+@cache
+def _build_redlock() -> Redlock:
     from .observer import DjangoObserver
 
     config = get_config()
@@ -240,3 +251,4 @@ def _reset(*, setting: str, **kwargs: object) -> None:
             get_redlock().close()
         get_config.cache_clear()
         get_redlock.cache_clear()
+        _build_redlock.cache_clear()

@@ -13,7 +13,7 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -201,8 +201,10 @@ class Node:
             made = _connect_pool().submit(self._open, budget)
             connecting = _Attempt(made, loop.create_future())
             self._loop_connecting[loop] = connecting
-            made.add_done_callback(lambda _: _call_soon(loop, self._opened, loop, connecting))
-        elif connecting.made.done():
+            made.add_done_callback(
+                lambda _: _hand_over(loop, lambda: self._opened(loop, connecting))
+            )
+        elif connecting.made is not None and connecting.made.done():
             # Made already, and the loop has not run our callback yet (a thousand rounds ahead
             # of it): use it now rather than a whole loop pass later.
             self._opened(loop, connecting)
@@ -218,20 +220,19 @@ class Node:
 
     def _opened(self, loop: asyncio.AbstractEventLoop, connecting: _Attempt) -> None:
         """The connect ended (in our thread pool): make the loop's pipe of it, once."""
-        if connecting.pipe.done():
+        made, connecting.made = connecting.made, None  # (and no cycle through its callback)
+        if made is None or connecting.pipe.done():
             return
         if self._loop_connecting.get(loop) is connecting:
             del self._loop_connecting[loop]
         try:
-            pipe = Pipe(connecting.made.result(), _PID, loop, _flusher_of(loop))
+            if loop.is_closed():
+                _discard(made)
+                raise redis.ConnectionError("the event loop closed while connecting")
+            pipe = Pipe(made.result(), _PID, loop, _flusher_of(loop))
         except (redis.RedisError, OSError) as exc:
             connecting.pipe.set_exception(exc)
             connecting.pipe.exception()  # retrieved: a round that gave up waiting must not warn
-            return
-        if _PID != pipe.pid or loop.is_closed():
-            pipe.close()
-            connecting.pipe.set_exception(redis.ConnectionError("the event loop closed"))
-            connecting.pipe.exception()
             return
         self._loop_pipes[loop] = self._last = pipe
         connecting.pipe.set_result(pipe)
@@ -259,10 +260,14 @@ class Node:
         with self._guard:
             pipe, self.pipe = self.pipe, None
             loop_pipes, self._loop_pipes = self._loop_pipes, {}
+            attempts, self._loop_connecting = self._loop_connecting, {}
             self._last = None
         for each in [pipe, *loop_pipes.values()]:
             if each is not None:
                 each.close()
+        for attempt in attempts.values():  # connects still under way: what they make is closed
+            if attempt.made is not None:
+                attempt.made.add_done_callback(_discard)
 
     def client(self) -> redis.Redis:
         """A plain redis-py client with this node's settings, for one-off admin commands
@@ -294,17 +299,23 @@ class _Attempt:
     __slots__ = ("made", "pipe")
 
     def __init__(
-        self, made: Future[redis.connection.AbstractConnection], pipe: asyncio.Future[Pipe]
+        self, made: Future[redis.connection.AbstractConnection] | None, pipe: asyncio.Future[Pipe]
     ) -> None:
         self.made = made
         self.pipe = pipe
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, *call: Any) -> None:
+def _hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> None:
+    """In our pool's thread: let the loop make its pipe of the new connection."""
     try:
-        loop.call_soon_threadsafe(*call)
+        loop.call_soon_threadsafe(opened)
     except RuntimeError:  # the loop closed meanwhile: nobody awaits the connection there
-        pass
+        opened()  # (it closes what it cannot use: the loop is closed)
+
+
+def _discard(made: Future[redis.connection.AbstractConnection]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        made.result().disconnect()
 
 
 class _Connecting:

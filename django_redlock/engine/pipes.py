@@ -25,6 +25,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -78,6 +79,7 @@ class Pipe:
     loop: asyncio.AbstractEventLoop | None
     _fd: int
     _conn: redis.connection.AbstractConnection
+    _finalizer: weakref.finalize[[], None]
     _writing: bool
     _flush_scheduled: bool
     _out: bytearray
@@ -106,6 +108,10 @@ class Pipe:
         sock.setblocking(False)
         self._conn = conn
         self._sock: socket.socket = sock
+        # Closes the connection if the pipe is dropped unclosed (an engine never closed): the
+        # finalizer keeps it reachable, so that the garbage collector never finalizes the socket
+        # first (an unclosed socket: a ResourceWarning) in whatever order a cycle comes apart.
+        self._finalizer = weakref.finalize(self, conn.disconnect)
         self._fd = sock.fileno()
         self._reader: hiredis.Reader = hiredis.Reader(
             # Error replies come back (not raised) as redis-py's classes: NoScriptError, ...
@@ -305,7 +311,7 @@ class Pipe:
                     self.loop.remove_writer(self._fd)
             except RuntimeError:  # closed from another thread than the loop's: nothing to undo
                 pass
-        self._conn.disconnect()
+        self._finalizer()  # disconnects, once
         broken = Broken(error or redis.ConnectionError("connection closed"))
         while True:
             try:

@@ -138,19 +138,21 @@ return 1
 """,
 )
 
+# Shared by HOLDS and EXTEND: whether every key of KEYS still holds our value ARGV[1].
+_ALL_OURS = """
+local function all_ours()
+    for _, key in ipairs(KEYS) do
+        if redis.call('get', key) ~= ARGV[1] then
+            return false
+        end
+    end
+    return true
+end
+"""
+
 # KEYS the lock keys (one or several); ARGV[1] our full value. Returns 1 iff every key still holds
 # our value (the lock is still ours on this master), else 0. Changes nothing.
-HOLDS = Script(
-    "holds",
-    """
-for _, key in ipairs(KEYS) do
-    if redis.call('get', key) ~= ARGV[1] then
-        return 0
-    end
-end
-return 1
-""",
-)
+HOLDS = Script("holds", _ALL_OURS + "return all_ours() and 1 or 0\n")
 
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value; ARGV[2] TTL in
 # milliseconds; ARGV[3] this waiter's id; ARGV[4] how many more milliseconds it will wait.
@@ -181,11 +183,10 @@ return {0, redis.call('pttl', KEYS[1])}
 # here. Returns 1 if extended, else 0.
 EXTEND = Script(
     "extend",
-    """
-for _, key in ipairs(KEYS) do
-    if redis.call('get', key) ~= ARGV[1] then
-        return 0
-    end
+    _ALL_OURS
+    + """
+if not all_ours() then
+    return 0
 end
 for _, key in ipairs(KEYS) do
     redis.call('pexpire', key, ARGV[2])
