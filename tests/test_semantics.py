@@ -65,8 +65,22 @@ def test_release_without_a_quorum_raises_after_releasing_where_it_could(fresh_ma
         m.kill()
     with pytest.raises(LockLost) as caught:
         lock.release()
+    assert caught.value.unconfirmed  # valid until the release: not known lost, not confirmed
+    assert not lock.lost
     assert sorted(f.reason for f in caught.value.failures) == ["error"] * 3
     assert values_of(masters[3:], lock.key) == [None, None]  # removed where it could be
+
+
+def test_a_block_left_without_a_quorum_to_release_does_not_raise(fresh_masters, redlock_of):
+    """Its section was safe (the lease was valid when it ended); only the release is unknown,
+    and the engine says so through the failing-masters notice, not by failing the block."""
+    masters = fresh_masters(5)
+    recorder = Recorder()
+    engine = redlock_of(masters, node_timeout=0.05, observer=recorder)
+    with engine.lock("r", ttl=10):
+        for m in masters[:3]:
+            m.kill()
+    assert [action for action, _ in recorder.failed] == ["release"]
 
 
 def test_a_block_whose_lease_was_lost_raises_once(masters, redlock_of):

@@ -63,9 +63,20 @@ class LockLost(RedlockError):
     removing our lease, by ``extend()`` and by ``check()``. ``failures``: per master, what it
     said (``"gone"``: our token was not there any more; ``"timeout"``/``"error"``)."""
 
-    def __init__(self, resource: str, message: str, failures: Sequence[NodeFailure] = ()) -> None:
+    def __init__(
+        self,
+        resource: str,
+        message: str,
+        failures: Sequence[NodeFailure] = (),
+        *,
+        unconfirmed: bool = False,
+    ) -> None:
         self.resource = resource
         self.failures = tuple(failures)
+        #: Raised by a release that too few masters answered, of a lease still valid: nothing
+        #: says it was lost (exclusivity held until the release), but nothing confirmed that it
+        #: was removed either; where it remains, it expires within its TTL.
+        self.unconfirmed = unconfirmed
         detail = "; ".join(str(f) for f in self.failures)
         super().__init__(f"{message} [{detail}]" if detail else message)
 

@@ -102,15 +102,25 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         if woken > 0:
             masters.give_way(lease.resource, COURTESY)
     if confirmed < masters.quorum:
+        detail = gone(masters, replies, several=several)
         if time.monotonic() >= lease.valid_until:
-            message = lease.lost_message()
-        else:
-            message = (
+            raise lease.mark_lost(lease.lost_message(), detail)
+        if sum(f.reason == "gone" for f in detail) > len(replies) - masters.quorum:
+            raise lease.mark_lost(
                 f"lock {lease.resource!r} was not released by a quorum: {confirmed} of "
-                f"{len(replies)} masters still held our lease ({masters.quorum} needed); it was "
-                f"released by force, lost by a master, or too few masters answered"
+                f"{len(replies)} masters still held our lease ({masters.quorum} needed): it was "
+                f"released by force, or lost by masters",
+                detail,
             )
-        raise lease.mark_lost(message, gone(masters, replies, several=several))
+        lease.note_failures(detail, "release")
+        raise LockLost(
+            lease.resource,
+            f"release of lock {lease.resource!r} not confirmed: only {confirmed} of "
+            f"{len(replies)} masters confirmed it ({masters.quorum} needed); the lease was valid "
+            f"until now, and where it remains it expires within its TTL ({lease.ttl}s)",
+            detail,
+            unconfirmed=True,
+        )
     if any(isinstance(r, NodeFailure) for r in replies):
         lease.note_failures(failures(masters, replies), "release")
 

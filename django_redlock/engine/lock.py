@@ -167,8 +167,10 @@ class Lock:
     def release(self) -> None:
         """Delete our key on every master (compare-and-delete: never another owner's). Raises
         ``LockLost``, after removing our lease wherever it still was, unless a quorum confirmed
-        that it removed it (it had run out, been released by force, or too few masters
-        answered): the caller learns that exclusivity may have been broken."""
+        that it removed it: it had run out, or been released by force (exclusivity may have
+        been broken: ``lost`` is true), or too few masters answered (``error.unconfirmed``: the
+        lease was valid until now, and where it remains it expires within its TTL). A ``with``
+        block raises only for the first two: its section was safe in the third."""
         owner = current_owner()
         lease = self._detach(owner)
         if lease is not None:
@@ -190,7 +192,8 @@ class Lock:
         try:
             self.release()
         except LockLost as error:
-            ran_out = error
+            if not error.unconfirmed:  # a release too few answered: the block itself was safe
+                ran_out = error
         if ran_out is not None:
             _report_lost(ran_out, exc)
 
@@ -237,7 +240,8 @@ class Lock:
         try:
             await self.arelease()
         except LockLost as error:
-            ran_out = error
+            if not error.unconfirmed:  # a release too few answered: the block itself was safe
+                ran_out = error
         if ran_out is not None:
             _report_lost(ran_out, exc)
 
