@@ -108,8 +108,8 @@ def _efficiency(ax: Any, data: dict[str, Any]) -> None:
     names = list(rows)
     values = [rows[n]["efficiency"] for n in names]
     _bars(ax, names, values, [f"{v:.2f}" for v in values], "ideal hold time / wall time")
-    ax.axvline(0.6, color=OURS, linestyle="--", linewidth=1)
-    ax.text(0.6, len(names) - 0.5, " target 0.6", color=OURS, fontsize=8)
+    ax.axvline(0.7, color=OURS, linestyle="--", linewidth=1)
+    ax.text(0.7, len(names) - 0.5, " target 0.7", color=OURS, fontsize=8)
 
 
 def _waits(ax: Any, data: dict[str, Any]) -> None:
