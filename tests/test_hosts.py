@@ -40,6 +40,14 @@ def cannot_run(exc: HostsUnavailable) -> None:
     pytest.skip(f"{reason} (CI runs them: REDLOCK_REQUIRE_HOSTS=1 makes this a failure)")
 
 
+def needs_namespaces() -> None:
+    """For a test that makes namespaces itself, before the harness would say why it cannot."""
+    try:
+        hosts.require_root()
+    except HostsUnavailable as exc:
+        cannot_run(exc)
+
+
 @contextlib.contextmanager
 def hosts_or_fail(workdir, **options) -> Iterator[HostCluster]:
     """A running HostCluster, or the test fails (or skips) with the reason namespaces cannot be
@@ -104,6 +112,7 @@ def test_everything_a_run_made_is_removed_also_on_an_error(tmp_path):
 
 
 def test_a_run_that_fails_to_start_removes_what_it_made(tmp_path, monkeypatch):
+    needs_namespaces()
     started = []
 
     def start(master, timeout=10.0):
@@ -123,6 +132,7 @@ def test_a_run_that_fails_to_start_removes_what_it_made(tmp_path, monkeypatch):
 
 
 def test_leftovers_of_a_dead_run_are_swept_and_a_live_runs_are_not(tmp_path):
+    needs_namespaces()
     gone = f"{hosts.FAMILY}-999999999-1-0-hub"  # no such pid: its run is gone
     hosts.ip("netns", "add", gone)
     stale = hosts.RUNTIME / f"{hosts.FAMILY}-999999999-1-0"
