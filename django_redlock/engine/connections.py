@@ -69,7 +69,7 @@ class NodeSpec:
     """Where one master is and how to talk to it, before any connection exists.
 
     ``label`` is safe to show (no password). ``connection_class``/``connection_kwargs`` are
-    redis-py's sync ones; the async engine maps them to their ``redis.asyncio`` twins.
+    redis-py's: it opens every connection of ours (TLS, AUTH, SELECT), sync and async alike.
     """
 
     label: str
@@ -164,7 +164,7 @@ class Node:
                 return TimeoutError("no connection within the node budget")
             return connecting.result
         try:
-            result: Pipe | Exception = Pipe(self._open(budget), _PID)
+            result: Pipe | Exception = Pipe(self._open(budget))
         except (redis.RedisError, OSError) as exc:
             result = exc
         with self._guard:
@@ -229,7 +229,7 @@ class Node:
             if loop.is_closed():
                 _discard(made)
                 raise redis.ConnectionError("the event loop closed while connecting")
-            pipe = Pipe(made.result(), _PID, loop, _flusher_of(loop))
+            pipe = Pipe(made.result(), loop, _flusher_of(loop))
         except (redis.RedisError, OSError) as exc:
             connecting.pipe.set_exception(exc)
             connecting.pipe.exception()  # retrieved: a round that gave up waiting must not warn
@@ -250,11 +250,6 @@ class Node:
         conn.socket_connect_timeout = conn.socket_timeout = budget
         conn.connect()
         return conn
-
-    def pipes(self) -> list[Pipe]:
-        """Every open pipe of this process to this master."""
-        found = [self.pipe, *self._loop_pipes.values()]
-        return [p for p in found if p is not None and not p.closed]
 
     def close(self) -> None:
         with self._guard:
@@ -344,12 +339,10 @@ def _connect_pool() -> ThreadPoolExecutor:
 
 
 _ALL_NODES: weakref.WeakSet[Node] = weakref.WeakSet()
-_PID = os.getpid()  # kept current by the at-fork hook
 
 
 def _after_fork_in_child() -> None:
-    global _PID, _pool, _pool_guard
-    _PID = os.getpid()
+    global _pool, _pool_guard
     _pool = None  # the parent's threads do not exist here
     _pool_guard = threading.Lock()
     for node in list(_ALL_NODES):

@@ -74,14 +74,12 @@ class Pipe:
     """One open connection to a master, shared by concurrent rounds."""
 
     closed: bool
-    pid: int
     opened_at: float
     loop: asyncio.AbstractEventLoop | None
     _fd: int
     _conn: redis.connection.AbstractConnection
     _finalizer: weakref.finalize[[], None]
     _writing: bool
-    _flush_scheduled: bool
     _out: bytearray
     _unsent: list[Slot]
     _flusher: Flusher
@@ -98,7 +96,6 @@ class Pipe:
     def __init__(
         self,
         conn: redis.connection.AbstractConnection,
-        pid: int,
         loop: asyncio.AbstractEventLoop | None = None,
         flusher: Flusher | None = None,
     ) -> None:
@@ -120,7 +117,6 @@ class Pipe:
         )
         self._buffer = bytearray(65536)  # hiredis copies what it is fed
         self._pending: deque[Slot] = deque()
-        self.pid = pid
         self.closed = False
         self.opened_at = time.monotonic()
         self.loop = loop

@@ -1,7 +1,7 @@
 """The Redlock decisions as pure functions: no I/O, no clock, no randomness of their own.
 
-The sync engine (``lock.py``) and the async one (``aio.py``) both feed what the masters said into
-these functions, so the two cannot drift apart, and property tests can check the algorithm alone.
+The procedures (``procedures``, ``holding``), run by the sync and the async driver alike, feed what
+the masters said into these functions, and property tests can check the algorithm alone.
 """
 
 from __future__ import annotations

@@ -162,8 +162,7 @@ def exchange(
             reply = slot.reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
                 replies[i] = reply
-                if script is not None:
-                    nodes[i].warm.add(script.sha)
+                requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
             else:
