@@ -121,7 +121,7 @@ def pure_steps(urls: list[str]) -> None:
         ("pack(SET ...) once per round", lambda: pack(command)),
         (
             "release_command(r, value)",
-            lambda: redlock.release_command(lock.resource, value),
+            lambda: redlock.release_command(lock.resources, value),
         ),
         (
             "tally of 5 votes (vote() x5 + protocol.tally)",

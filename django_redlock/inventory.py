@@ -32,7 +32,6 @@ from .engine import NodeFailure, Redlock, protocol
 from .engine.connections import Node
 from .engine.drivers import fan_out
 from .engine.rounds import failure
-from .engine.scripts import RELEASE
 from .engine.values import (
     FINGERPRINT_LENGTH,
     MAX_VALUE_BYTES,
@@ -525,8 +524,8 @@ def force_release(
         if isinstance(reply, NodeFailure):
             details[i] = f"{reply.reason}: {reply.detail}"
     for value in values:  # one, unless a foreign writer reused the token with another owner
-        command = redlock.release_command(resource, value)
-        replies = fan_out(nodes, command, timeout, RELEASE)
+        command, script = redlock.release_command((resource,), value)
+        replies = fan_out(nodes, command, timeout, script)
         for i, reply in enumerate(replies):
             if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
                 released[i] = True

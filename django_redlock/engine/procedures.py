@@ -285,11 +285,5 @@ def release_round(
     notify: bool = True,
     queued_as: str = "",
 ) -> Round:
-    if len(resources) == 1:
-        command = masters.release_command(resources[0], value, notify=notify, queued_as=queued_as)
-        return Round(command, scripts.RELEASE, cleanup)
-    keys = tuple(masters.lock_key(r) for r in resources)
-    queues = tuple(masters.queue_key(r) for r in resources)
-    notice = protocol.notice_digest(value) if notify else ""
-    args = (value, "1" if notify else "", notice, masters.inbox_prefix, queued_as)
-    return Round(scripts.MULTI_RELEASE.evalsha(keys + queues, args), scripts.MULTI_RELEASE, cleanup)
+    command, script = masters.release_command(resources, value, notify=notify, queued_as=queued_as)
+    return Round(command, script, cleanup)

@@ -17,7 +17,7 @@ from .leases import Lease
 from .lock import Lock
 from .locking import locking
 from .notices import LocalQueues, ReleaseNotices
-from .rounds import Reply
+from .rounds import Command, Reply
 from .values import Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
 
@@ -182,20 +182,28 @@ class Redlock:
         return f"{self.key_prefix}queue:{resource}"
 
     def release_command(
-        self, resource: str, value: str | bytes, *, notify: bool = True, queued_as: str = ""
-    ) -> tuple[object, ...]:
-        """The request that releases ``resource`` on one master if it still holds ``value``
-        (compare-and-delete, then a notice that wakes the next waiter unless ``notify`` is
-        false). Used by every release: the holder's own, the undoing of a failed attempt
-        (quietly: it freed nothing anyone was waiting for, and must not cost a waiter its place
-        in the queue), and the admin's force release of exactly the holder it showed.
-        ``queued_as``: the waiter id the holder had, if it waited: its queue entries go too."""
-        keys = (self.lock_key(resource), self.queue_key(resource))
-        if not notify:
-            return scripts.RELEASE.evalsha(keys, (value, "", "", "", queued_as))
-        notice = protocol.notice_digest(value)
-        args = (value, "1", notice, self.inbox_prefix, queued_as)
-        return scripts.RELEASE.evalsha(keys, args)
+        self,
+        resources: Sequence[str],
+        value: str | bytes,
+        *,
+        notify: bool = True,
+        queued_as: str = "",
+    ) -> tuple[Command, scripts.Script]:
+        """The request (and the script it runs) that releases ``resources`` on one master where
+        it still holds ``value`` (compare-and-delete, then a notice that wakes the next waiter
+        of each resource unless ``notify`` is false). Used by every release: the holder's own,
+        the undoing of a failed attempt (quietly: it freed nothing anyone was waiting for, and
+        must not cost a waiter its place in the queue), and the admin's force release of
+        exactly the holder it showed. ``queued_as``: the waiter id the holder had, if it
+        waited: its queue entries go too."""
+        script = scripts.RELEASE if len(resources) == 1 else scripts.MULTI_RELEASE
+        keys = tuple(self.lock_key(r) for r in resources)
+        queues = tuple(self.queue_key(r) for r in resources)
+        if notify:
+            args = (value, "1", protocol.notice_digest(value), self.inbox_prefix, queued_as)
+        else:
+            args = (value, "", "", "", queued_as)
+        return script.evalsha(keys + queues, args), script
 
     @property
     def notices(self) -> ReleaseNotices:
