@@ -111,11 +111,11 @@ def pure_steps(urls: list[str]) -> None:
     """The engine's per-cycle work that involves no I/O, each step timed alone."""
     redlock = Redlock(urls)
     lock = redlock.lock("bench:profile:pure", ttl=TTL)
-    value = make_value(None, TTL)
+    value = make_value(None, TTL, None)
     granted = [b"OK"] * 5
     command = ("SET", lock.key, value, "NX", "PX", 10_000)
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("make_value() (token + owner JSON)", lambda: make_value(None, TTL)),
+        ("make_value() (token + owner JSON)", lambda: make_value(None, TTL, None)),
         ("current_owner() (called 2x per cycle)", current_owner),
         ("redlock.lock(r) (a new Lock object)", lambda: redlock.lock("bench:profile:x")),
         ("pack(SET ...) once per round", lambda: pack(command)),

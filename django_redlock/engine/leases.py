@@ -9,13 +9,13 @@ owner ended can never be taken for it. The lease keeps its owner alive while it 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from . import process
 from .errors import LockLost, NodeFailure
 from .events import logger, notify
 
@@ -201,7 +201,7 @@ class Callers:
                 f"cannot {action} lock {self.resource!r}: it is not acquired by "
                 f"{describe(owner)} through this object"
             )
-        if lease.pid != os.getpid():
+        if lease.pid != process.pid():
             raise RuntimeError(
                 f"cannot {action} lock {self.resource!r}: it was acquired by process "
                 f"{lease.pid}, and a forked child does not hold its parent's locks"

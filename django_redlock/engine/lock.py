@@ -11,13 +11,13 @@ kept alive by their lease, never ids that Python reuses.
 
 from __future__ import annotations
 
-import os
+import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, protocol
+from . import holding, procedures, process, protocol
 from .drivers import arun, run
 from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
@@ -47,8 +47,16 @@ class Lock:
     ) -> None:
         self._redlock = redlock
         self.resources = protocol.check_resources(resources)
-        #: The name (several: joined with " + "), for messages, events and metrics.
-        self.resource = " + ".join(self.resources)
+        # ``resource``: the name (several: joined with " + "), for messages, events and metrics;
+        # ``keys``: the keys on the masters; ``key`` names them as one, for re-entry.
+        if len(self.resources) == 1:  # the usual case, built on every ``with redlock(r):``
+            self.resource = self.resources[0]
+            self.key = redlock.lock_key(self.resource)
+            self.keys: tuple[str, ...] = (self.key,)
+        else:
+            self.resource = " + ".join(self.resources)
+            self.keys = tuple(map(redlock.lock_key, self.resources))
+            self.key = " + ".join(self.keys)
         self.ttl = protocol.check_ttl(ttl)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.label = protocol.check_label(label)
@@ -63,9 +71,6 @@ class Lock:
             raise ValueError(f"on_lost must be callable, got {on_lost!r}")
         self.reentrant = bool(reentrant)
         self.on_lost = on_lost
-        #: The keys on the masters; ``key`` names them as one, for re-entry.
-        self.keys = tuple(redlock.lock_key(r) for r in self.resources)
-        self.key = " + ".join(self.keys)
         self._callers = Callers(self.resource)
 
     def __repr__(self) -> str:
@@ -152,8 +157,8 @@ class Lock:
         ``QuorumUnavailable`` if it cannot."""
         owner = current_owner()
         if not self._reenter(owner):
-            want = self._want()
-            self._hold(owner, want, self._outcome(run, want))
+            want = self._want(owner)
+            self._hold(owner, want, self._outcome(want))
         return self
 
     def extend(self, ttl: float | None = None) -> float:
@@ -207,7 +212,7 @@ class Lock:
 
     async def _aacquire(self, owner: Owner) -> Lock:
         if not self._reenter(owner):
-            want = self._want()
+            want = self._want(owner)
             self._hold(owner, want, await self._aoutcome(want))
         return self
 
@@ -247,18 +252,19 @@ class Lock:
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _want(self) -> procedures.Want:
-        value = make_value(self.label, self.ttl)
+    def _want(self, owner: Owner) -> procedures.Want:
+        # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
+        task = owner.get_name() if isinstance(owner, asyncio.Task) else None
+        value = make_value(self.label, self.ttl, task)
         return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
 
-    def _outcome(self, runner: Any, want: procedures.Want) -> procedures.Won:
+    def _outcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            won: procedures.Won = runner(self._redlock, procedures.acquire(self._redlock, want))
+            return run(self._redlock, procedures.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
-        return won
 
     async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
@@ -283,7 +289,7 @@ class Lock:
             value=want.value,
             valid_until=won.valid_until,
             owner=owner,
-            pid=os.getpid(),
+            pid=process.pid(),
             handle=self,
             observer=redlock.observer,
             on_lost=self.on_lost,
@@ -309,7 +315,12 @@ class Lock:
                 f"{describe(owner)}; use one Lock object per acquisition, or reentrant=True"
             )
         outer = self._redlock.holders.get(self.key)
-        if outer is None or outer.released or outer.owner is not owner or outer.pid != os.getpid():
+        if (
+            outer is None
+            or outer.released
+            or outer.owner is not owner
+            or outer.pid != process.pid()
+        ):
             return False
         if outer.check_lost() and not self.reentrant:
             return False  # its lease ran out: we do not hold it any more, so acquire for real
@@ -337,7 +348,7 @@ class Lock:
         lease.released = True
         if self._redlock.holders.get(self.key) is lease:
             del self._redlock.holders[self.key]
-        if lease.pid != os.getpid():
+        if lease.pid != process.pid():
             return None  # a forked child never releases its parent's lock
         return lease
 

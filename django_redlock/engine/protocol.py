@@ -235,6 +235,8 @@ def _check_utf8(name: str, value: str) -> str:
 
 def check_resources(values: tuple[object, ...]) -> tuple[str, ...]:
     """The resources of one lock: at least one, each a valid name, none twice."""
+    if len(values) == 1:  # the usual case, on every new lock
+        return (check_resource(values[0]),)
     if not values:
         raise ValueError("a lock needs at least one resource")
     names = tuple(check_resource(v) for v in values)

@@ -16,11 +16,9 @@ module's callers: a holder is named by its fingerprint (a short sha256).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
-import os
 import re
 import secrets
 import socket
@@ -28,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import TypeVar
+
+from . import process
 
 _HOST = socket.gethostname()
 
@@ -44,15 +44,11 @@ _OWNER_JSON: dict[tuple[int, str, str | None, str | None, float], str] = {}
 _OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
 
 
-def make_value(label: str | None, ttl: float) -> str:
-    """A fresh value for one acquisition by the current thread (and task)."""
-    task = None
-    loop = asyncio._get_running_loop()  # noqa: SLF001 (public in asyncio's namespace)
-    if loop is not None:
-        current = asyncio.current_task(loop)
-        task = None if current is None else current.get_name()
+def make_value(label: str | None, ttl: float, task: str | None) -> str:
+    """A fresh value for one acquisition by the current thread and ``task`` (its name, if the
+    owner is an asyncio task)."""
     thread = threading.current_thread().name
-    who = (os.getpid(), thread, task, label, ttl)
+    who = (process.pid(), thread, task, label, ttl)
     owner_json = _OWNER_JSON.get(who)
     if owner_json is None:
         fields = {
