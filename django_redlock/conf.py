@@ -216,23 +216,26 @@ def get_config() -> Config:
     )
 
 
-@cache
+_engine: Redlock | None = None
+_building = threading.Lock()
+
+
 def get_redlock() -> Redlock:
     """The process-wide engine for ``REDLOCK`` (built on first use, never at import; once, also
     when many threads ask first at the same time: an engine is connections and threads)."""
-    with _BUILDING:
-        return _build_redlock()
+    engine = _engine
+    if engine is None:
+        with _building:
+            engine = _engine or _build_redlock()
+    return engine
 
 
-_BUILDING = threading.Lock()
-
-
-@cache
 def _build_redlock() -> Redlock:
+    global _engine
     from .observer import DjangoObserver
 
     config = get_config()
-    return Redlock(
+    _engine = Redlock(
         [node_spec(n) for n in config.nodes],
         key_prefix=config.key_prefix,
         ttl=config.ttl,
@@ -242,13 +245,14 @@ def _build_redlock() -> Redlock:
         retry_delay=config.retry_delay,
         observer=DjangoObserver(),
     )
+    return _engine
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: object) -> None:
+    global _engine
     if setting in ("REDLOCK", "CACHES"):
-        if get_redlock.cache_info().currsize:
-            get_redlock().close()
+        engine, _engine = _engine, None
+        if engine is not None:
+            engine.close()
         get_config.cache_clear()
-        get_redlock.cache_clear()
-        _build_redlock.cache_clear()

@@ -12,6 +12,7 @@ from . import protocol, scripts
 from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, release_round, tally
+from .protocol import Tally
 from .rounds import Reply
 from .steps import Masters, Pause, Procedure, Round, failures
 
@@ -44,11 +45,7 @@ def extend(
                 lease.note_failures(failures(masters, replies), "extend")
             return lease.validity
         if result.lost:
-            raise lease.mark_lost(
-                f"lock {lease.resource!r} is gone from {result.denied} of {result.total} "
-                f"masters: it expired or was released by force",
-                gone(masters, replies),
-            )
+            raise taken_away(masters, lease, result, replies)
         delay = protocol.retry_delay(masters.retry_delay, JITTER)
         if time.monotonic() + delay >= lease.valid_until:
             raise lease.mark_lost(
@@ -71,11 +68,7 @@ def holds(masters: Masters, lease: Lease) -> Procedure[bool]:
     )
     result = tally(masters, replies, lease.ttl, start)
     if result.lost:
-        lease.mark_lost(
-            f"lock {lease.resource!r} is gone from {result.denied} of {result.total} masters: "
-            f"it expired or was released by force",
-            gone(masters, replies),
-        )
+        taken_away(masters, lease, result, replies)
         return False
     return result.granted >= masters.quorum and not lease.check_lost()
 
@@ -145,6 +138,15 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
         raise LockLost(lease.resource, lease.lost_message())
     lease.fences[resource] = token
     return token
+
+
+def taken_away(masters: Masters, lease: Lease, result: Tally, replies: list[Reply]) -> LockLost:
+    """So many masters no longer hold our token that no quorum can: mark the lease lost."""
+    return lease.mark_lost(
+        f"lock {lease.resource!r} is gone from {result.denied} of {result.total} masters: it "
+        f"expired or was released by force",
+        gone(masters, replies),
+    )
 
 
 def fence_unavailable(masters: Masters, lease: Lease, replies: list[Reply]) -> QuorumUnavailable:
