@@ -336,3 +336,15 @@ def test_hold_count_of_a_reentrant_lock(masters, redlock_of):
             assert (outer.hold_count, inner.hold_count) == (2, 2)
         assert outer.hold_count == 1
     assert outer.hold_count == 0
+
+
+def test_released_leases_do_not_pile_up_in_the_watchdog(masters, redlock_of):
+    """Every lease someone listens to is scheduled for its expiry notice; a released one's entry
+    must not stay until its TTL (a busy process takes thousands of short locks a minute)."""
+    from django_redlock.engine.watchdog import SWEEP_AT, WATCHDOG
+
+    engine = redlock_of(masters)
+    for _ in range(3 * SWEEP_AT):
+        with engine.lock("busy", ttl=30, on_lost=lambda lock, error: None):
+            pass
+    assert WATCHDOG.watching < 2 * SWEEP_AT

@@ -36,6 +36,11 @@ RENEW_AT = 1 / 3
 #: third of the TTL, or an expiry notice, does not need better than that).
 SLACK = 0.005
 
+#: The schedule is swept of released leases once it holds this many entries, then whenever it
+#: has doubled since: a released lease's expiry look would otherwise stay until its TTL (with a
+#: thousand short locks a second and a 30 s TTL, thirty thousand dead entries).
+SWEEP_AT = 1024
+
 #: One scheduled look at a lease: (when, order, lease, renew it?, max_extensions, max_hold).
 Entry = tuple[float, int, weakref.ref[Lease], bool, int | None, float | None]
 
@@ -53,6 +58,7 @@ class Watchdog:
         self._cond = threading.Condition()
         self._due: list[Entry] = []
         self._order = itertools.count()
+        self._sweep_at = SWEEP_AT
         self._thread: threading.Thread | None = None
 
     def watch(self, lease: Lease, max_extensions: int | None, max_hold: float | None) -> None:
@@ -82,6 +88,10 @@ class Watchdog:
         entry = (when, next(self._order), weakref.ref(lease), renew, max_extensions, max_hold)
         with self._cond:
             heapq.heappush(self._due, entry)
+            if len(self._due) >= self._sweep_at:
+                self._due = [e for e in self._due if _pending(e)]
+                heapq.heapify(self._due)
+                self._sweep_at = max(SWEEP_AT, 2 * len(self._due))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="redlock-watchdog", daemon=True
@@ -143,6 +153,11 @@ class Watchdog:
             return now + lease.ttl * RENEW_AT
         # This round failed but the lease is still valid: try again soon, before it runs out.
         return min(now + masters.retry_delay, lease.valid_until)
+
+
+def _pending(entry: Entry) -> bool:
+    lease = entry[2]()
+    return lease is not None and not lease.released and not lease.lost
 
 
 #: The process's watchdog, shared by every Redlock.
