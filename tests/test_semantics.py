@@ -348,3 +348,30 @@ def test_released_leases_do_not_pile_up_in_the_watchdog(masters, redlock_of):
         with engine.lock("busy", ttl=30, on_lost=lambda lock, error: None):
             pass
     assert WATCHDOG.watching < 2 * SWEEP_AT
+
+
+def test_an_observer_without_the_newer_events_keeps_working(fresh_masters, redlock_of, caplog):
+    class OlderObserver:  # acquired / not_acquired / released / lost only: no masters_failed
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def acquired(self, lock, **_):  # type: ignore[no-untyped-def]
+            self.seen.append("acquired")
+
+        def not_acquired(self, lock, **_):  # type: ignore[no-untyped-def]
+            self.seen.append("not_acquired")
+
+        def released(self, lock, **_):  # type: ignore[no-untyped-def]
+            self.seen.append("released")
+
+        def lost(self, lock, **_):  # type: ignore[no-untyped-def]
+            self.seen.append("lost")
+
+    masters = fresh_masters(5)
+    older = OlderObserver()
+    engine = redlock_of(masters, observer=older)
+    masters[0].kill()  # a failing minority: the masters_failed event it does not know
+    with engine.lock("r", ttl=10):
+        pass
+    assert older.seen == ["acquired", "released"]
+    assert "observer failed" not in caplog.text

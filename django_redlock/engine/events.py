@@ -53,8 +53,12 @@ class NullObserver:
 
 
 def notify(observer: Observer, event: str, lock: Lock, **details: object) -> None:
-    """Call ``observer.<event>(lock, **details)``; log, never raise, what it raises."""
+    """Call ``observer.<event>(lock, **details)``; log, never raise, what it raises. An observer
+    written before an event existed (``masters_failed``) simply does not hear it."""
+    method = getattr(observer, event, None)
+    if method is None:
+        return
     try:
-        getattr(observer, event)(lock, **details)
+        method(lock, **details)
     except Exception:  # noqa: BLE001 (an observer's bug must not break the lock)
         logger.exception("django_redlock observer failed on %s for %r", event, lock.resource)
