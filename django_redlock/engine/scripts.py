@@ -211,4 +211,22 @@ return current
 """,
 )
 
-ALL = (RELEASE, MULTI_RELEASE, ACQUIRE_WAITING, MULTI_ACQUIRE, EXTEND, HOLDS, FENCE_RAISE)
+# KEYS[1] a lock key; ARGV[1] the most bytes to read of its value. Reads it without trusting it
+# (another program's key, megabytes): returns 0 if there is no key; {its length, its first ARGV[1]
+# bytes} for a string; {-1, its type} for a key of another type, which blocks SET NX as a lock
+# does. Changes nothing.
+PEEK = Script(
+    "peek",
+    """
+local kind = redis.call('type', KEYS[1])['ok']
+if kind == 'none' then
+    return 0
+end
+if kind ~= 'string' then
+    return {-1, kind}
+end
+return {redis.call('strlen', KEYS[1]), redis.call('getrange', KEYS[1], 0, tonumber(ARGV[1]) - 1)}
+""",
+)
+
+ALL = (RELEASE, MULTI_RELEASE, ACQUIRE_WAITING, MULTI_ACQUIRE, EXTEND, HOLDS, FENCE_RAISE, PEEK)
