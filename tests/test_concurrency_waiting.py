@@ -273,3 +273,28 @@ def test_a_waiting_pair_lock_is_woken_by_the_release(fresh_masters, redlock_of, 
         held.release()
         done.result(timeout=10)
     assert got[0] - released < 0.5
+
+
+def test_pair_waiters_woken_in_vain_do_not_wake_each_other_without_end(fresh_masters, redlock_of):
+    """Two pair locks ("a", "b") and ("b", "c"), in engines of their own, wait while "a" and "c"
+    are held and "b" is released: the one woken cannot take "b" and passes its turn on only to
+    a waiter for "b" alone (there is none), never to the other pair waiter, which would pass it
+    back, and so on for as long as "a" and "c" are held."""
+    masters = fresh_masters(3)
+    holder = redlock_of(masters)
+    pairs = [redlock_of(masters, retry_delay=3) for _ in range(2)]
+    held = [holder.lock(r, ttl=10).acquire() for r in ("a", "b", "c")]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        waiting = [
+            pool.submit(engine.lock(*resources, ttl=5, wait=2).acquire)
+            for engine, resources in zip(pairs, [("a", "b"), ("b", "c")], strict=True)
+        ]
+        time.sleep(0.4)  # both are queued on "b"
+        held[1].release()
+        before = attempts_on(masters[0])
+        time.sleep(1.0)
+        looked = attempts_on(masters[0]) - before
+        for attempt in waiting:
+            with pytest.raises(LockContended):
+                attempt.result(timeout=10)
+    assert looked <= 6, looked  # each: woken once, and a safety poll at most

@@ -34,10 +34,13 @@ import redis
 
 from .connections import Node
 from .events import logger
+from .scripts import SEVERAL_MARK
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
 #: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
 LINGER = 5.0
+
+_SEVERAL = SEVERAL_MARK.encode()
 
 
 class Beacon:
@@ -260,8 +263,10 @@ class ReleaseNotices:
                 self._confirmed_by.discard(listener)
 
     def deliver(self, channel: str, notice: bytes) -> None:
-        """``<digest> <waiter id>``: wake that waiter, once per release (every master sends it)."""
+        """``<digest> <waiter id>``: wake that waiter, once per release (every master sends it).
+        The id may carry the mark of a waiter for several resources."""
         digest, _, named = notice.partition(b" ")
+        named = named.removesuffix(_SEVERAL)
         with self._guard:
             waiter = self._waiters.get(named)
             if waiter is None or self._heard.get(named) == digest:

@@ -126,7 +126,7 @@ def attempt(
         notice = protocol.notice_digest(f"{want.value}@{start}")
         command = scripts.MULTI_ACQUIRE_WAITING.evalsha(
             want.keys + queues,
-            (want.value, ttl_ms, waiter.id, wait_ms, notice, masters.inbox_prefix),
+            (want.value, ttl_ms, queued_as(want, waiter), wait_ms, notice, masters.inbox_prefix),
         )
         request = Round(command, scripts.MULTI_ACQUIRE_WAITING)
     else:
@@ -188,8 +188,8 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             attempts += 1
             outcome = yield from attempt(masters, want, waiter, deadline)
             if isinstance(outcome, Granted):
-                queued_as = "" if waiter is None else waiter.id
-                return Won(outcome.valid_until, attempts, began, queued_as, outcome.failures)
+                queued = "" if waiter is None else queued_as(want, waiter)
+                return Won(outcome.valid_until, attempts, began, queued, outcome.failures)
             lost = outcome
             now = time.monotonic()
             if now >= deadline:
@@ -216,11 +216,18 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the masters' queues,
             # or the next release would wake a name that no one answers to any more.
             for resource in want.resources:
-                yield Round(("ZREM", masters.queue_key(resource), waiter.id), cleanup=True)
+                queue = masters.queue_key(resource)
+                yield Round(("ZREM", queue, queued_as(want, waiter)), cleanup=True)
         raise
     finally:
         if turn is not None:
             masters.queues.leave(turn)  # the next local waiter's turn
+
+
+def queued_as(want: Want, waiter: Waiter) -> str:
+    """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
+    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``)."""
+    return waiter.id + scripts.SEVERAL_MARK if want.several else waiter.id
 
 
 def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:

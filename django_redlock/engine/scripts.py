@@ -30,7 +30,10 @@ class Script:
 # time (ms) at which it stops waiting. Earliest deadline first: with equal waits that is first come,
 # first served; an entry past its deadline is a waiter that gave up (or died) and is skipped. Queues
 # on different masters may disagree on the order now and then: that only means two waiters wake
-# instead of one. Safety never depends on them; the quorum SET decides.
+# instead of one. Safety never depends on them; the quorum SET decides. A waiter for a lock over
+# several resources is named "<inbox>.<n>*" (SEVERAL_MARK) in the queue of each of them.
+
+SEVERAL_MARK = "*"
 
 # Shared by the release scripts: wake the waiter at the head of ``queue`` alone: PUBLISH
 # "<notice> <waiter id>" to its process's inbox (``inboxes`` .. its inbox id), so that no one else
@@ -141,17 +144,33 @@ return 1
 # A waiting lock over several resources: MULTI_ACQUIRE, queued like ACQUIRE_WAITING on every
 # resource's queue, first come first served with the single waiters. KEYS[1..n] the lock keys,
 # KEYS[n+1..2n] their waiter queues. ARGV[1] our full value; ARGV[2] TTL in milliseconds; ARGV[3]
-# this waiter's id; ARGV[4] how many more milliseconds it will wait; ARGV[5] a notice digest and
-# ARGV[6] the inboxes' prefix (as RELEASE's ARGV[3] and ARGV[4]). Sets every key iff none exists,
-# and leaves the queues. Else it joins (or keeps its place in) every queue and, for each key that
-# is free here, passes the turn on: the first other waiter of that key is woken as a release
-# would, since the release that woke us may have been meant for it too, and no one else would
-# tell it the key is free. Nothing is held while waiting, so two such waiters queued in opposite
-# orders cannot deadlock. Returns 1 if set, else {0, the longest PTTL among the keys that exist}.
+# this waiter's id (ending in SEVERAL_MARK); ARGV[4] how many more milliseconds it will wait;
+# ARGV[5] a notice digest and ARGV[6] the inboxes' prefix (as RELEASE's ARGV[3] and ARGV[4]).
+# Sets every key iff none exists, and leaves the queues. Else it joins (or keeps its place in)
+# every queue and, for each key that is free here, passes the turn on: the first waiter for that
+# key alone is woken as a release would, since the release that woke us may have been meant for
+# it, and no one else would tell it the key is free. (Not a waiter over several resources: held
+# back by another of its keys, it would pass the turn back, and two such would wake each other
+# without end.) Nothing is held while waiting, so two such waiters queued in opposite orders
+# cannot deadlock. Returns 1 if set, else {0, the longest PTTL among the keys that exist}.
 MULTI_ACQUIRE_WAITING = Script(
     "multi_acquire_waiting",
-    _WAKE
-    + """
+    """
+local function pass_on(queue, now_ms)
+    local entries = redis.call('zrange', queue, 0, 31, 'WITHSCORES')
+    for j = 1, #entries, 2 do
+        local waiter = entries[j]
+        if string.sub(waiter, -1) ~= '*' then  -- SEVERAL_MARK
+            redis.call('zrem', queue, waiter)
+            if tonumber(entries[j + 1]) > now_ms then
+                local inbox = ARGV[6] .. string.match(waiter, '^[^.]*')
+                if redis.call('publish', inbox, ARGV[5] .. ' ' .. waiter) > 0 then
+                    return
+                end
+            end
+        end
+    end
+end
 local n = #KEYS / 2
 local free = {}
 local longest = -2
@@ -180,11 +199,7 @@ for i = 1, n do
     end
 end
 for _, i in ipairs(free) do
-    local queue = KEYS[n + i]
-    local mine = redis.call('zscore', queue, ARGV[3])
-    redis.call('zrem', queue, ARGV[3])
-    wake(queue, ARGV[5], ARGV[6])
-    redis.call('zadd', queue, mine, ARGV[3])
+    pass_on(KEYS[n + i], now_ms)
 end
 return {0, longest}
 """,
