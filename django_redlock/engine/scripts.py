@@ -157,20 +157,34 @@ MULTI_ACQUIRE_WAITING = Script(
     "multi_acquire_waiting",
     """
 local function pass_on(queue, now_ms)
-    local entries = redis.call('zrange', queue, 0, 31, 'WITHSCORES')
-    for j = 1, #entries, 2 do
-        local waiter = entries[j]
-        if string.sub(waiter, -1) ~= '*' then  -- SEVERAL_MARK
-            redis.call('zrem', queue, waiter)
-            if tonumber(entries[j + 1]) > now_ms then
-                local inbox = ARGV[6] .. string.match(waiter, '^[^.]*')
-                if redis.call('publish', inbox, ARGV[5] .. ' ' .. waiter) > 0 then
-                    return
-                end
+    -- ZPOPMIN and ZADD only (what an ACL user for the lock path is granted; see RELEASE's wake)
+    local lasts = redis.call('pttl', queue)
+    local skipped = {}
+    for _ = 1, 32 do
+        local head = redis.call('zpopmin', queue)
+        if head[1] == nil then
+            break
+        end
+        local alive = tonumber(head[2]) > now_ms
+        if string.sub(head[1], -1) == '*' then  -- SEVERAL_MARK: it keeps its place
+            if alive then
+                skipped[#skipped + 1] = head
+            end
+        elseif alive then
+            local inbox = ARGV[6] .. string.match(head[1], '^[^.]*')
+            if redis.call('publish', inbox, ARGV[5] .. ' ' .. head[1]) > 0 then
+                break
             end
         end
     end
+    for _, entry in ipairs(skipped) do
+        redis.call('zadd', queue, entry[2], entry[1])
+    end
+    if #skipped > 0 and lasts > 0 then
+        redis.call('pexpire', queue, lasts)  -- emptied and made again: it still expires
+    end
 end
+
 local n = #KEYS / 2
 local free = {}
 local longest = -2
