@@ -48,7 +48,12 @@ def _resources_of(
     every template names a parameter of ``func``, so that a typo fails at import, not at the
     first call."""
     signature = inspect.signature(func)
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    # The ``**`` parameter, whatever its name (``**kwargs``, ``**options``): a field may name
+    # any keyword it receives.
+    var_keyword = next(
+        (p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None
+    )
+    takes_any = var_keyword is not None
     for template in templates:
         if not isinstance(template, str):
             raise ValueError(f"a resource template must be a str, got {template!r}")
@@ -67,7 +72,9 @@ def _resources_of(
     def resources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        arguments = {**bound.arguments, **bound.arguments.get("kwargs", {})}
+        arguments = bound.arguments
+        if var_keyword is not None:
+            arguments = {**arguments, **arguments.get(var_keyword, {})}
         return tuple(t.format_map(arguments) for t in templates)
 
     return resources
