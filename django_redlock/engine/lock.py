@@ -113,21 +113,29 @@ class Lock:
         all holders. Issued by a quorum the first time it is read (two rounds), then cached.
         In async code use ``await lock.afence()``; a lock over several resources has one per
         resource: ``lock.fences``."""
-        return run(self._redlock, holding.fence(self._redlock, *self._fenced("fence")))
+        fencing = holding.fence(self._redlock, *self._fenced("fence", current_owner()))
+        return run(self._redlock, fencing)
 
-    async def afence(self) -> int:
-        return await arun(self._redlock, holding.fence(self._redlock, *self._fenced("fence")))
+    def afence(self) -> Coroutine[Any, Any, int]:
+        return self._afence(current_owner())
+
+    async def _afence(self, owner: Owner) -> int:
+        fencing = holding.fence(self._redlock, *self._fenced("fence", owner))
+        return await arun(self._redlock, fencing)
 
     @property
     def fences(self) -> dict[str, int]:
         """The fencing token of each resource (see ``fence``). Async: ``await lock.afences()``."""
-        lease = self._held_lease("fence")
+        lease = self._held_lease("fence", current_owner())
         return {
             r: run(self._redlock, holding.fence(self._redlock, lease, r)) for r in self.resources
         }
 
-    async def afences(self) -> dict[str, int]:
-        lease, redlock = self._held_lease("fence"), self._redlock
+    def afences(self) -> Coroutine[Any, Any, dict[str, int]]:
+        return self._afences(current_owner())
+
+    async def _afences(self, owner: Owner) -> dict[str, int]:
+        lease, redlock = self._held_lease("fence", owner), self._redlock
         return {r: await arun(redlock, holding.fence(redlock, lease, r)) for r in self.resources}
 
     def locked(self) -> bool:
@@ -138,15 +146,18 @@ class Lock:
             return False
         return run(self._redlock, holding.holds(self._redlock, lease))
 
-    async def alocked(self) -> bool:
-        lease = self._callers.get(current_owner())
+    def alocked(self) -> Coroutine[Any, Any, bool]:
+        return self._alocked(current_owner())
+
+    async def _alocked(self, owner: Owner) -> bool:
+        lease = self._callers.get(owner)
         if lease is None:
             return False
         return await arun(self._redlock, holding.holds(self._redlock, lease))
 
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
-        lease = self._held_lease("check")
+        lease = self._held_lease("check", current_owner())
         if lease.check_lost():
             raise LockLost(self.resource, lease.lost_message())
 
@@ -166,7 +177,7 @@ class Lock:
         becomes the lease's TTL); returns the new validity in seconds. Retries until renewed or
         the lease runs out, then raises ``LockLost``. ``ExtensionLimit`` past ``max_extensions``
         (manual and automatic extensions count alike)."""
-        lease, ttl = self._extendable(ttl)
+        lease, ttl = self._extendable(ttl, current_owner())
         return run(self._redlock, holding.extend(self._redlock, lease, once=False, ttl=ttl))
 
     def release(self) -> None:
@@ -203,9 +214,10 @@ class Lock:
             _report_lost(ran_out, exc)
 
     # --- async API -------------------------------------------------------------------------------
-    # The owner is the task that *calls* aacquire()/arelease(), bound before the coroutine runs:
-    # ``await asyncio.wait_for(lock.aacquire(), 5)`` runs it in an inner task on Python 3.11,
-    # and the lease must still be the caller's.
+    # The owner is the task that *calls* an async method, bound before the coroutine runs (every
+    # one of them: ``aacquire``, ``arelease``, ``aextend``, ``alocked``, ``afence``,
+    # ``afences``): ``asyncio.gather(lock.alocked())`` runs it in a task of its own, and so does
+    # ``asyncio.wait_for(...)`` on Python 3.11, and the lease must still be the caller's.
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
         return self._aacquire(current_owner())
@@ -216,8 +228,11 @@ class Lock:
             self._hold(owner, want, await self._aoutcome(want))
         return self
 
-    async def aextend(self, ttl: float | None = None) -> float:
-        lease, ttl = self._extendable(ttl)
+    def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
+        return self._aextend(current_owner(), ttl)
+
+    async def _aextend(self, owner: Owner, ttl: float | None) -> float:
+        lease, ttl = self._extendable(ttl, owner)
         extending = holding.extend(self._redlock, lease, once=False, ttl=ttl)
         return await arun(self._redlock, extending)
 
@@ -357,8 +372,8 @@ class Lock:
         held = time.monotonic() - lease.acquired_at
         notify(self._redlock.observer, "released", self, held=held)
 
-    def _extendable(self, ttl: float | None) -> tuple[Lease, float | None]:
-        lease = self._held_lease("extend")
+    def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
+        lease = self._held_lease("extend", owner)
         if ttl is not None:
             ttl = protocol.check_ttl(ttl)
         if self.max_extensions is not None and lease.extensions >= self.max_extensions:
@@ -369,13 +384,13 @@ class Lock:
             )
         return lease, ttl
 
-    def _fenced(self, action: str) -> tuple[Lease, str]:
+    def _fenced(self, action: str, owner: Owner) -> tuple[Lease, str]:
         if len(self.resources) > 1:
             raise RuntimeError(
                 f"lock {self.resource!r} is over several resources, each with its fencing "
                 f"token: use lock.fences (await lock.afences())"
             )
-        return self._held_lease(action), self.resources[0]
+        return self._held_lease(action, owner), self.resources[0]
 
     def _ran_out(self) -> LockLost | None:
         """Leaving a block: whether the caller's lease ran out inside it (before the release)."""
@@ -384,8 +399,8 @@ class Lock:
             return None
         return LockLost(lease.resource, lease.lost_message())
 
-    def _held_lease(self, action: str) -> Lease:
-        return self._callers.held(current_owner(), action)
+    def _held_lease(self, action: str, owner: Owner) -> Lease:
+        return self._callers.held(owner, action)
 
 
 def _report_lost(error: LockLost, exc: BaseException | None) -> None:
