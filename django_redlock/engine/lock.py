@@ -48,7 +48,7 @@ class Lock:
         self._redlock = redlock
         self.resources = protocol.check_resources(resources)
         # ``resource``: the name (several: joined with " + "), for messages, events and metrics;
-        # ``keys``: the keys on the masters; ``key`` names them as one, for re-entry.
+        # ``keys``: the keys on the masters; ``key`` names them as one.
         if len(self.resources) == 1:  # the usual case, built on every ``with redlock(r):``
             self.resource = self.resources[0]
             self.key = redlock.lock_key(self.resource)
@@ -311,7 +311,8 @@ class Lock:
             queued_as=won.queued_as,
         )
         self._callers.add(owner, lease)
-        redlock.holders[self.key] = lease
+        for key in self.keys:  # how re-entry is recognized, of these resources or of fewer
+            redlock.holders[key] = lease
         if self.auto_extend:
             redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
         elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
@@ -321,50 +322,81 @@ class Lock:
         lease.note_failures(won.failures, "acquire")
 
     def _reenter(self, owner: Owner) -> bool:
-        """True if ``owner`` already holds the resource and re-entered it (``reentrant=True``);
-        ``LockContended`` at once if it holds it and may not re-enter (waiting would be waiting
-        for ourselves); False if we must acquire for real."""
-        if self._callers.get(owner) is not None:
+        """True if ``owner`` already holds every resource of this lock under one lease and
+        re-entered it (``reentrant=True``), through this handle or another; ``LockContended``
+        at once if it holds any of them and may not re-enter (waiting would be waiting for
+        ourselves); False if we must acquire for real."""
+        outer = self._callers.get(owner)
+        if outer is not None and not self.reentrant:
             raise RuntimeError(
                 f"lock {self.resource!r} is already acquired through this object by "
                 f"{describe(owner)}; use one Lock object per acquisition, or reentrant=True"
             )
-        outer = self._redlock.holders.get(self.key)
-        if (
-            outer is None
-            or outer.released
-            or outer.owner is not owner
-            or outer.pid != process.pid()
-        ):
-            return False
+        if outer is None:
+            outer = self._covering(owner)
+            if outer is None:
+                return False
         if outer.check_lost() and not self.reentrant:
             return False  # its lease ran out: we do not hold it any more, so acquire for real
         if not self.reentrant:
-            error = LockContended(
-                self.resource,
+            raise self._refused(
                 f"lock {self.resource!r} is already held by this same thread/task: acquiring it "
-                f"again would wait for ourselves; pass reentrant=True to re-enter it",
+                f"again would wait for ourselves; pass reentrant=True to re-enter it"
             )
-            notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
-            raise error
         if outer.check_lost():
             raise LockLost(self.resource, outer.lost_message())
         outer.depth += 1
         self._callers.add(owner, outer)
         return True
 
+    def _covering(self, owner: Owner) -> Lease | None:
+        """The lease through which ``owner`` (in this process) holds every resource of this lock,
+        None if it holds none of them; ``LockContended`` at once if it holds only some, or all
+        under different leases: re-entering is impossible, and waiting would be for ourselves."""
+        holders, pid = self._redlock.holders, process.pid()
+        leases: list[Lease | None] = []
+        for key in self.keys:
+            lease = holders.get(key)
+            if lease is not None and (lease.owner is not owner or lease.pid != pid):
+                lease = None  # another's (or our parent's, if we are a forked child)
+            leases.append(None if lease is None or lease.released else lease)
+        first = leases[0]
+        if first is not None and all(lease is first for lease in leases):
+            return first  # one lease covers them all (exactly these resources, or more)
+        live = {lease for lease in leases if lease is not None and not lease.check_lost()}
+        if not live:
+            return None  # nothing of it held (or what was has run out): acquire for real
+        have = [r for r, lease in zip(self.resources, leases, strict=True) if lease in live]
+        through = " and ".join(sorted(repr(lease.resource) for lease in live))
+        if len(have) < len(self.resources):
+            lacking = [r for r in self.resources if r not in have]
+            why = f"it holds {_names(have)} (through lock {through}) but not {_names(lacking)}"
+        else:
+            why = f"it holds {_names(have)} through different locks ({through})"
+        raise self._refused(
+            f"lock {self.resource!r} cannot be acquired by this same thread/task: {why}; "
+            f"acquiring would wait for ourselves, and re-entry needs one held lock that covers "
+            f"every resource asked for: take them together in the outer lock"
+        )
+
+    def _refused(self, message: str) -> LockContended:
+        error = LockContended(self.resource, message)
+        notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
+        return error
+
     def _detach(self, owner: Owner) -> Lease | None:
         """Let go of ``owner``'s lease; return it if it was its last holder (release it on the
-        masters), None for an inner re-entrant handle."""
+        masters), None for an inner re-entrant entry. RuntimeError if ``owner`` does not hold it
+        through this handle (or we are a forked child: the parent holds it, not us)."""
         lease = self._callers.detach(owner, "release")
         lease.depth -= 1
         if lease.depth > 0:
             return None
         lease.released = True
-        if self._redlock.holders.get(self.key) is lease:
-            del self._redlock.holders[self.key]
-        if lease.pid != process.pid():
-            return None  # a forked child never releases its parent's lock
+        holders = self._redlock.holders
+        for key in lease.keys:
+            if holders.get(key) is lease:
+                del holders[key]
         return lease
 
     def _released(self, owner: Owner, lease: Lease) -> None:
@@ -401,6 +433,10 @@ class Lock:
 
     def _held_lease(self, action: str, owner: Owner) -> Lease:
         return self._callers.held(owner, action)
+
+
+def _names(resources: list[str]) -> str:
+    return " and ".join(repr(r) for r in resources)
 
 
 def _report_lost(error: LockLost, exc: BaseException | None) -> None:
