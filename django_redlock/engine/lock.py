@@ -17,11 +17,11 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, process, protocol
+from . import holding, procedures, process, protocol, reentry
 from .drivers import arun, run
 from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
-from .leases import Callers, Lease, Owner, current_owner, describe
+from .leases import Callers, Lease, Owner, current_owner
 from .values import make_value
 
 if TYPE_CHECKING:
@@ -187,7 +187,9 @@ class Lock:
         been broken: ``lost`` is true), or too few masters answered (``error.unconfirmed``: the
         lease was valid until now, and where it remains it expires within its TTL). A ``with``
         block raises only for the first two: its section was safe in the third."""
-        owner = current_owner()
+        self._release(current_owner())
+
+    def _release(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
             try:
@@ -204,9 +206,14 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        ran_out = self._ran_out()
+        self._leave(current_owner(), exc)
+
+    def _leave(self, owner: Owner, exc: BaseException | None) -> None:
+        """``owner`` leaves its block (``exc``: what the block raised); also how a decorated
+        generator ends its hold, whichever thread closes it."""
+        ran_out = self._ran_out(owner)
         try:
-            self.release()
+            self._release(owner)
         except LockLost as error:
             if not error.unconfirmed:  # a release too few answered: the block itself was safe
                 ran_out = error
@@ -256,9 +263,12 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        ran_out = self._ran_out()
+        await self._aleave(current_owner(), exc)
+
+    async def _aleave(self, owner: Owner, exc: BaseException | None) -> None:
+        ran_out = self._ran_out(owner)
         try:
-            await self.arelease()
+            await self._arelease(owner)
         except LockLost as error:
             if not error.unconfirmed:  # a release too few answered: the block itself was safe
                 ran_out = error
@@ -311,8 +321,7 @@ class Lock:
             queued_as=won.queued_as,
         )
         self._callers.add(owner, lease)
-        for key in self.keys:  # how re-entry is recognized, of these resources or of fewer
-            redlock.holders[key] = lease
+        redlock.holders.add(lease)
         if self.auto_extend:
             redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
         elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
@@ -322,67 +331,17 @@ class Lock:
         lease.note_failures(won.failures, "acquire")
 
     def _reenter(self, owner: Owner) -> bool:
-        """True if ``owner`` already holds every resource of this lock under one lease and
-        re-entered it (``reentrant=True``), through this handle or another; ``LockContended``
-        at once if it holds any of them and may not re-enter (waiting would be waiting for
-        ourselves); False if we must acquire for real."""
-        outer = self._callers.get(owner)
-        if outer is not None and not self.reentrant:
-            raise RuntimeError(
-                f"lock {self.resource!r} is already acquired through this object by "
-                f"{describe(owner)}; use one Lock object per acquisition, or reentrant=True"
-            )
-        if outer is None:
-            outer = self._covering(owner)
-            if outer is None:
-                return False
-        if outer.check_lost() and not self.reentrant:
-            return False  # its lease ran out: we do not hold it any more, so acquire for real
-        if not self.reentrant:
-            raise self._refused(
-                f"lock {self.resource!r} is already held by this same thread/task: acquiring it "
-                f"again would wait for ourselves; pass reentrant=True to re-enter it"
-            )
-        if outer.check_lost():
-            raise LockLost(self.resource, outer.lost_message())
-        outer.depth += 1
-        self._callers.add(owner, outer)
+        """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must
+        acquire for real."""
+        try:
+            lease = reentry.reentered(self, owner, self._callers.get(owner), self._redlock.holders)
+        except LockContended as error:
+            notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
+            raise
+        if lease is None:
+            return False
+        self._callers.add(owner, lease)
         return True
-
-    def _covering(self, owner: Owner) -> Lease | None:
-        """The lease through which ``owner`` (in this process) holds every resource of this lock,
-        None if it holds none of them; ``LockContended`` at once if it holds only some, or all
-        under different leases: re-entering is impossible, and waiting would be for ourselves."""
-        holders, pid = self._redlock.holders, process.pid()
-        leases: list[Lease | None] = []
-        for key in self.keys:
-            lease = holders.get(key)
-            if lease is not None and (lease.owner is not owner or lease.pid != pid):
-                lease = None  # another's (or our parent's, if we are a forked child)
-            leases.append(None if lease is None or lease.released else lease)
-        first = leases[0]
-        if first is not None and all(lease is first for lease in leases):
-            return first  # one lease covers them all (exactly these resources, or more)
-        live = {lease for lease in leases if lease is not None and not lease.check_lost()}
-        if not live:
-            return None  # nothing of it held (or what was has run out): acquire for real
-        have = [r for r, lease in zip(self.resources, leases, strict=True) if lease in live]
-        through = " and ".join(sorted(repr(lease.resource) for lease in live))
-        if len(have) < len(self.resources):
-            lacking = [r for r in self.resources if r not in have]
-            why = f"it holds {_names(have)} (through lock {through}) but not {_names(lacking)}"
-        else:
-            why = f"it holds {_names(have)} through different locks ({through})"
-        raise self._refused(
-            f"lock {self.resource!r} cannot be acquired by this same thread/task: {why}; "
-            f"acquiring would wait for ourselves, and re-entry needs one held lock that covers "
-            f"every resource asked for: take them together in the outer lock"
-        )
-
-    def _refused(self, message: str) -> LockContended:
-        error = LockContended(self.resource, message)
-        notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
-        return error
 
     def _detach(self, owner: Owner) -> Lease | None:
         """Let go of ``owner``'s lease; return it if it was its last holder (release it on the
@@ -393,10 +352,7 @@ class Lock:
         if lease.depth > 0:
             return None
         lease.released = True
-        holders = self._redlock.holders
-        for key in lease.keys:
-            if holders.get(key) is lease:
-                del holders[key]
+        self._redlock.holders.remove(lease)
         return lease
 
     def _released(self, owner: Owner, lease: Lease) -> None:
@@ -424,19 +380,15 @@ class Lock:
             )
         return self._held_lease(action, owner), self.resources[0]
 
-    def _ran_out(self) -> LockLost | None:
-        """Leaving a block: whether the caller's lease ran out inside it (before the release)."""
-        lease = self._callers.get(current_owner())
+    def _ran_out(self, owner: Owner) -> LockLost | None:
+        """Leaving a block: whether the owner's lease ran out inside it (before the release)."""
+        lease = self._callers.get(owner)
         if lease is None or not lease.check_lost():
             return None
         return LockLost(lease.resource, lease.lost_message())
 
     def _held_lease(self, action: str, owner: Owner) -> Lease:
         return self._callers.held(owner, action)
-
-
-def _names(resources: list[str]) -> str:
-    return " and ".join(repr(r) for r in resources)
 
 
 def _report_lost(error: LockLost, exc: BaseException | None) -> None:
