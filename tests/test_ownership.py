@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from django_redlock.engine import Lock, LockContended
+from django_redlock.engine import LockContended
 
 # --- 9. async queries run by asyncio in a task of their own -------------------------------------
 
@@ -100,6 +100,7 @@ def test_a_forked_child_sees_everywhere_that_it_does_not_hold_its_parents_lock(m
     lock = engine.lock("forked", ttl=10, wait=0)
     lock.acquire()
     parent_value = [m.call("GET", lock.key) for m in masters]
+    assert asyncio.run(lock.alocked())  # in the parent, the same probe finds it held
 
     def probe() -> dict[str, object]:
         return {
@@ -107,7 +108,7 @@ def test_a_forked_child_sees_everywhere_that_it_does_not_hold_its_parents_lock(m
             "validity": lock.validity,
             "hold_count": lock.hold_count,
             "locked()": lock.locked(),
-            "alocked()": asyncio.run(_alocked_in_a_task(lock)),
+            "alocked()": asyncio.run(lock.alocked()),  # owner: this (main) thread, as it called
             "repr": repr(lock),
             "check()": _outcome(lock.check),
             "release()": _outcome(lock.release),
@@ -136,10 +137,6 @@ def test_a_forked_child_sees_everywhere_that_it_does_not_hold_its_parents_lock(m
     assert [m.call("GET", lock.key) for m in masters] == parent_value  # the child took nothing
     assert lock.held
     lock.release()
-
-
-async def _alocked_in_a_task(lock: Lock) -> bool:
-    return await lock.alocked()
 
 
 # --- 12. re-entry of part of a held lock --------------------------------------------------------
