@@ -146,3 +146,17 @@ def test_the_django_locked_decorator_holds_the_lock_across_a_generator(redlock_s
 
     assert list(export("daily")) == [True]
     assert not is_locked("export:daily")
+
+
+def test_lock_view_refuses_a_generator_function_when_decorating():
+    from django_redlock.decorators import lock_view
+
+    def rows(request: object) -> Iterator[bytes]:
+        yield b"unlocked"
+
+    async def arows(request: object) -> AsyncIterator[bytes]:
+        yield b"unlocked"
+
+    for view in (rows, arows):
+        with pytest.raises(TypeError, match="a generator function is not a view"):
+            lock_view("feed")(view)
