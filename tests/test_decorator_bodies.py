@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from django_redlock.engine import Lock, LockContended
+from django_redlock.engine import Lock, LockContended, LockLost
 
 
 def test_a_template_field_from_a_var_keyword_parameter_of_any_name(masters, redlock_of):
@@ -90,7 +91,10 @@ def test_a_decorated_async_generator_holds_the_lock_and_never_blocks_the_loop(ma
     @engine.locked("feed:{feed}", ttl=10)
     async def rows(feed: int) -> AsyncIterator[str]:
         for row in ("a", "b", "c"):
-            received = yield f"{row} while another client {await others_take()}"
+            try:
+                received = yield f"{row} while another client {await others_take()}"
+            except KeyError as error:
+                received = f"thrown {error}"
             if received is not None:
                 yield f"got {received}"
 
@@ -100,6 +104,8 @@ def test_a_decorated_async_generator_holds_the_lock_and_never_blocks_the_loop(ma
         seen["first"] = await anext(generator)
         seen["between items"] = await others_take()
         seen["sent"] = await generator.asend("x")
+        seen["next"] = await anext(generator)
+        seen["thrown"] = await generator.athrow(KeyError("y"))
         seen["rest"] = [row async for row in generator]
         seen["exhausted"] = await others_take()
         async for _ in rows(7):
@@ -124,7 +130,9 @@ def test_a_decorated_async_generator_holds_the_lock_and_never_blocks_the_loop(ma
         "first": "a while another client contended",
         "between items": "contended",
         "sent": "got x",
-        "rest": ["b while another client contended", "c while another client contended"],
+        "next": "b while another client contended",
+        "thrown": "got thrown 'y'",
+        "rest": ["c while another client contended"],
         "exhausted": "acquired",
         "after a break": "acquired",
         "waited for a holder on the loop": ["feed 7 while another client contended"],
@@ -160,3 +168,21 @@ def test_lock_view_refuses_a_generator_function_when_decorating():
     for view in (rows, arows):
         with pytest.raises(TypeError, match="a generator function is not a view"):
             lock_view("feed")(view)
+
+
+def test_a_decorated_generator_whose_lease_ran_out_raises_lock_lost_when_it_ends(
+    masters, redlock_of
+):
+    engine = redlock_of(masters)
+
+    @engine.locked("slow", ttl=0.3)
+    def slow() -> Iterator[int]:
+        yield 1
+        time.sleep(0.5)  # past the lease: another client may have held it since
+        yield 2
+
+    generator = slow()
+    assert next(generator) == 1
+    assert next(generator) == 2
+    with pytest.raises(LockLost, match="was lost"):
+        next(generator)
