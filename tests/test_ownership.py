@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -232,3 +233,34 @@ def test_a_shared_handle_that_is_not_reentrant_still_refuses_a_second_entry(mast
     with lock, pytest.raises(RuntimeError, match="reentrant=True"):
         lock.acquire()
     assert not engine.is_locked("payments")
+
+
+def test_a_shared_reentrant_handle_counts_each_owners_entries_apart(masters, redlock_of):
+    engine = redlock_of(masters)
+    payments = engine.lock("payments", ttl=10, wait=0, reentrant=True)
+    seen: dict[str, object] = {}
+
+    def other_thread(step: str) -> None:
+        def attempt() -> None:
+            seen[f"{step}: other thread"] = _outcome(lambda: payments.acquire().release())
+            seen[f"{step}: its hold count"] = payments.hold_count
+
+        thread = threading.Thread(target=attempt)
+        thread.start()
+        thread.join()
+
+    with payments:
+        with payments:
+            other_thread("entered twice")
+        other_thread("left once")
+        seen["still mine"] = payments.hold_count
+    other_thread("left")
+    assert {step: str(found).split(":")[0] for step, found in seen.items()} == {
+        "entered twice: other thread": "LockContended",
+        "entered twice: its hold count": "0",
+        "left once: other thread": "LockContended",  # still held: the outer entry remains
+        "left once: its hold count": "0",
+        "still mine": "1",
+        "left: other thread": "ok",
+        "left: its hold count": "0",
+    }
