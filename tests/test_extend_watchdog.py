@@ -191,7 +191,9 @@ def test_a_shorter_extend_reschedules_the_renewal(masters, redlock_of):
 
 def test_a_shorter_extend_brings_the_expiry_notice_forward(masters, redlock_of):
     told: list[float] = []
-    lock = redlock_of(masters).lock("r", ttl=3, on_lost=lambda lock, e: told.append(time.monotonic()))
+    lock = redlock_of(masters).lock(
+        "r", ttl=3, on_lost=lambda lock, error: told.append(time.monotonic())
+    )
     lock.acquire()
     lock.extend(ttl=0.3)
     extended = time.monotonic()
@@ -255,6 +257,35 @@ def test_a_renewal_answered_after_a_later_extend_began_does_not_count(masters, r
         watcher.join()
         assert seen
         assert max(seen) <= 1
+        for proxy in proxies:
+            proxy.delay = 0
+        with contextlib.suppress(LockLost):
+            lock.release()
+
+
+def test_a_longer_extend_overtaking_a_renewal_in_flight_claims_no_more(masters, redlock_of):
+    """ttl=1.5, renewal due 0.5 s after acquiring, sent on the watchdog's connections while the
+    masters are 0.4 s away (it lands at about 0.9 s). At 0.75 s the holder's extend(ttl=5)
+    leaves on its own connections, now 0.05 s away: it lands first and is answered first. The
+    renewal then puts 1.5 s back on the masters: the lease must not claim the holder's 5 s."""
+    three = masters[:3]
+    with proxied(three) as proxies:
+        engine = _slow_engine(redlock_of, proxies)
+        lock = engine.lock("r", ttl=1.5, auto_extend=True).acquire()
+        lease = engine.holders[lock.key]
+        acquired = time.monotonic()
+        sleep_until(acquired + 0.35)
+        for proxy in proxies:
+            proxy.delay = 0.4  # what the renewal (due at 0.5 s) is sent through
+        sleep_until(acquired + 0.75)
+        assert lease.generation == 1, "the renewal had not left yet: the machine is too slow"
+        for proxy in proxies:
+            proxy.delay = 0.05
+        lock.extend(ttl=5)
+        sleep_until(acquired + 1.1)  # the renewal landed (0.9 s) after the holder's extend
+        on_masters = min(pttls(three, lock.key)) / 1000
+        assert on_masters < 1.5
+        assert lock.validity <= on_masters
         for proxy in proxies:
             proxy.delay = 0
         with contextlib.suppress(LockLost):

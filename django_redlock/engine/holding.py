@@ -56,20 +56,25 @@ def _extend_rounds(
         # Read at send time: a renewal sent after the holder's extend(ttl=) uses the new TTL.
         round_ttl = lease.ttl if ttl is None else ttl
         until = start + round_ttl - protocol.drift(round_ttl, masters.drift_factor)
-        generation = lease.begin_round(round_ttl, until)
+        generation, ceiling = lease.begin_round(round_ttl, until)
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)
-        replies: list[Reply] = yield Round(
-            scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
-            scripts.EXTEND,
-        )
+        try:
+            replies: list[Reply] = yield Round(
+                scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
+                scripts.EXTEND,
+            )
+        finally:
+            lease.settled(generation)
         if lease.released:
             lease.give_back_extension()
             return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
         result = tally(masters, replies, round_ttl, start)
         # Counts only if a quorum renewed it *before* the old lease ran out: after that,
         # someone else may have held the lock in between, and renewing would hide it.
-        if result.won and (lease.renewed(generation, until) or generation != lease.generation):
+        if result.won and (
+            lease.renewed(generation, min(until, ceiling)) or generation != lease.generation
+        ):
             # Renewed (or, a round sent after ours overlapping it, renewed too: that one's
             # outcome sets the lease).
             if result.failed:

@@ -97,6 +97,7 @@ class Lease:
         "resources",
         "schedule",
         "ttl",
+        "unsettled",
         "valid_until",
         "value",
         "watcher",
@@ -148,6 +149,8 @@ class Lease:
         #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
         #: was sent after it (the later-started one wins, see ``renewed``).
         self.generation = 0
+        #: Rounds sent and not yet answered (generation -> the deadline each would give).
+        self.unsettled: dict[int, float] = {}
         #: Whether the watchdog renews it (cleared when a cap stops the renewals), who watches
         #: it, and which of the watcher's scheduled looks at it is the live one.
         self.auto_extend = False
@@ -181,18 +184,29 @@ class Lease:
         with _BOOKS:
             self.extensions -= 1
 
-    def begin_round(self, ttl: float, until: float) -> int:
+    def begin_round(self, ttl: float, until: float) -> tuple[int, float]:
         """An extend round for ``ttl`` seconds is about to be sent; if it renews, the lease is
         ours ``until`` (its start + ttl - drift). From now on the masters may hold the new TTL,
         whatever becomes of the round (cut by a timeout, a cancel, Ctrl-C): a shorter one
         shortens the lease now. The new TTL is the lease's (a renewal sent later uses it).
-        Returns the round's generation."""
+
+        Returns the round's generation, and its ceiling: the earliest deadline of the rounds
+        still unanswered now. Those may land after this one on a master (the holder and the
+        watchdog use different connections, and a master orders only each connection's
+        requests), so this round cannot promise more than they would leave."""
         with _BOOKS:
             self.generation += 1
             self.ttl = ttl
             if until < self.valid_until:
                 self.valid_until = until
-            return self.generation
+            ceiling = min(self.unsettled.values(), default=until)
+            self.unsettled[self.generation] = until
+            return self.generation, ceiling
+
+    def settled(self, generation: int) -> None:
+        """The round of ``generation`` is answered (or given up: its replies are dropped)."""
+        with _BOOKS:
+            self.unsettled.pop(generation, None)
 
     def renewed(self, generation: int, until: float) -> bool:
         """A quorum renewed the round of ``generation``: the lease is ours ``until``, unless a

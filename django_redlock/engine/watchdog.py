@@ -45,7 +45,10 @@ from .errors import ExtensionLimit, LockLost
 from .events import logger
 from .leases import Lease
 
-#: Renew when this fraction of the TTL has passed since the last renewal.
+#: Renew when this fraction of the TTL has passed since the last renewal (or the acquisition)
+#: began: counted from the lease's deadline, not from when the last round ended, so that rounds
+#: slowed by a crowd (ten thousand acquisitions at once, a wave of renewals) do not push the
+#: next renewal towards the end of the lease.
 RENEW_AT = 1 / 3
 
 #: Leases falling due within this much of each other are looked at in one wake-up (a renewal at a
@@ -85,7 +88,7 @@ class Watchdog:
         """Renew ``lease`` until released, lost, dropped, or a cap is reached."""
         lease.auto_extend = True
         lease.watcher = self
-        self._push(time.monotonic() + lease.ttl * RENEW_AT, lease, lease.schedule)
+        self._push(_renewal_due(lease), lease, lease.schedule)
 
     def watch_expiry(self, lease: Lease) -> None:
         """Mark ``lease`` lost (and tell) when it runs out, unless released before."""
@@ -199,7 +202,7 @@ class Watchdog:
             validity = 0.0
         now = time.monotonic()
         if validity > 0:
-            self._push(now + lease.ttl * RENEW_AT, lease, schedule)
+            self._push(max(_renewal_due(lease), now + SLACK), lease, schedule)
         else:
             # This round failed but the lease is still valid: try again soon, before it runs out.
             self._push(min(now + masters.retry_delay, lease.valid_until), lease, schedule)
@@ -210,6 +213,12 @@ class Watchdog:
         lease.auto_extend = False
         if not lease.check_lost():
             self._push(lease.valid_until, lease, schedule)
+
+
+def _renewal_due(lease: Lease) -> float:
+    """When a third of the lease's TTL has passed since it began (it is ours until its start +
+    TTL - drift)."""
+    return lease.valid_until - lease.ttl * (1 - RENEW_AT)
 
 
 def _settle(future: asyncio.Future[None]) -> None:
