@@ -42,7 +42,7 @@ def extend(
     try:
         return (yield from _extend_rounds(masters, lease, once=once, ttl=ttl))
     except LockLost:
-        lease.give_back_extension()  # (lost: nothing more to count, but the count stays true)
+        lease.give_back_extension()  # it renewed nothing (the lease is lost)
         raise
 
 
@@ -55,8 +55,7 @@ def _extend_rounds(
             raise LockLost(lease.resource, lease.lost_message())
         # Read at send time: a renewal sent after the holder's extend(ttl=) uses the new TTL.
         round_ttl = lease.ttl if ttl is None else ttl
-        until = start + round_ttl - protocol.drift(round_ttl, masters.drift_factor)
-        generation, ceiling = lease.begin_round(round_ttl, until)
+        generation, until = lease.begin_round(round_ttl, start, masters.drift_factor)
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)
         try:
@@ -72,11 +71,8 @@ def _extend_rounds(
         result = tally(masters, replies, round_ttl, start)
         # Counts only if a quorum renewed it *before* the old lease ran out: after that,
         # someone else may have held the lock in between, and renewing would hide it.
-        if result.won and (
-            lease.renewed(generation, min(until, ceiling)) or generation != lease.generation
-        ):
-            # Renewed (or, a round sent after ours overlapping it, renewed too: that one's
-            # outcome sets the lease).
+        if result.won and (lease.renewed(generation, until) or generation != lease.generation):
+            # Renewed; or renewed but overtaken: a round sent after ours decides the lease.
             if result.failed:
                 lease.note_failures(failures(masters, replies), "extend")
             return lease.validity

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from . import process
+from . import process, protocol
 from .callbacks import DISPATCHER
 from .errors import LockLost, NodeFailure
 from .events import logger, notify
@@ -149,7 +149,7 @@ class Lease:
         #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
         #: was sent after it (the later-started one wins, see ``renewed``).
         self.generation = 0
-        #: Rounds sent and not yet answered (generation -> the deadline each would give).
+        #: Rounds sent and not yet answered (generation -> their TTL).
         self.unsettled: dict[int, float] = {}
         #: Whether the watchdog renews it (cleared when a cap stops the renewals), who watches
         #: it, and which of the watcher's scheduled looks at it is the live one.
@@ -184,24 +184,26 @@ class Lease:
         with _BOOKS:
             self.extensions -= 1
 
-    def begin_round(self, ttl: float, until: float) -> tuple[int, float]:
-        """An extend round for ``ttl`` seconds is about to be sent; if it renews, the lease is
-        ours ``until`` (its start + ttl - drift). From now on the masters may hold the new TTL,
-        whatever becomes of the round (cut by a timeout, a cancel, Ctrl-C): a shorter one
-        shortens the lease now. The new TTL is the lease's (a renewal sent later uses it).
+    def begin_round(self, ttl: float, start: float, drift_factor: float) -> tuple[int, float]:
+        """An extend round for ``ttl`` seconds, started at ``start``, is about to be sent. From
+        now on the masters may hold the new TTL, whatever becomes of the round (cut by a
+        timeout, a cancel, Ctrl-C): a shorter one shortens the lease now. The new TTL is the
+        lease's (a renewal sent later uses it).
 
-        Returns the round's generation, and its ceiling: the earliest deadline of the rounds
-        still unanswered now. Those may land after this one on a master (the holder and the
-        watchdog use different connections, and a master orders only each connection's
-        requests), so this round cannot promise more than they would leave."""
+        Returns the round's generation, and until when the lease is ours if it renews: its
+        start + TTL - drift, or less if a round sent before it with a shorter TTL is still
+        unanswered. That one may land after it on a master (the holder and the watchdog use
+        different connections, and a master orders only each connection's requests), and then
+        leaves the master at least ``start`` + its own TTL."""
         with _BOOKS:
             self.generation += 1
             self.ttl = ttl
-            if until < self.valid_until:
-                self.valid_until = until
-            ceiling = min(self.unsettled.values(), default=until)
-            self.unsettled[self.generation] = until
-            return self.generation, ceiling
+            own = start + ttl - protocol.drift(ttl, drift_factor)
+            if own < self.valid_until:
+                self.valid_until = own
+            shortest = min(ttl, *self.unsettled.values()) if self.unsettled else ttl
+            self.unsettled[self.generation] = ttl
+            return self.generation, start + shortest - protocol.drift(shortest, drift_factor)
 
     def settled(self, generation: int) -> None:
         """The round of ``generation`` is answered (or given up: its replies are dropped)."""
