@@ -149,8 +149,8 @@ class Lease:
         #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
         #: was sent after it (the later-started one wins, see ``renewed``).
         self.generation = 0
-        #: Rounds sent and not yet answered (generation -> their TTL).
-        self.unsettled: dict[int, float] = {}
+        #: Rounds sent and not yet answered (generation -> their TTL); made by the first one.
+        self.unsettled: dict[int, float] | None = None
         #: Whether the watchdog renews it (cleared when a cap stops the renewals), who watches
         #: it, and which of the watcher's scheduled looks at it is the live one.
         self.auto_extend = False
@@ -201,6 +201,8 @@ class Lease:
             own = start + ttl - protocol.drift(ttl, drift_factor)
             if own < self.valid_until:
                 self.valid_until = own
+            if self.unsettled is None:
+                self.unsettled = {}
             shortest = min(ttl, *self.unsettled.values()) if self.unsettled else ttl
             self.unsettled[self.generation] = ttl
             return self.generation, start + shortest - protocol.drift(shortest, drift_factor)
@@ -208,7 +210,8 @@ class Lease:
     def settled(self, generation: int) -> None:
         """The round of ``generation`` is answered (or given up: its replies are dropped)."""
         with _BOOKS:
-            self.unsettled.pop(generation, None)
+            if self.unsettled is not None:
+                self.unsettled.pop(generation, None)
 
     def renewed(self, generation: int, until: float) -> bool:
         """A quorum renewed the round of ``generation``: the lease is ours ``until``, unless a
