@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,10 +13,10 @@ from .connections import Node, NodeSpec
 from .drivers import afan_out, fan_out
 from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .events import NullObserver, Observer
-from .leases import Lease
 from .lock import Lock
 from .locking import locking
 from .notices import LocalQueues, ReleaseNotices
+from .reentry import Holders
 from .rounds import Command, Reply
 from .values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
@@ -132,9 +131,8 @@ class Redlock:
         self.nodes = tuple(Node(spec, self.node_timeout) for spec in specs)
         self.quorum = protocol.quorum(len(self.nodes))
         self.watchdog = WATCHDOG
-        #: Leases held in this process, by key: how re-entry is recognized. Weak, so a dropped
-        #: handle does not leave a phantom holder behind.
-        self.holders: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        #: Leases held in this process, under each of their keys: how re-entry is recognized.
+        self.holders = Holders()
         # Made now (cheap: its listener threads start on the first wait), so that no lock is
         # needed to make it lazily; a lock a thread held at a fork() would stay held in the child.
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
