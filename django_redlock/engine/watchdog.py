@@ -143,7 +143,12 @@ class Watchdog:
         DISPATCHER.defer_here()
         loop = asyncio.new_event_loop()
         self._loop = loop
-        loop.run_until_complete(self._serve(loop))
+        while True:  # a bug of ours must not end every renewal of the process for good
+            try:
+                loop.run_until_complete(self._serve(loop))
+            except Exception:  # noqa: BLE001
+                logger.exception("the watchdog's loop failed; restarting it")
+                time.sleep(SLACK)
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
