@@ -25,6 +25,7 @@ from redis.retry import Retry
 
 from . import protocol
 from .pipes import Flusher, Pipe
+from .quarantine import Watch, read_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
@@ -116,7 +117,7 @@ def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
 class Node:
     """One master: its spec, budget, and the pipes of this process to it."""
 
-    def __init__(self, spec: NodeSpec, timeout: float) -> None:
+    def __init__(self, spec: NodeSpec, timeout: float, *, max_ttl: float | None = None) -> None:
         self.spec = spec
         self.label = spec.label
         self.timeout = timeout
@@ -127,6 +128,9 @@ class Node:
         self.warm: set[str] = set()
         #: Monotonic time until which rounds leave this master out (see rounds.SKIP_SILENT_FOR).
         self.silent_until = 0.0
+        #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
+        #: TTL any lock may have, and so how long a member that may have lost keys abstains.
+        self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
         self._forget()
         _ALL_NODES.add(self)
 
@@ -249,7 +253,24 @@ class Node:
         conn = self.spec.connection_class(**self._kwargs)
         conn.socket_connect_timeout = conn.socket_timeout = budget
         conn.connect()
+        if self.watch is not None:
+            self._identify(conn)
         return conn
+
+    def _identify(self, conn: redis.connection.AbstractConnection) -> None:
+        """Quarantine: read who the member is on its new connection (one round trip, before any
+        round uses it) and let the watch judge it. A member that will not tell (INFO refused by
+        an ACL or renamed) is judged as changed: we cannot know it did not restart."""
+        assert self.watch is not None  # noqa: S101
+        try:
+            identity = read_identity(conn)
+        except (redis.ResponseError, ValueError) as exc:
+            self.watch.cannot_tell(f"{type(exc).__name__}: {exc}")
+            return
+        except (redis.RedisError, OSError):
+            conn.disconnect()
+            raise
+        self.watch.judge(identity)
 
     def close(self) -> None:
         with self._guard:

@@ -57,7 +57,7 @@ class Lock:
             self.resource = " + ".join(self.resources)
             self.keys = tuple(map(redlock.lock_key, self.resources))
             self.key = " + ".join(self.keys)
-        self.ttl = protocol.check_ttl(ttl)
+        self.ttl = redlock.check_ttl(ttl)  # (within max_ttl, if set)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.label = protocol.check_label(label)
         self.auto_extend = bool(auto_extend)
@@ -365,7 +365,7 @@ class Lock:
     def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
         lease = self._held_lease("extend", owner)
         if ttl is not None:
-            ttl = protocol.check_ttl(ttl)
+            ttl = self._redlock.check_ttl(ttl)  # (within max_ttl, if set)
         # (``max_extensions`` is checked by the extend procedure itself, atomically with the
         # watchdog's renewals: ``Lease.reserve_extension``.)
         return lease, ttl

@@ -106,7 +106,13 @@ class Redlock:
         drift_factor: float = 0.01,
         retry_delay: float = 0.1,
         observer: Observer | None = None,
+        max_ttl: float | None = None,
+        quarantine: bool = False,
     ) -> None:
+        """``max_ttl``: the longest TTL any lock (or extension) may have; a longer one is a
+        ``ValueError``. ``quarantine`` (needs ``max_ttl``): a member that restarted, failed over,
+        or has been up less than ``max_ttl`` abstains from votes until every lease it may have
+        lost has run out (see ``quarantine``)."""
         if isinstance(nodes, str | bytes) or not nodes:
             raise ValueError(f"nodes must be a non-empty list of URLs, got {nodes!r}")
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_url(n) for n in nodes]
@@ -119,7 +125,12 @@ class Redlock:
         self.key_prefix = key_prefix
         #: Each process's waiters are woken by name on its channel ``<this><inbox id>``.
         self.inbox_prefix = f"{key_prefix}wake:"
-        self.ttl = protocol.check_ttl(ttl)
+        self.max_ttl = None if max_ttl is None else protocol.check_ttl(max_ttl)
+        if quarantine and self.max_ttl is None:
+            raise ValueError("quarantine needs max_ttl: how long a member that may have lost "
+                             "keys must abstain")  # fmt: skip
+        self.quarantine = bool(quarantine)
+        self.ttl = self.check_ttl(ttl)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.node_timeout = protocol.check_seconds("node_timeout", node_timeout, allow_zero=False)
         protocol.check_node_timeout(self.node_timeout, self.ttl)
@@ -128,7 +139,8 @@ class Redlock:
             raise ValueError(f"drift_factor must be below 1, got {drift_factor!r}")
         self.retry_delay = protocol.check_seconds("retry_delay", retry_delay, allow_zero=False)
         self.observer: Observer = observer or NullObserver()
-        self.nodes = tuple(Node(spec, self.node_timeout) for spec in specs)
+        watch = self.max_ttl if self.quarantine else None
+        self.nodes = tuple(Node(spec, self.node_timeout, max_ttl=watch) for spec in specs)
         self.quorum = protocol.quorum(len(self.nodes))
         self.watchdog = WATCHDOG
         #: Leases held in this process, under each of their keys: how re-entry is recognized.
@@ -142,6 +154,13 @@ class Redlock:
 
     def __repr__(self) -> str:
         return f"<Redlock {len(self.nodes)} masters, quorum {self.quorum}>"
+
+    def check_ttl(self, ttl: object) -> float:
+        """``ttl`` if it is a valid lease length within ``max_ttl``, else ``ValueError``."""
+        checked = protocol.check_ttl(ttl)
+        if self.max_ttl is not None and checked > self.max_ttl:
+            raise ValueError(f"ttl {ttl!r} is over max_ttl={self.max_ttl!r}")
+        return checked
 
     def lock(
         self,
