@@ -30,6 +30,13 @@ DEFAULTS: dict[str, Any] = {
     "NODE_TIMEOUT": 0.05,  # seconds: per-master budget for one request
     "CLOCK_DRIFT_FACTOR": 0.01,
     "RETRY_DELAY": 0.1,  # seconds: mean pause between attempts (jittered)
+    # seconds: the longest TTL any lock or extension may have (None: no cap). Needed by:
+    "MAX_TTL": None,
+    # Restart and failover quarantine: a member that restarted, failed over or has been up less
+    # than MAX_TTL abstains until leases it may have lost have run out. Off by default: a
+    # freshly started Redis (development, CI) would refuse every lock for MAX_TTL; see
+    # docs/deployment.md for production.
+    "QUARANTINE": False,
 }
 
 CACHE_PREFIX = "cache:"
@@ -57,6 +64,8 @@ class Config:
     node_timeout: float
     drift_factor: float
     retry_delay: float
+    max_ttl: float | None = None
+    quarantine: bool = False
 
 
 def raw_setting() -> dict[str, Any]:
@@ -99,6 +108,7 @@ def problems() -> list[Problem]:
         found.append(
             Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
         )
+    found += _quarantine_problems(raw)
     ttl, timeout, factor = raw["TTL"], raw["NODE_TIMEOUT"], raw["CLOCK_DRIFT_FACTOR"]
     if _finite(ttl) and 0 < ttl < 0.01:
         found.append(Problem("E005", f"REDLOCK['TTL'] must be at least 0.01 seconds, got {ttl!r}"))
@@ -114,6 +124,31 @@ def problems() -> list[Problem]:
         except ValueError as exc:
             hint = "use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)"
             found.append(Problem("E006", str(exc), hint=hint))
+    return found
+
+
+def _quarantine_problems(raw: dict[str, Any]) -> list[Problem]:
+    max_ttl, ttl, quarantine = raw["MAX_TTL"], raw["TTL"], raw["QUARANTINE"]
+    found = []
+    if not isinstance(quarantine, bool):
+        found.append(Problem("E005", f"REDLOCK['QUARANTINE'] must be True or False, got "
+                                     f"{quarantine!r}"))  # fmt: skip
+    if max_ttl is None:
+        if quarantine is True:
+            found.append(Problem(
+                "E007", "REDLOCK['QUARANTINE'] needs REDLOCK['MAX_TTL']: how long a member that "
+                "may have lost keys must abstain",
+                hint="set MAX_TTL to the longest TTL any lock may have (TTL, or more)",
+            ))  # fmt: skip
+        return found
+    try:
+        protocol.check_ttl(protocol.check_seconds("REDLOCK['MAX_TTL']", max_ttl, allow_zero=False))
+    except ValueError as exc:
+        return [*found, Problem("E005", str(exc).replace("ttl", "REDLOCK['MAX_TTL']", 1))]
+    if _finite(ttl) and ttl > max_ttl:
+        found.append(
+            Problem("E005", f"REDLOCK['TTL'] ({ttl!r}) is over REDLOCK['MAX_TTL'] ({max_ttl!r})")
+        )
     return found
 
 
@@ -213,6 +248,8 @@ def get_config() -> Config:
         node_timeout=float(raw["NODE_TIMEOUT"]),
         drift_factor=float(raw["CLOCK_DRIFT_FACTOR"]),
         retry_delay=float(raw["RETRY_DELAY"]),
+        max_ttl=None if raw["MAX_TTL"] is None else float(raw["MAX_TTL"]),
+        quarantine=raw["QUARANTINE"],
     )
 
 
@@ -243,6 +280,8 @@ def _build_redlock() -> Redlock:
         node_timeout=config.node_timeout,
         drift_factor=config.drift_factor,
         retry_delay=config.retry_delay,
+        max_ttl=config.max_ttl,
+        quarantine=config.quarantine,
         observer=DjangoObserver(),
     )
     return _engine

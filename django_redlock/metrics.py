@@ -19,7 +19,8 @@ redlock_contended_total         counter    acquisitions that failed, label ``rea
                                            contended|unavailable
 redlock_lost_total              counter    leases lost while held
 redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
-                                           label ``node``, ``reason`` = timeout|error
+                                           label ``node``, ``reason`` =
+                                           timeout|error|quarantine
 ==============================  =========  =========================================================
 
 Node failures are counted from failed acquisitions only: the engine reports per-master detail on
@@ -106,7 +107,7 @@ def node_failure(failure: NodeFailure) -> None:
     """A master failed a request (a timeout or an error; "held" is another owner's lock, and
     "gone" our expired one: not faults of the master)."""
     c = _collectors()
-    if c is not None and failure.reason in ("timeout", "error"):
+    if c is not None and failure.reason in ("timeout", "error", "quarantine"):
         c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
 
 

@@ -83,7 +83,7 @@ def test_unknown_key(settings, urls):
             "REDLOCK has unknown keys: 'NODE', 'TIMEOUT'",
             "E002",
             hint="known keys: NODES, KEY_PREFIX, TTL, WAIT, NODE_TIMEOUT, CLOCK_DRIFT_FACTOR, "
-            "RETRY_DELAY",
+            "RETRY_DELAY, MAX_TTL, QUARANTINE",
         )
     ]
 

@@ -4,13 +4,19 @@ redis-server processes and real restarts."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
+from prometheus_client import REGISTRY
 
+from django_redlock import conf
 from django_redlock.engine import QuorumUnavailable, Redlock
 from django_redlock.engine.quarantine import Identity, Watch, parse_info
+from django_redlock.signals import masters_failed
 
 MAX_TTL = 1.0
 
@@ -22,6 +28,16 @@ def wait_uptime(masters, seconds: float) -> None:
         while m.client().info("server")["uptime_in_seconds"] < seconds:
             assert time.monotonic() < deadline, f"{m} never reached {seconds} s of uptime"
             time.sleep(0.05)
+
+
+def metric_value(reason: str) -> float:
+    labels = {"reason": reason}
+    return sum(
+        s.value
+        for metric in REGISTRY.collect()
+        for s in metric.samples
+        if s.name == "redlock_node_failures_total" and labels.items() <= s.labels.items()
+    )
 
 
 def lock_keys(masters, resource: str) -> list[bool]:
@@ -150,3 +166,68 @@ def test_info_is_parsed():
     assert parse_info(text) == Identity("abc", "def", "master", 42.0)
     with pytest.raises(ValueError, match="identity field"):
         parse_info(b"# Server\r\nrun_id:abc\r\n")
+
+
+# --- the Django layer: settings, checks, status, signals, metrics ---
+
+
+def test_settings_checks_name_a_quarantine_without_max_ttl_and_a_ttl_over_it(settings, masters):
+    urls = [m.url for m in masters[:3]]
+    settings.REDLOCK = {"NODES": urls, "QUARANTINE": True}
+    assert [(p.id, p.message) for p in conf.problems()] == [
+        ("E007", "REDLOCK['QUARANTINE'] needs REDLOCK['MAX_TTL']: how long a member that may "
+                 "have lost keys must abstain"),
+    ]  # fmt: skip
+    settings.REDLOCK = {"NODES": urls, "QUARANTINE": True, "MAX_TTL": 10}
+    assert [(p.id, p.message) for p in conf.problems()] == [
+        ("E005", "REDLOCK['TTL'] (30.0) is over REDLOCK['MAX_TTL'] (10)"),
+    ]
+    settings.REDLOCK = {"NODES": urls, "QUARANTINE": "yes", "MAX_TTL": -1, "TTL": 5}
+    assert sorted(p.message for p in conf.problems()) == [
+        "REDLOCK['MAX_TTL'] must be > 0 seconds, got -1",
+        "REDLOCK['QUARANTINE'] must be True or False, got 'yes'",
+    ]
+    settings.REDLOCK = {"NODES": urls, "QUARANTINE": True, "MAX_TTL": 60, "TTL": 5}
+    assert conf.problems() == []
+    engine = conf.get_redlock()
+    assert (engine.max_ttl, engine.quarantine) == (60.0, True)
+    with pytest.raises(ValueError, match="over max_ttl"):
+        engine.lock("long", ttl=61)
+
+
+def test_abstentions_reach_masters_failed_the_status_command_and_metrics(settings, fresh_masters):
+    masters = fresh_masters(3)
+    wait_uptime(masters, 2)  # (2 s of abstention after the restart: time enough to look)
+    settings.REDLOCK = {
+        "NODES": [m.url for m in masters], "TTL": 2, "MAX_TTL": 2, "QUARANTINE": True,
+    }  # fmt: skip
+    engine = conf.get_redlock()
+    with engine.lock("warm"):
+        pass
+    masters[2].restart()
+    heard = []
+
+    def receiver(sender, *, lock, action, failures, **kwargs):
+        heard.extend((action, f.reason) for f in failures)
+
+    before = metric_value("quarantine")
+    masters_failed.connect(receiver)
+    try:
+        with engine.lock("after-restart"):
+            pass
+    finally:
+        masters_failed.disconnect(receiver)
+    assert ("acquire", "quarantine") in heard
+    out = StringIO()
+    with pytest.raises(CommandError, match="DEGRADED"):  # 2 voting of 3, quorum 2
+        call_command("redlock_status", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["abstaining"] == 1
+    assert [bool(m["abstains"]) for m in data["masters"]] == [False, False, True]
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("redlock_status", stdout=out)
+    assert "(1 abstaining)" in out.getvalue()
+    assert "quarantine: restarted (new run_id)" in out.getvalue()
+    # One per action the abstaining master failed (the acquisition, the release): as heard.
+    assert metric_value("quarantine") == before + len(heard) >= before + 1
