@@ -473,12 +473,16 @@ def holder_terminated(size: Size, workdir: Path) -> Result:
         )  # fmt: skip
 
 
-def restarted_master(size: Size, workdir: Path, *, delayed: bool) -> Result:
+def restarted_master(
+    size: Size, workdir: Path, *, delayed: bool, quarantine: bool = False
+) -> Result:
     """Masters 3 and 4 crash; a client holds the lock (so on masters 0, 1, 2 only) for 1 s of
     its 1.5 s lease; master 2 crashes too. ``delayed=False``: 2, 3, 4 come back empty at once,
     and the next client wins a majority on them while the first still holds it: the documented
     hazard, which the checkers must report. ``delayed=True``: each crashed master stays down
-    until the TTL has passed since its crash, and nothing is violated."""
+    until the TTL has passed since its crash, and nothing is violated. ``quarantine=True``: they
+    come back at once, but the clients run with quarantine (MAX_TTL = the TTL): the restarted
+    masters abstain until no lease they lost can be valid, and nothing is violated."""
     ttl = 1.5
     hold = Hold(0, size.sections // 2, "sleep", seconds=1.0)
     with Cluster(workdir) as cluster:
@@ -504,18 +508,23 @@ def restarted_master(size: Size, workdir: Path, *, delayed: bool) -> Result:
         # Clients poll (a short wait, tried again and again) rather than sleep in the queues:
         # masters that come back empty send no release notice, so a queued waiter would sleep
         # past the window in which the hazard shows.
-        plan = plan_for(cluster, workdir, size, ttl=ttl, hold=hold, wait=0.05)
-        outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
-        name = "restart-delayed" if delayed else "restart-empty-hazard"
-        notes = (
-            ["crashed masters rejoined only after the TTL: safe"]
-            if delayed
-            else ["HAZARD shown: a master rejoined empty within the TTL; detected as expected"]
+        plan = plan_for(
+            cluster, workdir, size, ttl=ttl, hold=hold, wait=0.05, quarantine=quarantine
         )
+        outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
+        if quarantine:
+            name = "restart-quarantined"
+            notes = ["masters rejoined empty at once; quarantined for MAX_TTL: safe"]
+        elif delayed:
+            name = "restart-delayed"
+            notes = ["crashed masters rejoined only after the TTL: safe"]
+        else:
+            name = "restart-empty-hazard"
+            notes = ["HAZARD shown: a master rejoined empty within the TTL; detected as expected"]
         notes += held_notes(outcome, hold)
         return finish(
             name, cluster, outcome, plan, expected_done=size.total,
-            notes=notes, expect_violations=not delayed,
+            notes=notes, expect_violations=not (delayed or quarantine),
         )  # fmt: skip
 
 
@@ -645,6 +654,11 @@ SCENARIOS: dict[str, Scenario] = {
             "restart-delayed",
             "the same, restarts delayed past the TTL",
             lambda size, workdir: restarted_master(size, workdir, delayed=True),
+        ),
+        Scenario(
+            "restart-quarantined",
+            "the same, restarts at once, clients with quarantine (MAX_TTL = the TTL)",
+            lambda size, workdir: restarted_master(size, workdir, delayed=False, quarantine=True),
         ),
         Scenario(
             "clock-step-hazard",
