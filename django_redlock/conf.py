@@ -176,10 +176,7 @@ def _node_problems(nodes: object) -> list[Problem]:
             specs.append(node_spec(entry))
         except (ValueError, ImproperlyConfigured) as exc:
             found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
-    # protocol's identity, not yet NodeSpec.identity: it knows the spellings of loopback.
-    duplicates = protocol.duplicate_servers(
-        [(spec.label, protocol.server_identity(spec.connection_kwargs)) for spec in specs]
-    )
+    duplicates = protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
     if duplicates:
         found.append(
             Problem(

@@ -116,7 +116,7 @@ def test_a_promoted_replica_abstains_for_max_ttl(fresh_masters, redlock_of):
     masters[0].kill()  # members 1 and 2 left: member 1's vote is needed
     with pytest.raises(QuorumUnavailable) as refused:
         engine.lock("after").acquire()
-    assert "failed over (new replication id)" in str(refused.value)
+    assert "restarted or failed over (new replication id)" in str(refused.value)
     time.sleep(MAX_TTL + 0.1)
     with engine.lock("after"):
         pass
@@ -145,7 +145,7 @@ def identity(run_id="a", replid="r", role="master", uptime=100.0) -> Identity:
         (None, identity(uptime=3), 7, "up only 3 s"),
         (None, identity(), 0, ""),
         (identity(), identity(run_id="b"), 10, "restarted"),
-        (identity(), identity(replid="s"), 10, "failed over"),
+        (identity(), identity(replid="s"), 10, "restarted or failed over (new replication id)"),
         (identity(), identity(role="slave"), 10, "not a primary"),
     ],
 )
@@ -228,6 +228,6 @@ def test_abstentions_reach_masters_failed_the_status_command_and_metrics(setting
     with pytest.raises(CommandError):
         call_command("redlock_status", stdout=out)
     assert "(1 abstaining)" in out.getvalue()
-    assert "quarantine: restarted (new run_id)" in out.getvalue()
+    assert "quarantine: restarted or failed over (new replication id and run_id)" in out.getvalue()
     # One per action the abstaining master failed (the acquisition, the release): as heard.
     assert metric_value("quarantine") == before + len(heard) >= before + 1

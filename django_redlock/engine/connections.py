@@ -23,18 +23,25 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import protocol
+from . import protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
 
-SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
+SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SCHEMES)
+SCHEMES_TEXT = "a redis://, rediss://, unix:// or redis+sentinel:// URL"
 
 
 def mask_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
+    if sentinel.is_sentinel_url(url):  # several hosts: urlsplit cannot parse its port
+        scheme, _, rest = url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        userinfo, at, hosts = netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        return f"{scheme}://{user}{':***' if colon else ''}{at}{hosts}{slash}{path}"
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -49,10 +56,13 @@ def mask_url(url: str) -> str:
 def check_url(url: object) -> str:
     """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
     if not isinstance(url, str) or not url:
-        raise ValueError(f"a node must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        raise ValueError(f"a node must be {SCHEMES_TEXT}, got {url!r}")
+    if sentinel.is_sentinel_url(url):
+        sentinel.parse(url, mask_url(url))
+        return url
     parts = urlsplit(url)
     if parts.scheme not in SUPPORTED_SCHEMES:
-        raise ValueError(f"node {mask_url(url)!r} is not a redis://, rediss:// or unix:// URL")
+        raise ValueError(f"node {mask_url(url)!r} is not {SCHEMES_TEXT}")
     if parts.scheme != "unix" and not parts.hostname:
         raise ValueError(f"node {mask_url(url)!r} has no host")
     if parts.scheme == "unix" and not parts.path:
@@ -76,10 +86,17 @@ class NodeSpec:
     label: str
     connection_class: type[redis.connection.AbstractConnection]
     connection_kwargs: Mapping[str, Any]
+    #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
+    service: sentinel.Service | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        pool = redis.ConnectionPool.from_url(check_url(url))
+        if sentinel.is_sentinel_url(check_url(url)):
+            service, plain = sentinel.parse(url, mask_url(url))
+            pool = redis.ConnectionPool.from_url(plain)
+            connection_class = sentinel.sentinel_connection(pool.connection_class, service)
+            return cls(mask_url(url), connection_class, dict(pool.connection_kwargs), service)
+        pool = redis.ConnectionPool.from_url(url)
         return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
 
     @classmethod
@@ -92,8 +109,21 @@ class NodeSpec:
         """Which redis-server this is, whatever the spelling: host and port (or socket path),
         loopback however written, not the db number. Two entries with one identity are one
         failure domain and must not vote twice. (Other names are compared as written: no DNS
-        lookup at configuration time.)"""
+        lookup at configuration time.) A Sentinel member: its service name and Sentinels."""
+        if self.service is not None:
+            return sentinel_identity(self.service)
         return protocol.server_identity(self.connection_kwargs)
+
+
+def sentinel_identity(service: sentinel.Service) -> tuple[str, ...]:
+    """A Sentinel service, as ``NodeSpec.identity``: its name and its Sentinels (in any order,
+    loopback however spelled). Two entries naming one service through other Sentinels of the
+    same group are not recognized: that would need asking them."""
+    addresses = sorted(
+        "/".join(protocol.server_identity({"host": host, "port": port}))
+        for host, port in service.sentinels
+    )
+    return ("sentinel", service.name, *addresses)
 
 
 # Settings that every one of our connections overrides, whatever the node's URL or cache says.

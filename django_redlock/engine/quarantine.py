@@ -91,10 +91,14 @@ class Watch:
             until, reason = 0.0, ""
             if identity.role != "master":
                 until, reason = now + self.max_ttl, f"not a primary (role {identity.role})"
+            elif previous is not None and previous.replid != identity.replid:
+                # (A restart without persistence changes both; a failover to another process
+                # too; a promoted replica that we saw as a replica only its replication id.)
+                new_run = " and run_id" if previous.run_id != identity.run_id else ""
+                until = now + self.max_ttl
+                reason = f"restarted or failed over (new replication id{new_run})"
             elif previous is not None and previous.run_id != identity.run_id:
                 until, reason = now + self.max_ttl, "restarted (new run_id)"
-            elif previous is not None and previous.replid != identity.replid:
-                until, reason = now + self.max_ttl, "failed over (new replication id)"
             elif identity.uptime < self.max_ttl:
                 until = now + self.max_ttl - identity.uptime
                 reason = f"up only {identity.uptime:.0f} s"

@@ -1,0 +1,161 @@
+"""Real Sentinels for tests: a primary, a replica of it, and Sentinel processes watching them
+(``redis-server --sentinel``), so that a lock member can be ``redis+sentinel://...`` and a test
+can fail it over for real.
+
+    with sentinel_group(tmp_path) as group:
+        engine = Redlock([group.url, other_master.url, third_master.url])
+        ...
+        group.failover()  # SENTINEL FAILOVER: the replica becomes the primary
+
+Sentinel's timings are shortened (``down-after-milliseconds``) so that a group starts in well
+under a second and a failover takes one or two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+
+from .masters import LocalMaster, find_redis_server, free_port
+
+SERVICE = "mymaster"
+
+
+class LocalSentinel(LocalMaster):
+    """One ``redis-server --sentinel`` on 127.0.0.1, watching one primary."""
+
+    def __init__(self, workdir: Path, primary: LocalMaster, service: str = SERVICE) -> None:
+        super().__init__(workdir)
+        self.primary_port = primary.port
+        self.service = service
+
+    def command(self) -> list[str]:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "sentinel.conf"  # Sentinel rewrites it: one of its own
+        config.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.workdir}\n"
+            f"logfile {self.workdir / 'sentinel.log'}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 1\n"
+            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel failover-timeout {self.service} 5000\n"
+        )
+        return [find_redis_server(), str(config), "--sentinel"]
+
+    def primary(self) -> tuple[str, int] | None:
+        reply = self.call("SENTINEL", "get-master-addr-by-name", self.service)
+        if not reply:
+            return None
+        host, port = (x.decode() for x in reply)  # type: ignore[union-attr]
+        return host, int(port)
+
+    def replicas_ready(self) -> int:
+        """Replicas this Sentinel knows, is connected to and sees in sync with the primary."""
+        replicas = self.call("SENTINEL", "replicas", self.service)
+        return sum(
+            1
+            for r in replicas  # type: ignore[union-attr]
+            if r.get(b"flags") == b"slave" and r.get(b"master-link-status") == b"ok"
+        )
+
+
+class SentinelGroup:
+    """A primary, one replica, and the Sentinels that watch them."""
+
+    def __init__(
+        self, primary: LocalMaster, replica: LocalMaster, sentinels: list[LocalSentinel]
+    ) -> None:
+        self.servers = {primary.port: primary, replica.port: replica}
+        self.sentinels = sentinels
+        self.service = sentinels[0].service
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    @property
+    def primary(self) -> LocalMaster:
+        address = self.sentinels[0].primary()
+        assert address is not None  # noqa: S101
+        return self.servers[address[1]]
+
+    @property
+    def replica(self) -> LocalMaster:
+        primary = self.primary
+        return next(s for s in self.servers.values() if s is not primary)
+
+    def failover(self, timeout: float = 15.0) -> LocalMaster:
+        """``SENTINEL FAILOVER``; returns once it is complete: the Sentinels name the replica as
+        primary, it accepts writes, and the old primary is its replica (until then the old one
+        still takes writes from clients that have not reconnected: Sentinel's own window)."""
+        old, new = self.primary, self.replica
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sentinels[0].call("SENTINEL", "FAILOVER", self.service)
+                break
+            except redis.ResponseError as exc:
+                # NOGOODSLAVE: this Sentinel has not heard from the replica lately enough yet
+                # (it connects to it once the primary names it).
+                if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        while True:
+            if all(s.primary() == ("127.0.0.1", new.port) for s in self.sentinels):
+                if _role(new) == b"master" and _role(old) == b"slave":
+                    return new
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"failover of {self.service} from {old} to {new} timed out")
+            time.sleep(0.05)
+
+
+def _role(server: LocalMaster) -> object:
+    role = server.call("ROLE")
+    return role[0] if isinstance(role, list) else None
+
+
+def wait_until(condition: object, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout} s")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def sentinel_group(
+    workdir: Path, *, sentinels: int = 1, service: str = SERVICE
+) -> Iterator[SentinelGroup]:
+    """Start a primary, a replica of it (in sync), and ``sentinels`` Sentinels that know both;
+    stop them all on exit."""
+    with contextlib.ExitStack() as stack:
+        started: list[LocalMaster] = []
+        stack.callback(lambda: [s.stop() for s in reversed(started)])
+        # No 5 s wait before a replica's first sync (Redis 7's default diskless delay); the
+        # replica needs it too: after a failover it is the primary.
+        quick = ("--repl-diskless-sync-delay", "0")
+        primary = LocalMaster(workdir / "primary", None, *quick).start()
+        started.append(primary)
+        replica_port = free_port()
+        replica = LocalMaster(
+            workdir / "replica", replica_port, *quick, "--replicaof", "127.0.0.1", str(primary.port)
+        ).start()
+        started.append(replica)
+        wait_until(
+            lambda: replica.call("INFO", "replication").get("master_link_status") == "up",  # type: ignore[union-attr]
+            "the replica's sync",
+        )
+        watchers = []
+        for i in range(sentinels):
+            sentinel = LocalSentinel(workdir / f"sentinel{i}", primary, service).start()
+            started.append(sentinel)
+            watchers.append(sentinel)
+        for sentinel in watchers:
+            wait_until(lambda s=sentinel: s.replicas_ready() > 0, "Sentinel finding the replica")
+        yield SentinelGroup(primary, replica, watchers)
