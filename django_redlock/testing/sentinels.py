@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -48,18 +50,18 @@ class LocalSentinel(LocalMaster):
         return [find_redis_server(), str(config), "--sentinel"]
 
     def primary(self) -> tuple[str, int] | None:
-        reply = self.call("SENTINEL", "get-master-addr-by-name", self.service)
+        reply: Any = self.call("SENTINEL", "get-master-addr-by-name", self.service)
         if not reply:
             return None
-        host, port = (x.decode() for x in reply)  # type: ignore[union-attr]
+        host, port = (x.decode() for x in reply)
         return host, int(port)
 
     def replicas_ready(self) -> int:
         """Replicas this Sentinel knows, is connected to and sees in sync with the primary."""
-        replicas = self.call("SENTINEL", "replicas", self.service)
+        replicas: Any = self.call("SENTINEL", "replicas", self.service)
         return sum(
             1
-            for r in replicas  # type: ignore[union-attr]
+            for r in replicas
             if r.get(b"flags") == b"slave" and r.get(b"master-link-status") == b"ok"
         )
 
@@ -115,14 +117,22 @@ class SentinelGroup:
             time.sleep(0.05)
 
 
+def _replicas_ready(sentinel: LocalSentinel) -> bool:
+    return sentinel.replicas_ready() > 0
+
+
+def _info(server: LocalMaster, section: str) -> Any:
+    return server.call("INFO", section)
+
+
 def _role(server: LocalMaster) -> object:
     role = server.call("ROLE")
     return role[0] if isinstance(role, list) else None
 
 
-def wait_until(condition: object, what: str, timeout: float = 10.0) -> None:
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: not within {timeout} s")
         time.sleep(0.02)
@@ -136,7 +146,12 @@ def sentinel_group(
     stop them all on exit."""
     with contextlib.ExitStack() as stack:
         started: list[LocalMaster] = []
-        stack.callback(lambda: [s.stop() for s in reversed(started)])
+
+        @stack.callback
+        def stop_all() -> None:
+            for server in reversed(started):
+                server.stop()
+
         # No 5 s wait before a replica's first sync (Redis 7's default diskless delay); the
         # replica needs it too: after a failover it is the primary.
         quick = ("--repl-diskless-sync-delay", "0")
@@ -148,14 +163,15 @@ def sentinel_group(
         ).start()
         started.append(replica)
         wait_until(
-            lambda: replica.call("INFO", "replication").get("master_link_status") == "up",  # type: ignore[union-attr]
+            lambda: _info(replica, "replication").get("master_link_status") == "up",
             "the replica's sync",
         )
-        watchers = []
+        watchers: list[LocalSentinel] = []
         for i in range(sentinels):
-            sentinel = LocalSentinel(workdir / f"sentinel{i}", primary, service).start()
+            sentinel = LocalSentinel(workdir / f"sentinel{i}", primary, service)
+            sentinel.start()
             started.append(sentinel)
             watchers.append(sentinel)
         for sentinel in watchers:
-            wait_until(lambda s=sentinel: s.replicas_ready() > 0, "Sentinel finding the replica")
+            wait_until(partial(_replicas_ready, sentinel), "Sentinel finding the replica")
         yield SentinelGroup(primary, replica, watchers)
