@@ -10,6 +10,7 @@ share a connection instead of each taking one from a pool that grows with the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import weakref
@@ -283,6 +284,8 @@ class Node:
         conn = self.spec.connection_class(**self._kwargs)
         conn.socket_connect_timeout = conn.socket_timeout = budget
         conn.connect()
+        if self.spec.service is not None:
+            sentinel.follow_switches(self.spec.service, self)
         if self.watch is not None:
             self._identify(conn)
         return conn
@@ -301,6 +304,21 @@ class Node:
             conn.disconnect()
             raise
         self.watch.judge(identity)
+
+    def primary_moved(self) -> None:
+        """A Sentinel member's primary moved (``+switch-master``, told on the Sentinel listener's
+        thread): close our pipes to the old one, each on its own loop, so that the next round
+        connects to the new one; requests in flight are asked again there."""
+        moved = redis.ConnectionError("the primary moved (+switch-master)")
+        with self._guard:
+            pipe, loop_pipes = self.pipe, list(self._loop_pipes.values())
+        if pipe is not None:
+            pipe.close(moved)
+        for each in loop_pipes:
+            loop = each.loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # (closed meanwhile)
+                    loop.call_soon_threadsafe(each.close, moved)
 
     def close(self) -> None:
         with self._guard:

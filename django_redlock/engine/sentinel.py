@@ -6,14 +6,20 @@ How it follows failovers: its connections are of a class of ours (``sentinel_con
 asks the Sentinels where the primary is (``SENTINEL get-master-addr-by-name``, the first that
 answers) each time it opens a socket. Every way a failover shows ends in a new connection: the
 old primary's connections are closed (Sentinel kills its clients when it reconfigures it; a
-connection loss), or it answers ``READONLY`` (the round closes that pipe). So the member stays
-one pipelined connection per process, as any other, and never asks a Sentinel on a round's path.
+connection loss), or it answers ``READONLY`` (the round closes that pipe), or a Sentinel
+announces ``+switch-master`` (``follow_switches``: we close our connections to the old primary at
+once). So the member stays one pipelined connection per process, as any other, and never asks a
+Sentinel on a round's path.
 The Sentinels themselves are asked over plain TCP without a password (Sentinel's default).
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -111,3 +117,66 @@ def sentinel_connection(
         return base._connect(self)  # type: ignore[no-any-return]
 
     return type(f"Sentinel{base.__name__}", (base,), {"_connect": _connect, "service": service})
+
+
+# --- +switch-master: follow a failover at once ------------------------------------------------
+
+#: Seconds between attempts to (re)subscribe when no Sentinel answers.
+RESUBSCRIBE_AFTER = 1.0
+
+
+class SwitchWatch:
+    """A daemon thread that listens for ``+switch-master`` on the Sentinels (the first that
+    answers, then the next when it goes away) and tells every node of this service in this
+    process that its primary moved, so they drop their connections to the old one at once,
+    rather than when Sentinel demotes it (seconds later: until then the old primary still
+    takes writes from whoever is connected to it)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.pid = os.getpid()
+        self._thread = threading.Thread(
+            target=self._run, name=f"redlock-sentinel-{service.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            for host, port in self.service.sentinels:
+                self._listen(host, port)
+            time.sleep(RESUBSCRIBE_AFTER)
+
+    def _listen(self, host: str, port: int) -> None:
+        client = redis.Redis(
+            host=host, port=port, socket_connect_timeout=RESUBSCRIBE_AFTER,
+            socket_keepalive=True, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+        )  # fmt: skip
+        try:
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe("+switch-master")
+            for message in pubsub.listen():
+                data = message.get("data")
+                text = data.decode() if isinstance(data, bytes) else str(data)
+                if text.split(" ", 1)[0] == self.service.name:
+                    for node in list(self.listeners):
+                        node.primary_moved()
+        except (redis.RedisError, OSError):
+            return  # the next Sentinel
+        finally:
+            client.close()
+
+
+_WATCHES: dict[Service, SwitchWatch] = {}
+_watches_guard = threading.Lock()
+
+
+def follow_switches(service: Service, node: Any) -> None:
+    """Have ``node.primary_moved()`` called on each ``+switch-master`` of ``service`` (one
+    listening thread per service and process, started on first use; a forked child starts its
+    own)."""
+    with _watches_guard:
+        watch = _WATCHES.get(service)
+        if watch is None or watch.pid != os.getpid():
+            watch = _WATCHES[service] = SwitchWatch(service)
+        watch.listeners.add(node)

@@ -92,10 +92,11 @@ class SentinelGroup:
         primary = self.primary
         return next(s for s in self.servers.values() if s is not primary)
 
-    def failover(self, timeout: float = 15.0) -> LocalMaster:
-        """``SENTINEL FAILOVER``; returns once it is complete: the Sentinels name the replica as
-        primary, it accepts writes, and the old primary is its replica (until then the old one
-        still takes writes from clients that have not reconnected: Sentinel's own window)."""
+    def failover(self, *, demoted: bool = False, timeout: float = 20.0) -> LocalMaster:
+        """``SENTINEL FAILOVER``; returns the new primary once the Sentinels name it and it
+        accepts writes (they announced ``+switch-master``). ``demoted``: also wait until the
+        old primary is its replica (Sentinel reconfigures it some 8-10 s later; until then it
+        still takes writes from clients that have not moved)."""
         old, new = self.primary, self.replica
         deadline = time.monotonic() + timeout
         while True:
@@ -110,7 +111,7 @@ class SentinelGroup:
                 time.sleep(0.1)
         while True:
             if all(s.primary() == ("127.0.0.1", new.port) for s in self.sentinels):
-                if _role(new) == b"master" and _role(old) == b"slave":
+                if _role(new) == b"master" and (not demoted or _role(old) == b"slave"):
                     return new
             if time.monotonic() > deadline:
                 raise RuntimeError(f"failover of {self.service} from {old} to {new} timed out")
