@@ -20,7 +20,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .engine import Redlock, protocol
-from .engine.connections import NodeSpec, check_url, mask_url
+from .engine.connections import NodeSpec
+from .engine.urls import check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],
