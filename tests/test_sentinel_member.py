@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from django_redlock.engine import QuorumUnavailable, Redlock
+from django_redlock.engine import LockNotAcquired, QuorumUnavailable, Redlock
 from django_redlock.testing.masters import free_port
+from django_redlock.testing.proxy import DelayProxy
 from django_redlock.testing.sentinels import sentinel_group
 
 
@@ -111,3 +113,53 @@ def test_bad_sentinel_urls_are_refused_before_any_network_call(url, message):
     with pytest.raises(ValueError, match=re.escape(message)) as refused:
         Redlock([url])
     assert "secret" not in str(refused.value)
+
+
+@pytest.mark.parametrize("quarantine", [False, True], ids=["without-quarantine", "quarantine"])
+def test_a_failover_that_lost_a_bare_quorum_lock(tmp_path, fresh_masters, redlock_of, quarantine):
+    """A holder wins a bare quorum (plain member A and the Sentinel member's primary; plain
+    member B is cut off and misses it); the replica lags (asynchronous replication) and is
+    promoted. Without quarantine a contender then wins B and the promoted replica: two holders.
+    With it, the promoted replica (a new replication id) abstains, and the contender is
+    refused."""
+    max_ttl = 2.0
+    a, b = fresh_masters(2)
+    with sentinel_group(tmp_path / "lagging", lag=True) as lagging, DelayProxy(b.port) as cut:
+        for server in (a, b, lagging.primary, lagging.replica):  # (old enough to vote)
+            wait_for(lambda s=server: s.call("INFO", "server")["uptime_in_seconds"] >= max_ttl,
+                     "uptime", timeout=10)  # fmt: skip
+        options = {"ttl": max_ttl, "max_ttl": max_ttl, "quarantine": quarantine}
+        members = [a.url, cut.url, lagging.url]  # B behind a proxy that can drop its traffic
+        holder_engine = redlock_of(members, **options)
+        contender_engine = redlock_of(members, **options)
+        with contender_engine.lock("warm"):  # (both engines know the members' identities)
+            pass
+        wait_for(lambda: switch_listeners(lagging) == 1, "our +switch-master listener")
+        lagging.replication.delay = 5.0  # the replica lags from now on
+        cut.blackhole()
+        holder = holder_engine.lock("invoice")
+        holder.acquire()  # on A and the primary only: B never receives it
+        cut.heal()
+        pipe = contender_engine.nodes[2].pipe
+        new = lagging.failover()
+        assert new.call("EXISTS", key("invoice")) == 0  # it never received the holder's key
+        wait_for(lambda: pipe.closed, "the contender's pipe to the old primary closed")
+        contender = contender_engine.lock("invoice")
+        with ThreadPoolExecutor(1) as other:  # (not the holder's thread: a process of its own)
+            won = other.submit(_try, contender).result()
+        assert holder.validity > 0  # the holder still holds it
+        if quarantine:
+            assert isinstance(won, LockNotAcquired), won
+            assert "quarantine (restarted or failed over" in str(won)
+        else:
+            assert won is None  # two holders at once: the hazard quarantine closes
+        lagging.replication.delay = 0.0
+
+
+def _try(lock) -> BaseException | None:
+    try:
+        lock.acquire()
+    except LockNotAcquired as exc:
+        return exc
+    lock.release()
+    return None

@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from .masters import LocalMaster, find_redis_server, free_port
+from .proxy import DelayProxy
 
 SERVICE = "mymaster"
 
@@ -45,7 +46,9 @@ class LocalSentinel(LocalMaster):
             f"logfile {self.workdir / 'sentinel.log'}\n"
             f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 1\n"
             f"sentinel down-after-milliseconds {self.service} 1000\n"
-            f"sentinel failover-timeout {self.service} 5000\n"
+            # (Long: it is also how long Sentinel leaves a replica that replicates through a
+            # proxy before it "fixes" the replica to the primary's own address.)
+            f"sentinel failover-timeout {self.service} 60000\n"
         )
         return [find_redis_server(), str(config), "--sentinel"]
 
@@ -75,6 +78,8 @@ class SentinelGroup:
         self.servers = {primary.port: primary, replica.port: replica}
         self.sentinels = sentinels
         self.service = sentinels[0].service
+        #: The replication link's proxy, if the group was started with ``lag=True``.
+        self.replication: DelayProxy | None = None
 
     @property
     def url(self) -> str:
@@ -141,10 +146,12 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) 
 
 @contextlib.contextmanager
 def sentinel_group(
-    workdir: Path, *, sentinels: int = 1, service: str = SERVICE
+    workdir: Path, *, sentinels: int = 1, service: str = SERVICE, lag: bool = False
 ) -> Iterator[SentinelGroup]:
     """Start a primary, a replica of it (in sync), and ``sentinels`` Sentinels that know both;
-    stop them all on exit."""
+    stop them all on exit. ``lag``: the replica replicates through a ``DelayProxy``
+    (``group.replication``: set its ``delay`` to make the replica lag, as replication is
+    asynchronous, and a failover then promotes a replica without the newest writes)."""
     with contextlib.ExitStack() as stack:
         started: list[LocalMaster] = []
 
@@ -158,9 +165,11 @@ def sentinel_group(
         quick = ("--repl-diskless-sync-delay", "0")
         primary = LocalMaster(workdir / "primary", None, *quick).start()
         started.append(primary)
+        replication = stack.enter_context(DelayProxy(primary.port)) if lag else None
+        upstream = primary.port if replication is None else replication.port
         replica_port = free_port()
         replica = LocalMaster(
-            workdir / "replica", replica_port, *quick, "--replicaof", "127.0.0.1", str(primary.port)
+            workdir / "replica", replica_port, *quick, "--replicaof", "127.0.0.1", str(upstream)
         ).start()
         started.append(replica)
         wait_until(
@@ -175,4 +184,6 @@ def sentinel_group(
             watchers.append(sentinel)
         for sentinel in watchers:
             wait_until(partial(_replicas_ready, sentinel), "Sentinel finding the replica")
-        yield SentinelGroup(primary, replica, watchers)
+        group = SentinelGroup(primary, replica, watchers)
+        group.replication = replication
+        yield group
