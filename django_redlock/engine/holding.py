@@ -29,8 +29,10 @@ def extend(
         start = time.monotonic()
         if lease.check_lost():
             raise LockLost(lease.resource, lease.lost_message())
-        replies: list[Reply] = yield Round(
-            scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)), scripts.EXTEND
+        replies: list[Reply] = yield (
+            Round(scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)), scripts.EXTEND)
+            if lease.commands is None
+            else lease.commands.extend(lease, ttl_ms)
         )
         if lease.released:
             return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
@@ -78,7 +80,10 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     Raises ``LockLost`` (after still removing our lease wherever it is ours) unless a quorum
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
     masters answered."""
-    round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    if lease.commands is None:
+        round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    else:
+        round_ = lease.commands.release(lease)
     try:
         replies: list[Reply] = yield round_
     except BaseException:

@@ -280,7 +280,20 @@ class Lock:
 
     def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> None:
         redlock = self._redlock
-        lease = Lease(
+        lease = self._lease(owner, want, won)
+        self._callers.add(owner, lease)
+        redlock.holders[self.key] = lease
+        if self.auto_extend:
+            redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
+        elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
+            redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
+        waited = lease.acquired_at - won.began
+        notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
+        lease.note_failures(won.failures, "acquire")
+
+    def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
+        """The lease ``won`` gives ``owner`` (a mode with keys of its own makes its own)."""
+        return Lease(
             resource=self.resource,
             resources=self.resources,
             key=self.key,
@@ -291,19 +304,10 @@ class Lock:
             owner=owner,
             pid=process.pid(),
             handle=self,
-            observer=redlock.observer,
+            observer=self._redlock.observer,
             on_lost=self.on_lost,
             queued_as=won.queued_as,
         )
-        self._callers.add(owner, lease)
-        redlock.holders[self.key] = lease
-        if self.auto_extend:
-            redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
-        elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
-            redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
-        waited = lease.acquired_at - won.began
-        notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
-        lease.note_failures(won.failures, "acquire")
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` already holds the resource and re-entered it (``reentrant=True``);

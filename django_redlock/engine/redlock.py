@@ -16,6 +16,7 @@ from .events import NullObserver, Observer
 from .leases import Lease
 from .lock import Lock
 from .locking import locking
+from .modes import check_mode
 from .notices import LocalQueues, ReleaseNotices
 from .rounds import Command, Reply
 from .values import Owner, UnreadableValue, fingerprint, parse_value
@@ -123,16 +124,22 @@ class Redlock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        limit: int | None = None,
+        shared: bool = False,
     ) -> Lock:
         """A lock on ``resources`` (not yet acquired: use it in ``with``/``async with``).
         Several resources make one lock: all of them or none, on each master, in one round.
+
+        ``limit=N``: one of N permits of a semaphore (``permits``); ``shared=True``: a reader
+        of a readers/writer lock, beside other readers (the plain lock is its writer).
 
         ``auto_extend``: a watchdog renews the lease at a third of its TTL until released
         (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
         ``reentrant``: the owning thread/task may acquire it again; it is released when the
         outermost block exits. ``on_lost(lock, error)`` is called (once, from the thread that
         noticed) when the lease is lost while held."""
-        return Lock(
+        mode = check_mode(limit, shared, reentrant)
+        return mode(
             self,
             *resources,
             ttl=self.ttl if ttl is None else ttl,
@@ -143,6 +150,7 @@ class Redlock:
             max_hold=max_hold,
             reentrant=reentrant,
             on_lost=on_lost,
+            **({} if limit is None else {"limit": limit}),
         )
 
     def locked(self, *resources: str, **options: Any) -> Callable[[F], F]:
