@@ -80,6 +80,8 @@ def redlock(
     max_hold: float | None = None,
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
+    limit: int | None = None,
+    shared: bool = False,
 ) -> Lock:
     """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
     several (all of them or none, on each master: no deadlock whatever the order).
@@ -94,6 +96,10 @@ def redlock(
     ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
     it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
+
+    ``limit=N`` makes it one of N permits of a semaphore (each an ordinary lease; see
+    docs/permits.md); ``shared=True`` a reader, beside other readers and excluded by a writer
+    (the plain lock on the same name).
     """
     from .conf import get_redlock
 
@@ -107,6 +113,8 @@ def redlock(
         max_hold=max_hold,
         reentrant=reentrant,
         on_lost=on_lost,
+        limit=limit,
+        shared=shared,
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, process, protocol
+from . import holding, markers, procedures, process, protocol
 from .drivers import arun, run
 from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
@@ -262,6 +262,14 @@ class Lock:
         began = time.monotonic()
         try:
             return run(self._redlock, procedures.acquire(self._redlock, want))
+        except LockContended as error:
+            if not want.several:  # held as a semaphore or by readers? say so
+                explained = run(self._redlock, markers.explain(want.keys[0], error))
+                if explained is not error:
+                    self._not_acquired(explained, began)
+                    raise explained from None
+            self._not_acquired(error, began)
+            raise
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -270,6 +278,14 @@ class Lock:
         began = time.monotonic()
         try:
             return await arun(self._redlock, procedures.acquire(self._redlock, want))
+        except LockContended as error:
+            if not want.several:  # held as a semaphore or by readers? say so
+                explained = await arun(self._redlock, markers.explain(want.keys[0], error))
+                if explained is not error:
+                    self._not_acquired(explained, began)
+                    raise explained from None
+            self._not_acquired(error, began)
+            raise
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise

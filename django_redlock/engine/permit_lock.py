@@ -11,7 +11,8 @@ from .drivers import arun, run
 from .errors import LockNotAcquired
 from .leases import Lease, Owner, current_owner
 from .lock import Lock
-from .permit_scripts import check_limit, marker, slot_of
+from .markers import permits as marker
+from .permit_scripts import check_limit, slot_of
 from .permits import PermitCommands, PermitWant, PermitWon, acquire, remember_free
 from .procedures import Want, Won
 

@@ -23,12 +23,6 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-def marker(limit: int) -> str:
-    """The value that the name's plain lock key holds while permits are held: the mode and the
-    limit, so that a caller with another idea of the resource is refused, not let in beside."""
-    return f"permits:{limit}"
-
-
 # KEYS[1] the slot's lock key; KEYS[2] the name's plain lock key (the marker); KEYS[3] the
 # semaphore's waiter queue. ARGV[1] our full value; ARGV[2] TTL in ms; ARGV[3] the marker
 # ("permits:<N>"); ARGV[4] this waiter's id, or '' for no waiter; ARGV[5] how many more ms it

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from . import protocol, scripts
 from .errors import LockContended
 from .leases import Lease
+from .markers import described
 from .notices import Turn, Waiter
 from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND
 from .procedures import (
@@ -285,16 +286,11 @@ def permit_not_acquired(
 def mismatch_error(
     want: PermitWant, found: str, lost: Lost, masters: Masters, attempts: int
 ) -> LockContended:
-    if found == "lock":
-        what = "a plain lock (redlock() without limit)"
-    elif found == "readers":
-        what = "a readers/writer lock (shared=True)"
-    else:
-        what = f"a semaphore with limit={found.partition(':')[2]}"
+    what = described(found) or repr(found)
     return LockContended(
         want.resource,
-        f"{want.resource!r} is used as a semaphore with limit={want.limit} here and as {what} "
-        f"elsewhere: one resource must be used one way (the other use holds it now)",
+        f"{want.resource!r} is asked for as a semaphore with limit={want.limit} and is held as "
+        f"{what}: one resource must be used one way",
         failures(masters, lost.replies),
         attempts=attempts,
     )
