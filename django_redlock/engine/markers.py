@@ -35,6 +35,14 @@ def explain(lock_key: str, error: LockContended) -> Procedure[LockContended]:
     replies: list[Reply] = yield Round(("GET", lock_key))
     for reply in replies:
         found = reply.decode(errors="replace") if isinstance(reply, bytes) else "lock"
+        if found == READERS:  # the plain lock is the writer: readers hold it, that is all
+            return LockContended(
+                error.resource,
+                f"lock {error.resource!r} is held by readers (shared=True); the writer waits "
+                f"for the last of them",
+                error.failures,
+                attempts=error.attempts,
+            )
         what = None if found == "lock" else described(found)
         if what is not None:
             return LockContended(

@@ -7,13 +7,19 @@ from __future__ import annotations
 from .lock import Lock
 from .permit_lock import PermitLock
 from .permit_scripts import check_limit
+from .readers import ReaderLock
 
 
 def check_mode(limit: object, shared: object, reentrant: object) -> type[Lock]:
     if not isinstance(shared, bool):
         raise ValueError(f"shared must be True or False, got {shared!r}")
     if limit is None:
-        return Lock
+        if shared and reentrant:
+            raise ValueError(
+                "shared=True with reentrant=True: a reader is not re-entered (a second "
+                "acquisition is a second reader); pass one or the other"
+            )
+        return ReaderLock if shared else Lock
     checked = check_limit(limit)
     if shared:
         raise ValueError(
