@@ -1,0 +1,151 @@
+"""``shared=True``: readers share, the writer (the plain lock on the same name) excludes everyone,
+a waiting writer stops new readers; each reader is an ordinary lease. Real masters."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from bench.chaos.permits import (
+    Stretch,
+    beside_writer,
+    engine_section,
+    partitioned_apart,
+    run,
+)
+from django_redlock.engine import LockContended, LockLost, Redlock, protocol
+from django_redlock.testing.proxy import DelayProxy
+
+
+def test_readers_share_and_exclude_the_writer(masters, redlock_of):
+    engine = redlock_of(masters)
+    with engine.lock("prices", shared=True, ttl=5) as a, engine.lock("prices", shared=True) as b:
+        assert a.held
+        assert b.held
+        assert a.locked()
+        assert a.extend(ttl=6) > 5
+        with pytest.raises(LockContended, match="held by readers"):
+            engine.lock("prices").acquire()
+    with engine.lock("prices") as writer:
+        assert writer.held
+        with pytest.raises(LockContended, match="held by a writer"):
+            engine.lock("prices", shared=True).acquire()
+        with pytest.raises(LockContended):
+            engine.lock("prices").acquire()
+    with engine.lock("prices", shared=True) as again:
+        assert again.held
+
+
+def test_a_waiting_writer_stops_new_readers_and_gets_in_when_the_last_leaves(masters, redlock_of):
+    engine = redlock_of(masters, retry_delay=5.0)
+    reader = engine.lock("menu", shared=True, ttl=10).acquire()
+    writer_in: list[float] = []
+
+    def writer() -> None:
+        with engine.lock("menu", ttl=10, wait=10):
+            writer_in.append(time.monotonic())
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    time.sleep(0.4)  # the writer lost once and queued
+    with pytest.raises(LockContended, match="a writer waits"):
+        engine.lock("menu", shared=True).acquire()
+    left = time.monotonic()
+    reader.release()
+    thread.join(10)
+    assert writer_in
+    assert writer_in[0] - left < 0.6  # woken by the last reader out, not a poll
+
+
+def test_readers_queued_behind_a_writer_all_get_in_when_it_leaves(masters, redlock_of):
+    engine = redlock_of(masters, retry_delay=5.0)
+    writer = engine.lock("board", ttl=10).acquire()
+    inside = threading.Barrier(3, timeout=5)
+    entered: list[float] = []
+
+    def reader() -> None:
+        with engine.lock("board", shared=True, ttl=10, wait=10):
+            entered.append(time.monotonic())
+            inside.wait()  # all three at once: they share
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.4)
+    left = time.monotonic()
+    writer.release()
+    for thread in threads:
+        thread.join(10)
+    assert len(entered) == 3
+    assert max(entered) - left < 0.8
+
+
+def test_a_reader_taken_away_is_lost(masters, redlock_of):
+    engine = redlock_of(masters)
+    reader = engine.lock("ledger", shared=True, ttl=5).acquire()
+    for m in masters:
+        for key in m.client().scan_iter(match=b"redlock:lock:ledger@reader:*"):
+            m.call("DEL", key)
+    assert not reader.locked()
+    assert reader.lost
+    with pytest.raises(LockLost):
+        reader.release()
+
+
+def test_bad_combinations_are_refused(masters, redlock_of):
+    engine = redlock_of(masters)
+    with pytest.raises(ValueError, match="shared=True with reentrant=True"):
+        engine.lock("x", shared=True, reentrant=True)
+    with pytest.raises(ValueError, match="shared=True with several resources"):
+        engine.lock("x", "y", shared=True)
+
+
+def readers_and_a_writer_apart(masters, name: str) -> list[Stretch]:
+    """One writer and four readers, each client cut off from a different pair of masters, five
+    sections each; what they recorded."""
+    views = [[DelayProxy(m.port).start() for m in masters] for _ in range(5)]
+    engines = [Redlock([p.url for p in view], node_timeout=0.03) for view in views]
+    try:
+        sections = [
+            engine_section(e, name, 0.1, "writer", ttl=2.0, wait=3.0)
+            if i == 0
+            else engine_section(e, name, 0.1, "reader", ttl=2.0, wait=3.0, shared=True)
+            for i, e in enumerate(engines)
+        ]
+        return run(sections, 5, partitioned_apart(views))
+    finally:
+        closing = [threading.Thread(target=e.close) for e in engines]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join()
+        for view in views:
+            for proxy in view:
+                proxy.stop()
+
+
+@pytest.mark.slow
+def test_no_reader_beside_a_writer_under_a_partition(masters):
+    """The chaos check "never a reader beside a writer", with the majority quorum."""
+    recorded = readers_and_a_writer_apart(masters, "rw")
+    assert {s.kind for s in recorded} == {"reader", "writer"}
+    assert beside_writer(recorded) == []
+
+
+@pytest.mark.slow
+def test_the_reader_check_trips_on_a_quorum_of_one(masters, monkeypatch):
+    """The check's self-test: with a quorum of 1 (patched in this test only), a reader gets in
+    beside the writer under the same partition."""
+    monkeypatch.setattr(protocol, "quorum", lambda node_count: 1)
+    recorded = readers_and_a_writer_apart(masters, "rw1")
+    assert beside_writer(recorded)
+
+
+def test_the_writer_check_itself():
+    w = Stretch("writer", 1.0, 9.0, 2.0)
+    assert beside_writer([Stretch("reader", 0.0, 9.0, 1.0), w]) == []  # touching
+    r = Stretch("reader", 1.5, 9.0, 3.0)
+    assert beside_writer([w, r]) == [(w, r)]
+    assert beside_writer([Stretch("reader", 0.0, 9, 5), Stretch("reader", 1.0, 9, 6)]) == []
