@@ -261,15 +261,7 @@ class Lock:
     def _outcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return run(self._redlock, procedures.acquire(self._redlock, want))
-        except LockContended as error:
-            if not want.several:  # held as a semaphore or by readers? say so
-                explained = run(self._redlock, markers.explain(want.keys[0], error))
-                if explained is not error:
-                    self._not_acquired(explained, began)
-                    raise explained from None
-            self._not_acquired(error, began)
-            raise
+            return run(self._redlock, markers.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -277,15 +269,7 @@ class Lock:
     async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return await arun(self._redlock, procedures.acquire(self._redlock, want))
-        except LockContended as error:
-            if not want.several:  # held as a semaphore or by readers? say so
-                explained = await arun(self._redlock, markers.explain(want.keys[0], error))
-                if explained is not error:
-                    self._not_acquired(explained, began)
-                    raise explained from None
-            self._not_acquired(error, began)
-            raise
+            return await arun(self._redlock, markers.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -308,8 +292,7 @@ class Lock:
         lease.note_failures(won.failures, "acquire")
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
-        """The lease ``won`` gives ``owner`` (a mode with keys of its own makes its own)."""
-        return Lease(
+        return Lease(  # a mode with keys of its own (permits, readers) makes its own
             resource=self.resource,
             resources=self.resources,
             key=self.key,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 
+from . import procedures
 from .errors import LockContended
 from .rounds import Reply
-from .steps import Procedure, Round
+from .steps import Masters, Procedure, Round
 
 READERS = "readers"
 _PERMITS = re.compile(r"permits:(\d+)")
@@ -53,3 +54,13 @@ def explain(lock_key: str, error: LockContended) -> Procedure[LockContended]:
                 attempts=error.attempts,
             )
     return error
+
+
+def acquire(masters: Masters, want: procedures.Want) -> Procedure[procedures.Won]:
+    """``procedures.acquire``, whose refusal of a plain lock names the mode holding its key."""
+    try:
+        return (yield from procedures.acquire(masters, want))
+    except LockContended as error:
+        if want.several:
+            raise
+        raise (yield from explain(want.keys[0], error)) from None
