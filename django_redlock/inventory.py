@@ -14,6 +14,11 @@ Reading is a snapshot, not atomic across masters: a lock being acquired or relea
 may show on fewer masters than it will a moment later.
 
 Tokens never leave this module: a copy is shown by the fingerprint of its token (a short sha256).
+
+Semaphores and readers (``limit=N``, ``shared=True``): each permit (the slot key ``<name>#<i>``)
+and each reader (``<name>@reader:<id>``) is a holder row of its own, marked with its group; the
+name's own key holds a marker (``permits:<N>`` or ``readers``), which is no holder: it becomes
+the group's summary (``Inventory.groups``: permits in use out of N, readers).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import redis
 from .engine import NodeFailure, Redlock, protocol
 from .engine.connections import Node
 from .engine.drivers import fan_out
+from .engine.markers import is_marker, limit_of
+from .engine.modes import member_of, release_command
 from .engine.rounds import failure
 from .engine.values import (
     FINGERPRINT_LENGTH,
@@ -64,6 +71,8 @@ _LENGTH_COMMAND = {
     "zset": "ZCARD",
     "stream": "XLEN",
 }
+#: Longer values are no mode's marker ("permits:10000" is the longest).
+MARKER_BYTES = 16
 #: Longest fencing counter we read as a number (a signed 64-bit integer has 19 digits).
 _MAX_FENCE_DIGITS = 20
 
@@ -128,6 +137,11 @@ class HeldLock:
     #: A lock over several resources: all of them (this one included), one holder. Empty for a
     #: lock over one resource.
     resources: tuple[str, ...] = ()
+    #: "permit" (one of a semaphore's), "reader", or "lock"; ``group`` the semaphore's or the
+    #: readers/writer lock's name, ``limit`` the semaphore's N.
+    mode: str = "lock"
+    group: str = ""
+    limit: int | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -210,6 +224,22 @@ def _ttl_order(ttl: float | None) -> float:
 
 
 @dataclass(frozen=True)
+class Group:
+    """A semaphore or a readers/writer lock seen on this page: its name, "permits" or "readers",
+    the limit, and how many of its holders hold on a quorum (permits in use, readers)."""
+
+    name: str
+    mode: str
+    limit: int | None
+    in_use: int
+
+    def describe(self) -> str:
+        if self.mode == "permits":
+            return f"{self.name}: {self.in_use} of {self.limit} permits in use"
+        return f"{self.name}: {self.in_use} reader{'' if self.in_use == 1 else 's'}"
+
+
+@dataclass(frozen=True)
 class Inventory:
     """One page of held locks, sorted by resource."""
 
@@ -220,6 +250,7 @@ class Inventory:
     search: str
     failures: tuple[NodeFailure, ...]  # masters that could not be read
     unreadable: tuple[UnreadableKey, ...] = ()  # keys of this page that are not lock values
+    groups: tuple[Group, ...] = ()  # semaphores and readers/writer locks on this page
 
     @property
     def pages(self) -> int:
@@ -268,7 +299,7 @@ def list_locks(
     pages = max(1, math.ceil(len(ordered) / page_size))
     page = min(page, pages)
     chunk = ordered[(page - 1) * page_size : page * page_size]
-    locks, unreadable, read_failures = _read(redlock, chunk, timeout)
+    locks, unreadable, read_failures, markers = _read(redlock, chunk, timeout)
     failures += [f for f in read_failures if f.node not in {g.node for g in failures}]
     return Inventory(
         _one_row_per_holder(locks),
@@ -278,7 +309,24 @@ def list_locks(
         search,
         tuple(failures),
         tuple(unreadable),
+        _groups(locks, markers),
     )
+
+
+def _groups(locks: Sequence[HeldLock], markers: dict[str, str]) -> tuple[Group, ...]:
+    """The semaphores and readers/writer locks whose marker or members are on this page."""
+    found: dict[str, Group] = {}
+    for name, marker in markers.items():
+        limit = limit_of(marker)
+        found[name] = Group(name, "readers" if limit is None else "permits", limit, 0)
+    for lock in locks:
+        if lock.mode == "lock":
+            continue
+        group = found.get(lock.group) or Group(
+            lock.group, "permits" if lock.mode == "permit" else "readers", lock.limit, 0
+        )
+        found[lock.group] = replace(group, in_use=group.in_use + (lock.state == HELD))
+    return tuple(found[name] for name in sorted(found))
 
 
 def _one_row_per_holder(locks: Sequence[HeldLock]) -> tuple[HeldLock, ...]:
@@ -304,7 +352,7 @@ def inspect(
 ) -> HeldLock | None:
     """``resource``'s copies on every master now, or None if no master has one."""
     protocol.check_resource(resource)
-    locks, _, _ = _read(redlock, [resource], timeout)
+    locks, _, _, _ = _read(redlock, [resource], timeout)
     return locks[0] if locks else None
 
 
@@ -342,10 +390,11 @@ def _raw_key(prefix: str, name: str) -> bytes:
 
 def _read(
     redlock: Redlock, resources: Sequence[str], timeout: float
-) -> tuple[list[HeldLock], list[UnreadableKey], list[NodeFailure]]:
-    """Every master's copy of each resource, grouped into held locks and unreadable keys."""
+) -> tuple[list[HeldLock], list[UnreadableKey], list[NodeFailure], dict[str, str]]:
+    """Every master's copy of each resource, grouped into held locks and unreadable keys; and
+    the markers of semaphores and readers/writer locks, by name."""
     if not resources:
-        return [], [], []
+        return [], [], [], {}
     lock_prefix, fence_prefix = redlock.lock_key(""), redlock.fence_key("")
     keys = [
         (_raw_key(lock_prefix, resource), _raw_key(fence_prefix, resource))
@@ -355,6 +404,7 @@ def _read(
     failures = [r for r in replies if isinstance(r, NodeFailure)]
     locks: list[HeldLock] = []
     unreadable: list[UnreadableKey] = []
+    markers: dict[str, str] = {}
     for i, resource in enumerate(resources):
         copies: list[Copy] = []
         fences: list[int] = []
@@ -364,7 +414,9 @@ def _read(
             found, fence = _copy(node.label, resource, reply[i])
             if fence is not None:
                 fences.append(fence)
-            if isinstance(found, UnreadableKey):
+            if isinstance(found, str):
+                markers[resource] = found
+            elif isinstance(found, UnreadableKey):
                 unreadable.append(found)
             elif found is not None:
                 copies.append(found)
@@ -379,7 +431,12 @@ def _read(
                     drift_factor=redlock.drift_factor,
                 )
             )
-    return locks, unreadable, failures
+    for n, lock in enumerate(locks):
+        base = lock.resource.rpartition("#")[0]
+        mode, group, limit = member_of(lock.resource, markers.get(base))
+        if mode != "lock":
+            locks[n] = replace(lock, mode=mode, group=group, limit=limit)
+    return locks, unreadable, failures, markers
 
 
 def _ask_keys(client: redis.Redis, keys: Sequence[tuple[bytes, bytes]]) -> list[list[Any]]:
@@ -407,9 +464,9 @@ def _ask_keys(client: redis.Redis, keys: Sequence[tuple[bytes, bytes]]) -> list[
 
 def _copy(
     node: str, resource: str, answer: list[Any]
-) -> tuple[Copy | UnreadableKey | None, int | None]:
-    """One master's answers about one resource -> its copy (None: gone since the scan) or why it
-    cannot be read, and the fencing counter if there is a readable one."""
+) -> tuple[Copy | UnreadableKey | str | None, int | None]:
+    """One master's answers about one resource -> its copy (None: gone since the scan), a mode's
+    marker (str), or why it cannot be read; and the fencing counter if there is a readable one."""
     kind_reply, pttl, strlen, value, fence_reply, length = answer
     fence = None
     if isinstance(fence_reply, bytes) and fence_reply.isdigit():
@@ -429,6 +486,8 @@ def _copy(
         return unreadable(f"could not read it: {value}"), fence
     if not _is_text(resource):
         return unreadable("its name is not UTF-8 text"), fence
+    if len(value) < MARKER_BYTES and is_marker(value.decode("ascii", "replace")):
+        return value.decode("ascii"), fence
     try:
         fp, owner = parse_value(value, size=size)
     except UnreadableValue as exc:
@@ -507,6 +566,8 @@ def force_release(
     key = redlock.lock_key(resource)
     nodes = redlock.nodes
     current = fan_out(nodes, ("GET", key), timeout)
+    base = redlock.lock_key(resource.rpartition("#")[0]) if "#" in resource else None
+    marker = _marker_of(fan_out(nodes, ("GET", base), timeout)) if base else None
     values: list[bytes] = []
     owner = None
     for reply in current:
@@ -524,7 +585,7 @@ def force_release(
         if isinstance(reply, NodeFailure):
             details[i] = f"{reply.reason}: {reply.detail}"
     for value in values:  # one, unless a foreign writer reused the token with another owner
-        command, script = redlock.release_command((resource,), value)
+        command, script = release_command(redlock, resource, value, marker)
         replies = fan_out(nodes, command, timeout, script)
         for i, reply in enumerate(replies):
             if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
@@ -536,3 +597,13 @@ def force_release(
         ReleaseOutcome(node.label, released[i], details[i]) for i, node in enumerate(nodes)
     )
     return ForceRelease(resource, fingerprint_, owner, outcomes)
+
+
+def _marker_of(replies: Sequence[object]) -> str | None:
+    """The semaphore marker a master holds under a slot's base name, if any does."""
+    for reply in replies:
+        if isinstance(reply, bytes) and len(reply) < MARKER_BYTES:
+            text = reply.decode("ascii", "replace")
+            if limit_of(text) is not None:
+                return text
+    return None

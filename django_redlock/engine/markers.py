@@ -19,6 +19,16 @@ def permits(limit: int) -> str:
     return f"permits:{limit}"
 
 
+def limit_of(value: str) -> int | None:
+    """A semaphore marker's limit; None for anything else."""
+    match = _PERMITS.fullmatch(value)
+    return None if match is None else int(match[1])
+
+
+def is_marker(value: str) -> bool:
+    return value == READERS or _PERMITS.fullmatch(value) is not None
+
+
 def described(value: str) -> str | None:
     """What a marker (or a mode's name for what it found: ``lock``) means, for messages; None if
     ``value`` is no marker."""

@@ -69,6 +69,19 @@ class ReaderKeys:
         return Round(READER_RELEASE.evalsha(keys, args), READER_RELEASE, cleanup)
 
 
+def reader_keys(redlock: Redlock, name: str, reader_key: str) -> ReaderKeys:
+    """The keys of the reader ``reader_key`` of the readers/writer lock ``name``."""
+    prefix = redlock.key_prefix
+    return ReaderKeys(
+        reader=reader_key,
+        name=redlock.lock_key(name),
+        queue=redlock.queue_key(name),
+        readers=f"{prefix}readers:{name}",
+        queued_readers=f"{prefix}readwait:{name}",
+        inbox_prefix=redlock.inbox_prefix,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ReaderWant(Want):
     keys_of: ReaderKeys | None = None
@@ -204,15 +217,9 @@ class ReaderLock(Lock):
         return super().__repr__().replace("<Lock", "<Reader", 1)
 
     def _keys(self) -> ReaderKeys:
-        redlock, name = self._redlock, self.resource
-        prefix = redlock.key_prefix
-        return ReaderKeys(
-            reader=redlock.lock_key(f"{name}@reader:{secrets.token_hex(6)}"),
-            name=redlock.lock_key(name),
-            queue=redlock.queue_key(name),
-            readers=f"{prefix}readers:{name}",
-            queued_readers=f"{prefix}readwait:{name}",
-            inbox_prefix=redlock.inbox_prefix,
+        name = self.resource
+        return reader_keys(
+            self._redlock, name, self._redlock.lock_key(f"{name}@reader:{secrets.token_hex(6)}")
         )
 
     def _reenter(self, owner: Owner) -> bool:

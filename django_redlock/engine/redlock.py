@@ -5,20 +5,22 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from . import protocol, scripts
 from .connections import Node, NodeSpec
-from .drivers import afan_out, fan_out
+from .drivers import arun, run
 from .errors import LockLost
 from .events import NullObserver, Observer
 from .leases import Lease
 from .lock import Lock
 from .locking import locking
+from .markers import is_marker, limit_of
 from .modes import check_mode
 from .notices import LocalQueues, ReleaseNotices
 from .rounds import Command, Reply
+from .steps import Procedure, Round
 from .values import Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
 
@@ -36,11 +38,20 @@ class Holder:
     owner: Owner
     masters: int
     fingerprint: str
+    #: A name held as a semaphore ("permits", with its ``limit``) or by readers ("readers"):
+    #: each permit's or reader's own holder, in ``holders``; "lock" otherwise.
+    mode: str = "lock"
+    limit: int | None = None
+    holders: tuple[Holder, ...] = ()
 
 
-def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder | None:
+def holder_of(masters: Redlock, resource: str, replies: Sequence[Reply]) -> Holder | None:
     values = [r for r in replies if isinstance(r, bytes)]
     for value in set(values):
+        if values.count(value) >= masters.quorum and is_marker(value.decode("latin-1")):
+            text = value.decode("latin-1")
+            mode = "readers" if limit_of(text) is None else "permits"
+            return Holder(resource, Owner(), values.count(value), "", mode, limit_of(text))
         if values.count(value) >= masters.quorum:
             try:
                 print_, owner = parse_value(value)
@@ -160,14 +171,32 @@ class Redlock:
 
     def holder(self, resource: str) -> Holder | None:
         """Who holds ``resource`` now, as a quorum of masters says (one round); None if no
-        one holds it on a quorum."""
-        return holder_of(
-            self, resource, fan_out(self.nodes, self._get(resource), self.node_timeout)
-        )
+        one holds it on a quorum. A semaphore's or readers' name: its permits or readers too
+        (``holders``; one or two rounds more)."""
+        return run(self, self._holder(resource))
 
     async def aholder(self, resource: str) -> Holder | None:
-        replies = await afan_out(self.nodes, self._get(resource), self.node_timeout)
-        return holder_of(self, resource, replies)
+        return await arun(self, self._holder(resource))
+
+    def _holder(self, resource: str) -> Procedure[Holder | None]:
+        replies: list[Reply] = yield Round(self._get(resource))
+        held = holder_of(self, resource, replies)
+        if held is None or held.mode == "lock":
+            return held
+        if held.mode == "permits" and held.limit is not None:
+            names = [f"{resource}#{i}" for i in range(held.limit)]
+        else:  # the readers set on every master, each key read once
+            listed = yield Round(("ZRANGE", f"{self.key_prefix}readers:{resource}", 0, -1))
+            keys = {k.decode() for r in listed if isinstance(r, list) for k in r}
+            names = sorted(k.removeprefix(self.lock_key("")) for k in keys)
+        if not names:
+            return replace(held, holders=())
+        values = yield Round(("MGET", *map(self.lock_key, names)))
+        members = [
+            holder_of(self, name, [r[i] if isinstance(r, list) else r for r in values])
+            for i, name in enumerate(names)
+        ]
+        return replace(held, holders=tuple(m for m in members if m is not None))
 
     def is_locked(self, resource: str) -> bool:
         """Whether anyone holds ``resource`` on a quorum of masters (one round)."""
