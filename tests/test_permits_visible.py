@@ -120,3 +120,25 @@ def test_force_release_of_a_reader_lets_the_writer_in(engine):
     assert not reader.locked()
     with engine.lock("menu") as writer:  # the marker went with the last reader
         assert writer.held
+
+
+def test_metrics_count_permits_in_use_and_waiting(engine):
+    from prometheus_client import REGISTRY
+
+    from django_redlock import metrics
+
+    assert metrics.enabled()
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name, {"name": "reports"}) or 0.0
+
+    first = engine.lock("reports", limit=1, ttl=10).acquire()
+    waiting = threading.Thread(
+        target=lambda: engine.lock("reports", limit=1, ttl=10, wait=10).acquire().release()
+    )
+    waiting.start()
+    time.sleep(0.3)
+    assert (sample("redlock_permits_in_use"), sample("redlock_permits_waiting")) == (1, 1)
+    first.release()
+    waiting.join(10)
+    assert (sample("redlock_permits_in_use"), sample("redlock_permits_waiting")) == (0, 0)

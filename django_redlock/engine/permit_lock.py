@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from . import process
@@ -18,6 +21,35 @@ from .procedures import Want, Won
 
 if TYPE_CHECKING:
     from .redlock import Redlock
+
+
+class Usage:
+    """This process's permits in use and waiters for one, per semaphore name (read by the
+    metrics at scrape time; names drop out at zero, so the set stays as small as what is live)."""
+
+    def __init__(self) -> None:
+        self._new_process()
+        os.register_at_fork(after_in_child=self._new_process)  # the parent's are not ours
+
+    def _new_process(self) -> None:
+        self._guard = threading.Lock()
+        self.in_use: Counter[str] = Counter()
+        self.waiting: Counter[str] = Counter()
+
+    def add(self, counter: Counter[str], name: str, change: int) -> None:
+        with self._guard:
+            counter[name] += change
+            if counter[name] <= 0:
+                del counter[name]
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """{name: (permits in use, waiters)}."""
+        with self._guard:
+            names = set(self.in_use) | set(self.waiting)
+            return {n: (self.in_use[n], self.waiting[n]) for n in sorted(names)}
+
+
+USAGE = Usage()
 
 
 class PermitLock(Lock):
@@ -84,20 +116,30 @@ class PermitLock(Lock):
     def _outcome(self, want: Want) -> Won:
         assert isinstance(want, PermitWant)  # noqa: S101 (our own _want made it)
         began = time.monotonic()
+        USAGE.add(USAGE.waiting, self.resource, 1)
         try:
-            return run(self._redlock, acquire(self._redlock, want))
+            won = run(self._redlock, acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
+        finally:
+            USAGE.add(USAGE.waiting, self.resource, -1)
+        USAGE.add(USAGE.in_use, self.resource, 1)
+        return won
 
     async def _aoutcome(self, want: Want) -> Won:
         assert isinstance(want, PermitWant)  # noqa: S101
         began = time.monotonic()
+        USAGE.add(USAGE.waiting, self.resource, 1)
         try:
-            return await arun(self._redlock, acquire(self._redlock, want))
+            won = await arun(self._redlock, acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
+        finally:
+            USAGE.add(USAGE.waiting, self.resource, -1)
+        USAGE.add(USAGE.in_use, self.resource, 1)
+        return won
 
     def _lease(self, owner: Owner, want: Want, won: Won) -> Lease:
         assert isinstance(want, PermitWant)  # noqa: S101
@@ -122,4 +164,5 @@ class PermitLock(Lock):
     def _released(self, owner: Owner, lease: Lease) -> None:
         prefix, _, slot = lease.keys[0].rpartition("#")
         remember_free(f"{prefix}#", int(slot))
+        USAGE.add(USAGE.in_use, self.resource, -1)
         super()._released(owner, lease)
