@@ -9,9 +9,6 @@ from . import scripts
 #: reads the slots of one master in one script.
 MAX_LIMIT = 10_000
 
-#: How many free slots a master names when it refuses the one asked for.
-FREE_REPORTED = 16
-
 
 def slot_of(slot_key: str) -> int:
     return int(slot_key.rpartition("#")[2])
@@ -23,47 +20,44 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-# KEYS[1] the slot's lock key; KEYS[2] the name's plain lock key (the marker); KEYS[3] the
-# semaphore's waiter queue. ARGV[1] our full value; ARGV[2] TTL in ms; ARGV[3] the marker
-# ("permits:<N>"); ARGV[4] this waiter's id, or '' for no waiter; ARGV[5] how many more ms it
-# waits; ARGV[6] the slots' key prefix ("...lock:<name>#"); ARGV[7] N; ARGV[8] the slot to start
-# reporting from. If the marker key holds anything else: returns {-1, what it is} ("lock" for a
-# plain lock's value: never a token). Else SET NX PX the slot; if set, the marker's TTL is raised
-# to at least ours, the waiter leaves the queue, returns 1. If not: a waiter joins the queue (as in
-# ACQUIRE_WAITING), and returns {0, the soonest PTTL of a held slot (-1 if none), "i,j,.." the free
-# slots (at most 16, from ARGV[8] on)}.
+# KEYS[1] the name's plain lock key (the marker); KEYS[2] the semaphore's waiter queue. ARGV[1]
+# our full value; ARGV[2] TTL in ms; ARGV[3] the marker ("permits:<N>"); ARGV[4] this waiter's
+# id, or '' for no waiter; ARGV[5] how many more ms it waits; ARGV[6] the slots' key prefix
+# ("...lock:<name>#"); ARGV[7] N; ARGV[8] the slot to start from. If the marker key holds
+# anything else: returns {-1, what it is} ("lock" for a plain lock's value: never a token). Else
+# takes the first free slot from ARGV[8] on (SET NX PX, in slot order, wrapping), raises the
+# marker's TTL to at least ours, takes the waiter out of the queue, and returns the slot + 1.
+# Every master given the same start and the same free slots takes the same one; the client counts
+# the votes per slot. If none is free: a waiter joins the queue (as in ACQUIRE_WAITING); returns
+# {0, the soonest PTTL of a slot (-1 if none expires)}. The slot keys are built from ARGV[6]:
+# all of them under the name, on a standalone master (no cluster slots to respect).
 PERMIT_ACQUIRE = scripts.Script(
     "permit_acquire",
     """
-local mark = redis.call('get', KEYS[2])
+local mark = redis.call('get', KEYS[1])
 if mark and mark ~= ARGV[3] then
     if string.match(mark, '^permits:%d+$') or mark == 'readers' then
         return {-1, mark}
     end
     return {-1, 'lock'}
 end
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    if redis.call('pttl', KEYS[2]) < tonumber(ARGV[2]) then
-        redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2])
-    end
-    if ARGV[4] ~= '' then
-        redis.call('zrem', KEYS[3], ARGV[4])
-    end
-    return 1
-end
 local n = tonumber(ARGV[7])
 local start = tonumber(ARGV[8])
-local free = {}
 local soonest = -1
 for i = 0, n - 1 do
     local slot = (start + i) % n
-    local ttl = redis.call('pttl', ARGV[6] .. slot)
-    if ttl == -2 then
-        free[#free + 1] = slot
-        if #free >= 16 then
-            break
+    local key = ARGV[6] .. slot
+    if redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
+        if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then
+            redis.call('set', KEYS[1], ARGV[3], 'PX', ARGV[2])
         end
-    elseif ttl >= 0 and (soonest < 0 or ttl < soonest) then
+        if ARGV[4] ~= '' then
+            redis.call('zrem', KEYS[2], ARGV[4])
+        end
+        return slot + 1
+    end
+    local ttl = redis.call('pttl', key)
+    if ttl >= 0 and (soonest < 0 or ttl < soonest) then
         soonest = ttl
     end
 end
@@ -71,12 +65,30 @@ if ARGV[4] ~= '' then
     local now = redis.call('time')
     local wait_ms = tonumber(ARGV[5])
     local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    redis.call('zadd', KEYS[3], 'NX', now_ms + wait_ms, ARGV[4])
-    if redis.call('pttl', KEYS[3]) < wait_ms then
-        redis.call('pexpire', KEYS[3], wait_ms)
+    redis.call('zadd', KEYS[2], 'NX', now_ms + wait_ms, ARGV[4])
+    if redis.call('pttl', KEYS[2]) < wait_ms then
+        redis.call('pexpire', KEYS[2], wait_ms)
     end
 end
-return {0, soonest, table.concat(free, ',')}
+return {0, soonest}
+""",
+)
+
+# ARGV[1] our full value; ARGV[2] the slots' key prefix; ARGV[3] N. Deletes our value from every
+# slot that holds it (an interrupted acquisition does not know which slot a master gave it).
+# Returns how many it deleted.
+PERMIT_UNDO = scripts.Script(
+    "permit_undo",
+    """
+local gone = 0
+for slot = 0, tonumber(ARGV[3]) - 1 do
+    local key = ARGV[2] .. slot
+    if redis.call('get', key) == ARGV[1] then
+        redis.call('del', key)
+        gone = gone + 1
+    end
+end
+return gone
 """,
 )
 

@@ -10,10 +10,12 @@ valid at once are on two different slots, and there are only N.
 
 Every permit is then an ordinary lease (its own token, TTL, extend, auto-extend, lost notice,
 fence, validity), held by the same procedures as a lock (``holding``). What is new is choosing a
-slot: the acquirer tries one slot on every master at once; a master that refuses it answers
-which slots are free there (up to ``FREE_REPORTED`` of them), so that the next try takes a slot
-free on a quorum. Waiters queue FIFO on the semaphore's one waiter queue (not one per slot): a
-released permit wakes the head waiter, which then takes whichever slot is free.
+slot: each master takes the first free slot from a start the acquirer names (the slot this
+process released last, else a random one), so masters that agree on what is free take the same
+slot in one round; the acquirer counts the votes per slot, and wins iff a quorum took one slot
+(slots taken by a minority are undone; when masters disagree, it tries again from another start).
+Waiters queue FIFO on the semaphore's one waiter queue (not one per slot): a released permit wakes
+the head waiter, which then takes whichever slot is free.
 
 While any permit is held on a master, the name's plain lock key there holds a marker,
 ``permits:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
@@ -25,6 +27,7 @@ silent overlap.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +36,7 @@ from .errors import LockContended
 from .leases import Lease
 from .markers import described
 from .notices import Turn, Waiter
-from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND
+from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_UNDO
 from .procedures import (
     EXPIRY_MARGIN,
     JITTER,
@@ -138,39 +141,53 @@ def remember_free(slot_prefix: str, slot: int) -> None:
     _HINTS[slot_prefix] = slot
 
 
+@dataclass(frozen=True, slots=True)
+class PermitGranted(Granted):
+    slot: int = 0
+
+
 def attempt(
-    masters: Masters, want: PermitWant, slot: int, waiter: Waiter | None, deadline: float
-) -> Procedure[Granted | Lost]:
-    """The lock's five steps (``procedures.attempt``) on slot ``slot``."""
+    masters: Masters, want: PermitWant, start_slot: int, waiter: Waiter | None, deadline: float
+) -> Procedure[PermitGranted | Lost]:
+    """The lock's five steps (``procedures.attempt``) for a permit: every master takes the first
+    free slot from ``start_slot`` on; won iff a quorum took the same slot, within validity. The
+    slots taken elsewhere (a minority, when masters disagree on which are free) are undone."""
     start = time.monotonic()
-    ttl_ms = int(want.ttl * 1000)
-    wait_ms = 0 if waiter is None else max(int((deadline - start) * 1000), 1)
-    slot_key = want.slot_key(slot)
     command = PERMIT_ACQUIRE.evalsha(
-        (slot_key, want.marker_key, want.queue_key),
+        (want.marker_key, want.queue_key),
         (
             want.value,
-            ttl_ms,
+            int(want.ttl * 1000),
             want.marker,
             "" if waiter is None else waiter.id,
-            wait_ms,
+            0 if waiter is None else max(int((deadline - start) * 1000), 1),
             want.slot_prefix,
             want.limit,
-            JITTER.randrange(want.limit),
+            start_slot,
         ),
     )
-    undo = release_slot("", slot_key, want.queue_key, want.value, notify=False)
     try:
         replies: list[Reply] = yield Round(command, PERMIT_ACQUIRE)
     except BaseException:
-        yield Round(undo.command, undo.script, cleanup=True)
+        undo = PERMIT_UNDO.evalsha((), (want.value, want.slot_prefix, want.limit))
+        yield Round(undo, PERMIT_UNDO, cleanup=True)
         raise
-    result = tally(masters, replies, want.ttl, start)
-    if result.won:
+    taken = Counter(r - 1 for r in replies if isinstance(r, int) and r >= 1)
+    slot, votes = taken.most_common(1)[0] if taken else (-1, 0)
+    # One slot's votes are the grants; another slot's are refusals of this one.
+    as_votes: list[Reply] = [
+        r if not isinstance(r, int) or r < 1 else (1 if r - 1 == slot else 0) for r in replies
+    ]
+    result = tally(masters, as_votes, want.ttl, start)
+    won = result.won and votes >= masters.quorum
+    for other in taken:
+        if other != slot or not won:
+            key = want.slot_key(other)
+            yield release_slot("", key, want.queue_key, want.value, notify=False)
+    if won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        return Granted(valid_until, failures(masters, replies) if result.failed else [])
-    if result.granted or result.failed:
-        yield undo
+        found = failures(masters, as_votes) if result.failed else []
+        return PermitGranted(valid_until, found, slot)
     return Lost(result, replies)
 
 
@@ -183,23 +200,13 @@ def mismatch(replies: Sequence[Reply]) -> str | None:
     return None
 
 
-def free_slots(replies: Sequence[Reply], quorum: int) -> tuple[list[int], bool]:
-    """The slots that a quorum of masters said are free, and whether any master named one."""
-    counts: dict[int, int] = {}
-    for reply in replies:
-        if isinstance(reply, list) and len(reply) == 3 and reply[0] == 0 and reply[2]:
-            for slot in bytes(reply[2]).split(b","):
-                counts[int(slot)] = counts.get(int(slot), 0) + 1
-    return [s for s, n in counts.items() if n >= quorum], bool(counts)
-
-
 def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
     """A permit: like ``procedures.acquire``, with a slot chosen from what the masters said.
     One waiter queue for the semaphore, locally and on the masters, in arrival order."""
     began = time.monotonic()
     deadline = began + want.wait
     attempts = switches = 0
-    slot = first_slot(want)
+    start_slot = first_slot(want)
     turn: Turn | None = None
     waiter: Waiter | None = None
     lost: Lost | None = None
@@ -218,9 +225,10 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
                 if waiter is None and lost is not None:
                     waiter = yield Listen()
             attempts += 1
-            outcome = yield from attempt(masters, want, slot, waiter, deadline)
-            if isinstance(outcome, Granted):
+            outcome = yield from attempt(masters, want, start_slot, waiter, deadline)
+            if isinstance(outcome, PermitGranted):
                 queued_as = "" if waiter is None else waiter.id
+                slot = outcome.slot
                 return PermitWon(
                     outcome.valid_until, attempts, began, queued_as, outcome.failures, slot
                 )
@@ -228,22 +236,21 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
             found = mismatch(lost.replies)
             if found is not None:
                 raise mismatch_error(want, found, lost, masters, attempts)
-            free, some_free = free_slots(lost.replies, masters.quorum)
-            if free and switches < SWITCHES:
-                # The masters named slots free on a quorum: try one at once (a try, not a wait;
-                # also with wait=0, whose "one attempt" means "while a permit is free").
+            start_slot = JITTER.randrange(want.limit)
+            some_free = any(isinstance(r, int) and r >= 1 for r in lost.replies)
+            if some_free and switches < SWITCHES:
+                # Masters disagreed on the free slot (two acquirers at once): try again at once
+                # from another slot (a try, not a wait; also with wait=0, whose "one attempt"
+                # means "while a permit is free").
                 switches += 1
-                slot = JITTER.choice(free)
                 continue
             switches = 0
             now = time.monotonic()
             if now >= deadline:
                 raise permit_not_acquired(masters, want, lost, attempts, began)
-            if free or (some_free and not split_retried):
-                # Free slots split among acquirers (or one seen free by too few masters): try
-                # again shortly, with jitter, rather than sleep until a release.
+            if some_free and not split_retried:
+                # Still split: try again shortly, with jitter, rather than sleep until a release.
                 split_retried = True
-                slot = JITTER.choice(free) if free else JITTER.randrange(want.limit)
                 yield Pause(protocol.split_retry_delay(now - began, JITTER))
                 continue
             if lost.result.contended and waiter is None and turn is not None:
