@@ -13,7 +13,7 @@ from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, release_round, tally
 from .protocol import Tally
-from .rounds import Reply
+from .rounds import Reply, RoundReplies
 from .steps import Masters, Pause, Procedure, Round, failures
 
 
@@ -79,19 +79,26 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     """Compare-and-delete on every master and wake the next waiter in each resource's queue.
     Raises ``LockLost`` (after still removing our lease wherever it is ours) unless a quorum
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
-    masters answered."""
+    masters answered. A master asked again after a reset connection, that finds our lease
+    already gone, confirms (the first request may have removed it)."""
     if lease.commands is None:
         round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
     else:
         round_ = lease.commands.release(lease)
     try:
-        replies: list[Reply] = yield round_
+        answered: RoundReplies = yield round_
     except BaseException:
         # Interrupted (a cancelled task): finish the release, shielded, before letting the
         # interruption through, so that a cancellation never leaves the lock held.
         yield Round(round_.command, round_.script, cleanup=True)
         raise
     several = len(lease.keys)
+    # A master asked again (its connection broke before the first reply) that finds none of our
+    # keys may well have applied the first request: that is a release done, not a lease taken
+    # away. Only a first reply can tell that our lease was gone before we released it.
+    replies: list[Reply] = [
+        several if r == 0 and i in answered.asked_again else r for i, r in enumerate(answered)
+    ]
     if several > 1:
         confirmed = sum(r == several for r in replies)
     else:

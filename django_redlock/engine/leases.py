@@ -22,6 +22,7 @@ from .events import logger, notify
 if TYPE_CHECKING:
     from .events import Observer
     from .lock import Lock
+    from .procedures import Won
     from .steps import Round
 
 #: Who acts: the running asyncio task, else the current thread (the objects themselves).
@@ -105,7 +106,7 @@ class Lease:
     ) -> None:
         self.resource = resource  # the name (several: joined), for messages
         self.resources = resources
-        self.key = key  # how this process recognizes re-entry (several: all keys, joined)
+        self.key = key  # its keys named as one (several: joined)
         self.keys = keys  # the keys on the masters
         self.ttl = ttl
         self.value = value  # token + owner, exactly as stored on the masters: never shown
@@ -129,6 +130,36 @@ class Lease:
         #: How to renew and release it on the masters when that is not the plain lock's way
         #: (a permit of a semaphore, a reader): None for a plain lock.
         self.commands = commands
+
+    @classmethod
+    def granted(
+        cls,
+        handle: Lock,
+        owner: Owner,
+        value: str,
+        won: Won,
+        observer: Observer,
+        keys: tuple[str, ...] | None = None,
+        commands: LeaseCommands | None = None,
+    ) -> Lease:
+        """The lease that acquisition ``won`` through ``handle`` holds for ``owner``; ``keys``
+        and ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's."""
+        return cls(
+            resource=handle.resource,
+            resources=handle.resources,
+            key=handle.key,
+            keys=handle.keys if keys is None else keys,
+            ttl=handle.ttl,
+            value=value,
+            valid_until=won.valid_until,
+            owner=owner,
+            pid=process.pid(),
+            handle=handle,
+            observer=observer,
+            on_lost=handle.on_lost,
+            queued_as=won.queued_as,
+            commands=commands,
+        )
 
     def __repr__(self) -> str:
         # Never the value: error pages and trackers that capture locals would show the token.
@@ -180,24 +211,38 @@ class Lease:
 
 class Callers:
     """Who holds what through one ``Lock`` handle: each caller's lease, by its owner (the task
-    or thread object), and whether each one's last lease was lost (readable after its release;
-    held weakly, so a task or thread that ended is forgotten)."""
+    or thread object), how many times more it entered it through this handle (re-entrant), and
+    whether each one's last lease was lost (readable after its release; held weakly, so a task
+    or thread that ended is forgotten). A lease taken by another process (we are a forked child)
+    is nobody's here."""
 
-    __slots__ = ("_ended", "_leases", "resource")
+    __slots__ = ("_ended", "_leases", "_nested", "resource")
 
     def __init__(self, resource: str) -> None:
         self.resource = resource
         self._leases: dict[Owner, Lease] = {}
+        self._nested: dict[Owner, int] | None = None
         self._ended: weakref.WeakKeyDictionary[Owner, bool] | None = None
 
     def get(self, owner: Owner) -> Lease | None:
-        return self._leases.get(owner)
+        lease = self._leases.get(owner)
+        if lease is not None and lease.pid != process.pid():
+            return None  # the parent's, copied by fork(): this process holds nothing
+        return lease
 
     def add(self, owner: Owner, lease: Lease) -> None:
+        if self._leases.get(owner) is lease:  # re-entered through this same handle
+            if self._nested is None:
+                self._nested = {}
+            self._nested[owner] = self._nested.get(owner, 0) + 1
+            return
         self._leases[owner] = lease
+        if self._nested:
+            self._nested.pop(owner, None)
 
     def detach(self, owner: Owner, action: str) -> Lease:
-        lease = self._leases.pop(owner, None)
+        """``owner``'s lease, let go of once (its innermost entry through this handle)."""
+        lease = self._leases.get(owner)
         if lease is None:
             holders = ", ".join(describe(o) for o in list(self._leases)) or "nobody"
             raise RuntimeError(
@@ -205,6 +250,18 @@ class Callers:
                 f"{describe(owner)} through this object (held through it by: {holders}); only "
                 f"the thread or task that acquired a lock may release it"
             )
+        if lease.pid != process.pid():  # the parent's: forget it, every entry of it
+            del self._leases[owner]
+            if self._nested:
+                self._nested.pop(owner, None)
+            raise self._forked(lease, action)
+        if self._nested and owner in self._nested:
+            if self._nested[owner] > 1:
+                self._nested[owner] -= 1
+            else:
+                del self._nested[owner]
+            return lease
+        del self._leases[owner]
         return lease
 
     def held(self, owner: Owner, action: str) -> Lease:
@@ -216,11 +273,14 @@ class Callers:
                 f"{describe(owner)} through this object"
             )
         if lease.pid != process.pid():
-            raise RuntimeError(
-                f"cannot {action} lock {self.resource!r}: it was acquired by process "
-                f"{lease.pid}, and a forked child does not hold its parent's locks"
-            )
+            raise self._forked(lease, action)
         return lease
+
+    def _forked(self, lease: Lease, action: str) -> RuntimeError:
+        return RuntimeError(
+            f"cannot {action} lock {self.resource!r}: it was acquired by process {lease.pid}, "
+            f"and a forked child does not hold its parent's locks (it may acquire its own)"
+        )
 
     def ended(self, owner: Owner, lease: Lease) -> None:
         if self._ended is None:

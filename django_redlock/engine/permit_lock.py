@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from . import process
 from .drivers import arun, run
 from .errors import LockNotAcquired
 from .leases import Lease, Owner, current_owner
@@ -144,21 +143,9 @@ class PermitLock(Lock):
     def _lease(self, owner: Owner, want: Want, won: Won) -> Lease:
         assert isinstance(want, PermitWant)  # noqa: S101
         assert isinstance(won, PermitWon)  # noqa: S101
-        return Lease(
-            resource=self.resource,
-            resources=self.resources,
-            key=self.key,
-            keys=(want.slot_key(won.slot),),
-            ttl=self.ttl,
-            value=want.value,
-            valid_until=won.valid_until,
-            owner=owner,
-            pid=process.pid(),
-            handle=self,
-            observer=self._redlock.observer,
-            on_lost=self.on_lost,
-            queued_as=won.queued_as,
-            commands=self._commands,
+        keys = (want.slot_key(won.slot),)
+        return Lease.granted(
+            self, owner, want.value, won, self._redlock.observer, keys, self._commands
         )
 
     def _released(self, owner: Owner, lease: Lease) -> None:

@@ -213,7 +213,7 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
     split_retried = False
     try:
         if want.wait > 0:
-            turn = masters.queues.join(want.resource)
+            turn = masters.queues.join((want.resource,))
             courtesy = masters.courtesy_until(want.resource) - began
             if courtesy > 0:
                 yield Pause(min(courtesy, want.wait))

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import process, protocol
+from . import protocol
 from .drivers import arun, run
 from .errors import LockContended, LockNotAcquired
 from .leases import Lease, Owner
@@ -125,7 +125,7 @@ def acquire(masters: Masters, want: ReaderWant) -> Procedure[Won]:
     lost: Lost | None = None
     try:
         if want.wait > 0:
-            turn = masters.queues.join(f"{want.resource} (readers)")
+            turn = masters.queues.join((f"{want.resource} (readers)",))
         while True:
             if turn is not None:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
@@ -263,19 +263,7 @@ class ReaderLock(Lock):
     def _lease(self, owner: Owner, want: Want, won: Won) -> Lease:
         assert isinstance(want, ReaderWant)  # noqa: S101
         assert want.keys_of is not None  # noqa: S101
-        return Lease(
-            resource=self.resource,
-            resources=self.resources,
-            key=self.key,
-            keys=(want.keys_of.reader,),
-            ttl=self.ttl,
-            value=want.value,
-            valid_until=won.valid_until,
-            owner=owner,
-            pid=process.pid(),
-            handle=self,
-            observer=self._redlock.observer,
-            on_lost=self.on_lost,
-            queued_as=won.queued_as,
-            commands=want.keys_of,
+        keys = (want.keys_of.reader,)
+        return Lease.granted(
+            self, owner, want.value, won, self._redlock.observer, keys, want.keys_of
         )
