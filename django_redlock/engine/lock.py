@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import holding, markers, procedures, protocol, reentry
 from .drivers import arun, run
-from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
+from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
 from .leases import Callers, Lease, Owner, current_owner
 from .values import make_value
@@ -309,7 +309,7 @@ class Lock:
         self._callers.add(owner, lease)
         redlock.holders.add(lease)
         if self.auto_extend:
-            redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
+            redlock.watchdog.watch(lease)
         elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
@@ -353,12 +353,8 @@ class Lock:
         lease = self._held_lease("extend", owner)
         if ttl is not None:
             ttl = protocol.check_ttl(ttl)
-        if self.max_extensions is not None and lease.extensions >= self.max_extensions:
-            raise ExtensionLimit(
-                self.resource,
-                f"lock {self.resource!r} was extended {lease.extensions} times already: "
-                f"max_extensions={self.max_extensions}",
-            )
+        # (``max_extensions`` is checked by the extend procedure itself, atomically with the
+        # watchdog's renewals: ``Lease.reserve_extension``.)
         return lease, ttl
 
     def _fenced(self, action: str, owner: Owner) -> tuple[Lease, str]:
