@@ -3,6 +3,7 @@ a waiting writer stops new readers; each reader is an ordinary lease. Real maste
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -57,6 +58,38 @@ def test_a_waiting_writer_stops_new_readers_and_gets_in_when_the_last_leaves(mas
     thread.join(10)
     assert writer_in
     assert writer_in[0] - left < 0.6  # woken by the last reader out, not a poll
+
+
+def test_the_last_reader_wakes_the_writer_even_behind_a_queued_reader(masters, redlock_of):
+    """A reader with a shorter wait queues ahead of the waiting writer (and cannot enter while
+    the writer waits): the last reader out must wake the writer, not that reader."""
+    engine = redlock_of(masters, retry_delay=5.0)
+    reader = engine.lock("feed", shared=True, ttl=10).acquire()
+    writer_in: list[float] = []
+
+    def writer() -> None:
+        with engine.lock("feed", ttl=10, wait=10):
+            writer_in.append(time.monotonic())
+            time.sleep(0.2)
+
+    def late_reader() -> None:
+        with contextlib.suppress(LockContended), engine.lock("feed", shared=True, wait=3):
+            pass
+
+    threads = [threading.Thread(target=writer)]
+    threads[0].start()
+    time.sleep(0.4)  # the writer queued
+    threads.append(threading.Thread(target=late_reader))
+    threads[1].start()
+    # The reader queued, ahead of the writer (its deadline is sooner); and the writer's safety
+    # poll (every second) just went by, so that only a notice can wake it within half a second.
+    time.sleep(0.7)
+    left = time.monotonic()
+    reader.release()
+    for thread in threads:
+        thread.join(10)
+    assert writer_in
+    assert writer_in[0] - left < 0.5
 
 
 def test_readers_queued_behind_a_writer_all_get_in_when_it_leaves(masters, redlock_of):

@@ -131,8 +131,9 @@ return 1
 # readers set; KEYS[5] the queued readers. ARGV[1] our full value; ARGV[2] '1' to wake waiters,
 # '' to undo quietly; ARGV[3] the id we had queued under, or ''; ARGV[4] unused; ARGV[5] notice
 # digest; ARGV[6] inbox prefix. Deletes our key if it holds our value; the last live reader out
-# also deletes the marker and wakes the head of the queue (a writer, or readers). Returns 0 if
-# the key was not ours, else 1.
+# also deletes the marker and wakes the first live writer in the queue (readers queued ahead of
+# it could not enter while it waits: waking one of them would leave the writer asleep), or, with
+# no writer waiting, the readers at its head. Returns 0 if the key was not ours, else 1.
 READER_RELEASE = scripts.Script(
     "reader_release",
     _NOW
@@ -157,12 +158,13 @@ end
 if ARGV[2] == '' then
     return 1
 end
-local head = redis.call('zrange', KEYS[3], 0, 0)
-if head[1] ~= nil and redis.call('sismember', KEYS[5], head[1]) == 0 then
-    redis.call('zpopmin', KEYS[3])
-    local inbox = ARGV[6] .. string.match(head[1], '^[^.]*')
-    redis.call('publish', inbox, ARGV[5] .. ' ' .. head[1])
-    return 1
+for _, w in ipairs(redis.call('zrangebyscore', KEYS[3], now_ms + 1, '+inf')) do
+    if redis.call('sismember', KEYS[5], w) == 0 then
+        redis.call('zrem', KEYS[3], w)
+        local inbox = ARGV[6] .. string.match(w, '^[^.]*')
+        redis.call('publish', inbox, ARGV[5] .. ' ' .. w)
+        return 1
+    end
 end
 wake_readers(KEYS[3], KEYS[5])
 return 1
