@@ -92,6 +92,36 @@ def test_the_last_reader_wakes_the_writer_even_behind_a_queued_reader(masters, r
     assert writer_in[0] - left < 0.5
 
 
+def test_a_writer_is_not_starved_by_a_stream_of_readers(masters, redlock_of):
+    """Six threads read without pause (each read 20 ms); a writer still gets in, five times,
+    each within a bounded wait: readers step aside for it until it has won on every master."""
+    engine = redlock_of(masters)
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(LockContended), engine.lock("stream", shared=True, wait=5):
+                time.sleep(0.02)
+
+    readers = [threading.Thread(target=reader) for _ in range(6)]
+    for thread in readers:
+        thread.start()
+    waits = []
+    try:
+        time.sleep(0.2)
+        for _ in range(5):
+            asked = time.monotonic()
+            with engine.lock("stream", wait=10):
+                waits.append(time.monotonic() - asked)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join(10)
+    assert len(waits) == 5
+    assert max(waits) < 0.8, waits
+
+
 def test_readers_queued_behind_a_writer_all_get_in_when_it_leaves(masters, redlock_of):
     engine = redlock_of(masters, retry_delay=5.0)
     writer = engine.lock("board", ttl=10).acquire()

@@ -132,8 +132,9 @@ return 1
 # '' to undo quietly; ARGV[3] the id we had queued under, or ''; ARGV[4] unused; ARGV[5] notice
 # digest; ARGV[6] inbox prefix. Deletes our key if it holds our value; the last live reader out
 # also deletes the marker and wakes the first live writer in the queue (readers queued ahead of
-# it could not enter while it waits: waking one of them would leave the writer asleep), or, with
-# no writer waiting, the readers at its head. Returns 0 if the key was not ours, else 1.
+# it could not enter while it waits: waking one of them would leave the writer asleep), leaving it
+# queued so that readers keep out until it wins on every master; or, with no writer waiting, the
+# readers at its head. Returns 0 if the key was not ours, else 1.
 READER_RELEASE = scripts.Script(
     "reader_release",
     _NOW
@@ -160,7 +161,7 @@ if ARGV[2] == '' then
 end
 for _, w in ipairs(redis.call('zrangebyscore', KEYS[3], now_ms + 1, '+inf')) do
     if redis.call('sismember', KEYS[5], w) == 0 then
-        redis.call('zrem', KEYS[3], w)
+        -- Woken, and left in the queue: until it wins, new readers still step aside for it.
         local inbox = ARGV[6] .. string.match(w, '^[^.]*')
         redis.call('publish', inbox, ARGV[5] .. ' ' .. w)
         return 1
