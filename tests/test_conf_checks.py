@@ -26,8 +26,7 @@ E004_HINT = (
 E006_HINT = "use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)"
 ONE_MASTER = Warning(
     "REDLOCK['NODES'] has one master: no fault tolerance (fine for development)",
-    hint="a lock held on one master is lost with it; use 3 or 5 independent masters in "
-    "production",
+    hint="a lock held on one master is lost with it; use 3 or 5 independent masters in production",
     id="django_redlock.W002",
 )
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"
