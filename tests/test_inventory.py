@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import time
 
 import pytest
@@ -250,3 +251,27 @@ def test_describe_never_contains_a_token(masters, redlock_of):
     assert token not in text
     assert shown.fingerprint in text
     assert re.search(r"released on 5 of 5 masters", text)
+
+
+def test_after_a_forced_release_check_gives_the_watchdogs_reason(masters, redlock_of):
+    """One reason everywhere: was "its lease ran out" from ``check()`` while the watchdog (and
+    ``on_lost``) had said "released by force"."""
+    told: list[str] = []
+    noticed = threading.Event()
+
+    def on_lost(lock, error) -> None:
+        told.append(str(error))
+        noticed.set()
+
+    locks = redlock_of(masters)
+    lock = locks.lock("stuck", ttl=1.5, auto_extend=True, on_lost=on_lost).acquire()
+    seen = inspect(locks, "stuck")
+    assert seen is not None
+    force_release(locks, "stuck", seen.fingerprint)
+    assert noticed.wait(3)  # the watchdog's next renewal (every 0.5 s) finds it gone
+    assert "released by force" in told[0]
+    with pytest.raises(LockLost) as checked:
+        lock.check()
+    assert str(checked.value) == told[0]
+    with pytest.raises(LockLost):
+        lock.release()

@@ -28,7 +28,7 @@ def extend(
     while True:
         start = time.monotonic()
         if lease.check_lost():
-            raise LockLost(lease.resource, lease.lost_message())
+            raise lease.lost_error()
         replies: list[Reply] = yield Round(
             scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)), scripts.EXTEND
         )
@@ -135,7 +135,7 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
     if sum(not isinstance(r, NodeFailure) for r in replies) < masters.quorum:
         raise fence_unavailable(masters, lease, replies)
     if lease.check_lost():
-        raise LockLost(lease.resource, lease.lost_message())
+        raise lease.lost_error()
     lease.fences[resource] = token
     return token
 

@@ -148,7 +148,7 @@ class Lock:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
         lease = self._held_lease("check")
         if lease.check_lost():
-            raise LockLost(self.resource, lease.lost_message())
+            raise lease.lost_error()
 
     # --- sync API --------------------------------------------------------------------------------
 
@@ -333,7 +333,7 @@ class Lock:
             notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
             raise error
         if outer.check_lost():
-            raise LockLost(self.resource, outer.lost_message())
+            raise outer.lost_error()
         outer.depth += 1
         self._callers.add(owner, outer)
         return True
@@ -382,7 +382,7 @@ class Lock:
         lease = self._callers.get(current_owner())
         if lease is None or not lease.check_lost():
             return None
-        return LockLost(lease.resource, lease.lost_message())
+        return lease.lost_error()
 
     def _held_lease(self, action: str) -> Lease:
         return self._callers.held(current_owner(), action)
