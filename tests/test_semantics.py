@@ -29,8 +29,8 @@ def values_of(masters, key: str) -> list[bytes | None]:
 
 
 def test_release_after_expiry_raises_and_lost_stays_readable(masters, redlock_of):
-    lock = redlock_of(masters).lock("r", ttl=0.05).acquire()
-    time.sleep(0.1)
+    lock = redlock_of(masters).lock("r", ttl=0.3).acquire()
+    time.sleep(0.45)
     with pytest.raises(LockLost, match="ran out") as caught:
         lock.release()
     assert {f.reason for f in caught.value.failures} == {"gone"}
@@ -48,8 +48,8 @@ def test_release_after_a_forced_release_raises(masters, redlock_of):
 
 def test_release_after_another_owner_took_over_raises_and_leaves_its_key(masters, redlock_of):
     engine, other = redlock_of(masters), redlock_of(masters)
-    old = engine.lock("r", ttl=0.05).acquire()
-    time.sleep(0.1)
+    old = engine.lock("r", ttl=0.3).acquire()
+    time.sleep(0.45)
     new = other.lock("r", ttl=10).acquire()
     theirs = values_of(masters, new.key)
     with pytest.raises(LockLost):
@@ -306,9 +306,9 @@ def test_a_lease_running_out_unwatched_fires_on_lost_at_its_expiry(masters, redl
     )
     lock.acquire()
     expires = time.monotonic() + lock.validity
-    time.sleep(0.5)
+    time.sleep(0.8)
     assert len(noticed) == 1, "on_lost did not fire when the lease ran out"
-    assert 0 <= noticed[0] - expires < 0.1
+    assert 0 <= noticed[0] - expires < 0.4  # at its expiry, not when somebody looked
     with pytest.raises(LockLost):
         lock.release()
     assert len(noticed) == 1  # once
