@@ -297,7 +297,8 @@ def test_a_field_the_view_cannot_take_fails_when_decorating() -> None:
     @lock_view("order:{order_id}", "account:{pk}", lambda request, **kw: "cart")
     def fine(request: object, order_id: int, *, pk: int) -> None: ...
 
-    assert callable(anything) and callable(fine)
+    assert callable(anything)
+    assert callable(fine)
 
 
 @pytest.mark.parametrize(
