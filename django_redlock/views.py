@@ -15,7 +15,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -38,7 +38,21 @@ from .inventory import Copy, HeldLock, Owner
 from .models import HeldLock as HeldLockModel
 
 if TYPE_CHECKING:
-    from .admin import HeldLockAdmin
+    from django.contrib.admin import AdminSite
+    from django.db.models.options import Options
+
+
+class HeldLockAdmin(Protocol):
+    """What these views need of the model admin that serves them (``admin.HeldLockAdmin``):
+    named here, so that admin imports views and never the other way round."""
+
+    admin_site: AdminSite
+    opts: Options[HeldLockModel]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool: ...
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool: ...
+
 
 PAGE_SIZE = 50
 

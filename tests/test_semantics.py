@@ -117,12 +117,12 @@ def test_the_old_names_locked_and_alocked_still_work_and_warn(masters, redlock_o
     redis-py): renamed ``owned()``, the old name kept as a deprecated alias."""
     lock = redlock_of(masters).lock("r", ttl=10)
     with lock:
-        with pytest.warns(DeprecationWarning, match=r"Lock.locked\(\) is renamed Lock.owned"):
+        with pytest.warns(DeprecationWarning, match=r"Lock.locked\(\) is renamed owned\(\)"):
             assert lock.locked()
 
     async def main() -> None:
         async with lock:
-            with pytest.warns(DeprecationWarning, match=r"renamed Lock.aowned"):
+            with pytest.warns(DeprecationWarning, match=r"Lock.alocked\(\) is renamed aowned\(\)"):
                 assert await lock.alocked()
 
     asyncio.run(main())

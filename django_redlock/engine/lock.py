@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import warnings
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -23,13 +22,11 @@ from .drivers import arun, run
 from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
 from .leases import Callers, Lease, Owner, current_owner, describe
+from .renames import renamed
 from .values import make_value
 
 if TYPE_CHECKING:
     from .redlock import Redlock
-
-#: The warning of a renamed method (the old name keeps working for now).
-RENAMED = "Lock.{old}() is renamed Lock.{new}() (does a quorum still hold our lease?)"
 
 
 class Lock:
@@ -136,8 +133,7 @@ class Lock:
 
     def owned(self) -> bool:
         """Ask the masters (one round): True only if a quorum still holds *our* lease and its
-        validity is not over (redis-py's ``owned()``). Finding it gone marks it lost (``lost``,
-        ``on_lost``). Whether anyone holds a resource: ``Redlock.is_locked()``."""
+        validity is not over. Finding it gone marks it lost (``lost``, ``on_lost``)."""
         lease = self._callers.get(current_owner())
         if lease is None:
             return False
@@ -149,16 +145,7 @@ class Lock:
             return False
         return await arun(self._redlock, holding.holds(self._redlock, lease))
 
-    def locked(self) -> bool:
-        """Deprecated name of ``owned()``: it read like the ``@locked`` decorator, and means
-        "anyone holds it" in redis-py and threading."""
-        warnings.warn(RENAMED.format(old="locked", new="owned"), DeprecationWarning, stacklevel=2)
-        return self.owned()
-
-    async def alocked(self) -> bool:
-        """Deprecated name of ``aowned()``."""
-        warnings.warn(RENAMED.format(old="alocked", new="aowned"), DeprecationWarning, stacklevel=2)
-        return await self.aowned()
+    locked, alocked = renamed("locked", owned), renamed("alocked", aowned)  # read like @locked
 
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
