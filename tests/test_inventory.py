@@ -11,14 +11,9 @@ import pytest
 
 from django_redlock import LockLost
 from django_redlock.engine import Redlock
-from django_redlock.engine.values import UnreadableValue, parse_value
-from django_redlock.inventory import (
-    fingerprint,
-    force_release,
-    glob_escape,
-    inspect,
-    list_locks,
-)
+from django_redlock.engine.values import UnreadableValue, fingerprint, parse_value
+from django_redlock.force_release import force_release
+from django_redlock.inventory import glob_escape, inspect, list_locks
 
 FOREIGN_TOKEN = "0123456789abcdef0123456789abcdef"
 

@@ -25,6 +25,7 @@ from django_redlock import (
     LockLost,
     QuorumUnavailable,
     conf,
+    force_release,
     inventory,
     redlock,
     views,
@@ -115,7 +116,7 @@ def test_no_log_record_carries_a_token(redlock_settings, caplog):
         secret |= tokens_on(masters, forced.key)
         shown = inventory.inspect(engine, "sec:forced")
         assert shown is not None
-        inventory.force_release(engine, "sec:forced", shown.fingerprint)
+        force_release.force_release(engine, "sec:forced", shown.fingerprint)
 
     messages = [r.getMessage() for r in caplog.records]
     for wanted in ("acquired 'sec:plain' (billing)", "released 'sec:plain'", "not acquired"):

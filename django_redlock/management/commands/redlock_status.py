@@ -27,7 +27,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import conf, health, inventory
 from ...display import printable
 from ...health import Health, NodeHealth
-from ...inventory import HeldLock, Inventory
+from ...held import HeldLock
+from ...inventory import Inventory
 
 #: Exit status per verdict.
 EXIT_STATUS = {health.OK: 0, health.DEGRADED: 1, health.NO_QUORUM: 2}
