@@ -208,6 +208,7 @@ def test_kill_or_a_closed_terminal_stops_everything_the_demo_started(
     port. Now SIGTERM (kill) and SIGHUP (the terminal closed) stop it as Ctrl-C does. The signal
     goes to the demo process alone: the hardest case, nothing else is told."""
     from django_redlock.testing.masters import free_port
+    from testproject.shop.management.commands.demo import CHILDREN
 
     demo = Demo(tmp_path / "demo", free_port())
     try:
@@ -215,6 +216,8 @@ def test_kill_or_a_closed_terminal_stops_everything_the_demo_started(
         get_when_up(f"http://127.0.0.1:{demo.port}/")
         assert len(ports) == 3
         assert all(listening(p) for p in [*ports, demo.port])
+        # What a next demo would stop after a kill -9: 3 masters and runserver.
+        assert len((tmp_path / "demo" / CHILDREN).read_text().split()) == 4
     finally:
         code = demo.stop(sig, group=False)
     assert code == 0
@@ -323,30 +326,33 @@ def _time_wait_sockets() -> str:
     return "".join(found)
 
 
-def test_a_demo_killed_with_sigkill_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
+def test_what_a_killed_demo_left_running_is_stopped_by_the_next(tmp_path: Path) -> None:
     """Was: ``kill -9`` of the demo left its redis-servers and runserver serving, and the next
-    demo started beside them. The next demo in the directory now stops them first."""
-    from django_redlock.testing.masters import free_port
-    from testproject.shop.management.commands.demo import CHILDREN, _alive, _state
+    demo started beside them. The demo notes its children's pids (see the test below); the next
+    one stops those that are still ours, and spares a pid now used by another program."""
+    from django_redlock.testing.masters import LocalMaster
+    from testproject.shop.management.commands.demo import CHILDREN, _alive, stop_leftovers
 
-    demo_dir = tmp_path / "demo"
-    demo = Demo(demo_dir, free_port())
+    master = LocalMaster(tmp_path / "master").start()
+    runserver = subprocess.Popen(  # noqa: S603 (stands for the demo's runserver)
+        [sys.executable, "-c", "import time; time.sleep(60)", "runserver", "--noreload"]
+    )
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # noqa: S603
     try:
-        ports = master_ports(demo.printed())
-        get_when_up(f"http://127.0.0.1:{demo.port}/")
-        left = [int(pid) for pid in (demo_dir / CHILDREN).read_text().split()]
+        assert master.proc is not None
+        pids = [master.proc.pid, runserver.pid, stranger.pid]
+        (tmp_path / CHILDREN).write_text("".join(f"{pid}\n" for pid in pids))
+        stopped = stop_leftovers(tmp_path)
+        assert runserver.wait(5) == -signal.SIGKILL
+        assert master.proc.wait(5) == -signal.SIGKILL
+        assert len(stopped) == 2
+        assert _alive(stranger.pid)  # not ours: left alone
+        assert not (tmp_path / CHILDREN).exists()
     finally:
-        demo.stop(signal.SIGKILL, group=False)
-    assert len(left) == 4  # 3 masters and runserver
-    assert all(listening(p) for p in [*ports, demo.port])  # orphans, still serving
-    again = Demo(demo_dir, demo.port)
-    try:
-        printed = again.printed()
-        get_when_up(f"http://127.0.0.1:{again.port}/")
-    finally:
-        again.stop()
-    assert "stopped 4 process(es) a killed demo left running" in printed
-    assert not [pid for pid in left if _alive(pid) and not _state(pid)]
+        for proc in (runserver, stranger):
+            proc.kill()
+            proc.wait()
+        master.kill()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,23 +3,29 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+import importlib
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+
+import tests.test_hosts
 
 
-def test_redlock_skip_hosts_turns_the_separate_hosts_tests_off() -> None:
-    env = {**os.environ, "REDLOCK_SKIP_HOSTS": "1"}
-    env.pop("REDLOCK_REQUIRE_HOSTS", None)
-    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
-    result = subprocess.run(  # noqa: S603
-        [*command, "tests/test_hosts.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "turned off (REDLOCK_SKIP_HOSTS=1)" in result.stdout
-    assert " passed" not in result.stdout
-    assert "failed" not in result.stdout
+def skipped_when(monkeypatch: pytest.MonkeyPatch, **env: str) -> bool:
+    """Whether tests/test_hosts.py's module mark skips it, imported under ``env``."""
+    for name in ("REDLOCK_SKIP_HOSTS", "REDLOCK_REQUIRE_HOSTS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    module = importlib.reload(tests.test_hosts)
+    [skipif] = [mark for mark in module.pytestmark if mark.name == "skipif"]
+    return bool(skipif.args[0])
+
+
+def test_redlock_skip_hosts_turns_the_separate_hosts_tests_off(monkeypatch) -> None:
+    try:
+        assert not skipped_when(monkeypatch)  # as root: they run
+        assert skipped_when(monkeypatch, REDLOCK_SKIP_HOSTS="1")
+        assert not skipped_when(monkeypatch, REDLOCK_SKIP_HOSTS="1", REDLOCK_REQUIRE_HOSTS="1")
+    finally:
+        monkeypatch.undo()
+        importlib.reload(tests.test_hosts)  # as the environment says again

@@ -161,18 +161,18 @@ def test_exit_status_of_the_real_command(fresh_masters, tmp_path):
     assert as_text.stderr == ""  # was: "CommandError: ... NO QUORUM ..." a second time
 
 
-def test_a_broken_setting_exits_3_and_says_error_under_json(tmp_path):
+def test_a_broken_setting_exits_3_and_says_error_under_json(settings):
     """Not a verdict about the masters (they were never asked): 3, UNKNOWN to monitoring; was 1,
     as for DEGRADED, and --json printed nothing."""
-    env = {"REDLOCK_NODES": "", "REDLOCK_DEMO_DIR": str(tmp_path)}
-    as_json = manage_py("redlock_status", "--json", env=env)
-    assert as_json.returncode == 3, as_json.stderr
-    data = json.loads(as_json.stdout)
+    settings.REDLOCK = {"NODES": []}
+    out = StringIO()
+    with pytest.raises(CommandError, match=r"REDLOCK\['NODES'\] is empty") as raised:
+        call_command("redlock_status", "--json", stdout=out)
+    assert raised.value.returncode == 3
+    data = json.loads(out.getvalue())
     assert data["verdict"] == "ERROR"
     assert "REDLOCK['NODES'] is empty" in data["error"]
-    as_text = manage_py("redlock_status", env=env)
-    assert as_text.returncode == 3
-    assert as_text.stderr.count("REDLOCK['NODES'] is empty") == 1
+    assert status_and_exit()[0] == 3
 
 
 def test_one_master_is_ok_without_fault_tolerance(settings, fresh_masters):
