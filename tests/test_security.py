@@ -196,8 +196,8 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
 #: What the library sends: the lock path (SET, GET, EVALSHA/EVAL and, inside our scripts, DEL,
 #: PEXPIRE, SET, PUBLISH, TIME, PTTL and the waiter queue's ZADD, ZREM, ZPOPMIN, ZCARD), release
 #: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL, and
-#: TYPE, STRLEN, GETRANGE to read a key without trusting it). No CONFIG: the status command must
-#: cope with its refusal.
+#: TYPE, STRLEN, GETRANGE to read a key without trusting it: the inventory, and holder() inside a
+#: script). No CONFIG: the status command must cope with its refusal.
 LOCKER_RULES = [
     "reset", "on", ">pw", "~redlock:*", "resetchannels", "&redlock:*", "-@all",
     "+set", "+get", "+evalsha", "+eval", "+del", "+pexpire", "+publish",
