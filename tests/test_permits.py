@@ -39,10 +39,10 @@ def test_each_permit_is_an_ordinary_lease(masters, redlock_of):
             first_fence, second_fence = renewed.fence, other.fence
             assert second_fence > first_fence  # one fence sequence per semaphore
             assert other.extend(ttl=3) > 2.5
-            assert other.locked()
+            assert other.owned()
         time.sleep(0.8)  # past its TTL twice over: the watchdog renewed it
         assert renewed.held
-        assert renewed.locked()
+        assert renewed.owned()
     assert not renewed.held
 
 
@@ -54,7 +54,7 @@ def test_a_permit_taken_away_is_lost_and_reported(masters, redlock_of):
     slot_key = engine.lock_key(f"imports#{permit.slot}")
     for m in masters:
         m.call("DEL", slot_key)
-    assert not permit.locked()
+    assert not permit.owned()
     assert permit.lost
     assert told
     with pytest.raises(LockLost):
@@ -172,7 +172,7 @@ def test_async_permits(masters, redlock_of):
         async with engine.lock("async", limit=2) as a, engine.lock("async", limit=2) as b:
             with pytest.raises(LockContended):
                 await engine.lock("async", limit=2).aacquire()
-            assert await a.alocked()
+            assert await a.aowned()
             return [a.slot, b.slot]
 
     assert sorted(asyncio.run(main())) == [0, 1]  # type: ignore[type-var]

@@ -14,7 +14,8 @@ import pytest
 from django.core.management import call_command
 
 from django_redlock import conf, holder
-from django_redlock.inventory import force_release, inspect, list_locks
+from django_redlock.force_release import force_release
+from django_redlock.inventory import inspect, list_locks
 
 LIST_URL = "/admin/django_redlock/heldlock/"
 
@@ -107,8 +108,8 @@ def test_force_release_of_one_permit_wakes_the_semaphore_waiter(engine):
     assert outcome.released_on == 5
     assert got
     assert got[0] - released_at < 0.6
-    assert not holders[0].locked()
-    assert holders[1].locked()  # the other permit is untouched
+    assert not holders[0].owned()
+    assert holders[1].owned()  # the other permit is untouched
     holders[1].release()
 
 
@@ -117,7 +118,7 @@ def test_force_release_of_a_reader_lets_the_writer_in(engine):
     rows = [r for r in list_locks(engine).locks if r.mode == "reader"]
     assert len(rows) == 1
     force_release(engine, rows[0].resource, rows[0].fingerprint)
-    assert not reader.locked()
+    assert not reader.owned()
     with engine.lock("menu") as writer:  # the marker went with the last reader
         assert writer.held
 

@@ -24,7 +24,6 @@ from .events import logger, notify
 if TYPE_CHECKING:
     from .events import Observer
     from .lock import Lock
-    from .procedures import Won
     from .steps import Round
 
 #: Who acts: the running asyncio task, else the current thread (the objects themselves).
@@ -96,6 +95,8 @@ class Lease:
         "key",
         "keys",
         "lost",
+        "lost_failures",
+        "lost_reason",
         "max_extensions",
         "max_hold",
         "observer",
@@ -152,6 +153,10 @@ class Lease:
         self.depth = 1
         self.released = False
         self.lost = False
+        #: Why it was lost, as first found (a forced release, the masters gone...): every later
+        #: report (``check()``, the block's exit) gives that reason, not a generic one.
+        self.lost_reason = ""
+        self.lost_failures: tuple[NodeFailure, ...] = ()
         #: Fencing tokens, by resource, once read.
         self.fences: dict[str, int] = {}
         #: Extensions made or under way (reserved before their round: see ``reserve_extension``).
@@ -173,38 +178,6 @@ class Lease:
         #: How to renew and release it on the masters when that is not the plain lock's way
         #: (a permit of a semaphore, a reader): None for a plain lock.
         self.commands = commands
-
-    @classmethod
-    def granted(
-        cls,
-        handle: Lock,
-        owner: Owner,
-        value: str,
-        won: Won,
-        observer: Observer,
-        keys: tuple[str, ...] | None = None,
-        commands: LeaseCommands | None = None,
-    ) -> Lease:
-        """The lease that acquisition ``won`` through ``handle`` holds for ``owner``; ``keys``
-        and ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's."""
-        return cls(
-            resource=handle.resource,
-            resources=handle.resources,
-            key=handle.key,
-            keys=handle.keys if keys is None else keys,
-            ttl=handle.ttl,
-            value=value,
-            valid_until=won.valid_until,
-            owner=owner,
-            pid=process.pid(),
-            handle=handle,
-            observer=observer,
-            on_lost=handle.on_lost,
-            queued_as=won.queued_as,
-            max_extensions=handle.max_extensions,
-            max_hold=handle.max_hold,
-            commands=commands,
-        )
 
     def __repr__(self) -> str:
         # Never the value: error pages and trackers that capture locals would show the token.
@@ -278,10 +251,16 @@ class Lease:
         return self.lost
 
     def lost_message(self) -> str:
+        if self.lost_reason:
+            return self.lost_reason
         return (
             f"lock {self.resource!r} was lost: its lease (ttl={self.ttl}s) ran out or was not "
             f"renewed in time; another owner may have held it since"
         )
+
+    def lost_error(self) -> LockLost:
+        """A fresh ``LockLost`` with the reason and per-master detail the loss was found with."""
+        return LockLost(self.resource, self.lost_message(), self.lost_failures)
 
     def mark_lost(self, message: str, failures: Sequence[NodeFailure] = ()) -> LockLost:
         """Mark the lease lost and tell (once: the observer's ``lost``, ``on_lost``); the error
@@ -290,6 +269,7 @@ class Lease:
         if self.lost:
             return error
         self.lost = True
+        self.lost_reason, self.lost_failures = message, error.failures
         handle = self.handle()
         if handle is not None:
             # At once, or (noticed by the watchdog) on the callbacks' thread: see ``callbacks``.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .drivers import arun, run
 from .errors import LockNotAcquired
+from .granting import granted
 from .leases import Lease, Owner, current_owner
 from .lock import Lock
 from .markers import permits as marker
@@ -144,9 +145,7 @@ class PermitLock(Lock):
         assert isinstance(want, PermitWant)  # noqa: S101
         assert isinstance(won, PermitWon)  # noqa: S101
         keys = (want.slot_key(won.slot),)
-        return Lease.granted(
-            self, owner, want.value, won, self._redlock.observer, keys, self._commands
-        )
+        return granted(self, owner, want.value, won, self._redlock.observer, keys, self._commands)
 
     def _released(self, owner: Owner, lease: Lease) -> None:
         prefix, _, slot = lease.keys[0].rpartition("#")

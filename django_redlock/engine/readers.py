@@ -7,7 +7,7 @@ master the reader's script refuses while a writer's value holds the name, and th
 fails while the ``readers`` marker does (its TTL outlives every reader's there, renewals push it).
 
 Each reader is an ordinary lease: a key of its own (``<name>@reader:<id>``) with its token and
-TTL, so extend, auto-extend, ``locked()``, lost notices and validity are the lock's. No writer
+TTL, so extend, auto-extend, ``owned()``, lost notices and validity are the lock's. No writer
 starvation: a writer that waits queues on the name's waiter queue, and a reader refuses to enter
 while a live writer is queued; the last reader out wakes it. Readers that queued behind a writer
 are woken together when it releases (the first wakes the next).
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from . import protocol
 from .drivers import arun, run
 from .errors import LockContended, LockNotAcquired
+from .granting import granted
 from .leases import Lease, Owner
 from .lock import Lock
 from .markers import described
@@ -264,6 +265,4 @@ class ReaderLock(Lock):
         assert isinstance(want, ReaderWant)  # noqa: S101
         assert want.keys_of is not None  # noqa: S101
         keys = (want.keys_of.reader,)
-        return Lease.granted(
-            self, owner, want.value, won, self._redlock.observer, keys, want.keys_of
-        )
+        return granted(self, owner, want.value, won, self._redlock.observer, keys, want.keys_of)
