@@ -80,6 +80,7 @@ def redlock(
     max_hold: float | None = None,
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
+    db_guard: bool = True,
 ) -> Lock:
     """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
     several (all of them or none, on each master: no deadlock whatever the order).
@@ -94,13 +95,35 @@ def redlock(
     ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
     it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
+
+    ``db_guard`` (on by default): once the lease is lost or its validity is over, the block's
+    next database query raises ``LockLost`` before it reaches the database, and open ``atomic``
+    blocks are marked for rollback (see ``django_redlock.dbguard``).
     """
     from .conf import get_redlock
 
-    return get_redlock().lock(
+    if not isinstance(db_guard, bool):
+        raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
+    engine = get_redlock()
+    if not db_guard:
+        return engine.lock(
+            *resources,
+            ttl=ttl,
+            wait=wait,
+            label=label,
+            auto_extend=auto_extend,
+            max_extensions=max_extensions,
+            max_hold=max_hold,
+            reentrant=reentrant,
+            on_lost=on_lost,
+        )
+    from .dbguard import GuardedLock
+
+    return GuardedLock(
+        engine,
         *resources,
-        ttl=ttl,
-        wait=wait,
+        ttl=engine.ttl if ttl is None else ttl,
+        wait=engine.wait if wait is None else wait,
         label=label,
         auto_extend=auto_extend,
         max_extensions=max_extensions,
@@ -118,14 +141,15 @@ def locked(*resources: str, **options: Any) -> Callable[[F], F]:
         @locked("report:{user_id}", ttl=60, wait=5)
         def build_report(user_id: int) -> None: ...
 
-    Settings are read at call time, never when the module is imported."""
+    Settings are read at call time, never when the module is imported. Takes the options of
+    ``redlock()``, ``db_guard`` included."""
+    return locking(lambda: _DjangoLocks, resources, options)
 
-    def current() -> Any:
-        from .conf import get_redlock
 
-        return get_redlock()
+class _DjangoLocks:
+    """What ``locked()`` makes its locks with: ``redlock()`` (the settings' masters, guarded)."""
 
-    return locking(current, resources, options)
+    lock = staticmethod(redlock)
 
 
 def holder(resource: str) -> Holder | None:
