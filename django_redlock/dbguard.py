@@ -59,6 +59,10 @@ _guarded: ContextVar[tuple[Lease, ...]] = ContextVar("django_redlock_guarded", d
 _ALWAYS_ALLOWED = ("BEGIN", "ROLLBACK", "SAVEPOINT", "RELEASE")
 
 
+class QueryRefused(LockLost):
+    """The guard refused a query: the lease of a guarded block around it is lost or over."""
+
+
 def refuse_stale_queries(
     execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: dict[str, Any]
 ) -> Any:
@@ -84,7 +88,7 @@ def _refuse(lease: Lease, sql: Any, context: dict[str, Any]) -> None:
     for each in doomed.values():
         if each.in_atomic_block:
             each.set_rollback(True)
-    raise LockLost(
+    raise QueryRefused(
         lease.resource,
         f"{lease.lost_message()}: the query was refused before it reached the database, and "
         f"any open transaction of this thread is marked for rollback",
