@@ -14,19 +14,12 @@ from django_redlock.fencing import fence_token
 from tests import fence_checks
 from tests.conftest import ROOT
 from tests.fencedapp.models import Account
-from tests.postgres import throwaway_postgres
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("check", fence_checks.CHECKS, ids=lambda c: c.__name__)
 def test_on_sqlite(check, redlock_settings):
     check()
-
-
-@pytest.fixture(scope="module")
-def postgres_port():
-    with throwaway_postgres() as port:
-        yield port
 
 
 def test_on_postgresql(postgres_port, masters):
