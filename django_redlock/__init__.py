@@ -101,27 +101,13 @@ def redlock(
     blocks are marked for rollback (see ``django_redlock.dbguard``).
     """
     from .conf import get_redlock
+    from .locks import DjangoLock
 
-    if not isinstance(db_guard, bool):
-        raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
     engine = get_redlock()
-    if not db_guard:
-        return engine.lock(
-            *resources,
-            ttl=ttl,
-            wait=wait,
-            label=label,
-            auto_extend=auto_extend,
-            max_extensions=max_extensions,
-            max_hold=max_hold,
-            reentrant=reentrant,
-            on_lost=on_lost,
-        )
-    from .dbguard import GuardedLock
-
-    return GuardedLock(
+    return DjangoLock(
         engine,
         *resources,
+        db_guard=db_guard,
         ttl=engine.ttl if ttl is None else ttl,
         wait=engine.wait if wait is None else wait,
         label=label,

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Any
 
 from django.conf import settings
@@ -48,8 +47,8 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-from .engine import Lock, LockLost
-from .engine.leases import Lease, current_owner
+from .engine import LockLost
+from .engine.leases import Lease
 
 #: The leases of the guarded blocks around the running code (innermost last).
 _guarded: ContextVar[tuple[Lease, ...]] = ContextVar("django_redlock_guarded", default=())
@@ -116,7 +115,7 @@ def install_everywhere() -> None:
     )
 
 
-def _install_here() -> None:
+def install_here() -> None:
     """Guard the calling thread's connections, including any opened before the app was ready."""
     if not settings.configured:
         return
@@ -139,51 +138,3 @@ def unguard(lease: Lease) -> None:
         if leases[i] is lease:
             _guarded.set(leases[:i] + leases[i + 1 :])
             return
-
-
-class GuardedLock(Lock):
-    """A ``Lock`` whose ``with`` / ``async with`` block is guarded: once its lease is lost or its
-    validity is over, the block's next query raises ``LockLost``. What ``redlock()`` returns
-    unless ``db_guard=False``."""
-
-    def __enter__(self) -> GuardedLock:
-        super().__enter__()
-        self._guard()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = self._callers.get(current_owner())
-        try:
-            super().__exit__(exc_type, exc, tb)
-        finally:
-            if lease is not None:
-                unguard(lease)
-
-    async def __aenter__(self) -> GuardedLock:
-        await super().__aenter__()
-        self._guard()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = self._callers.get(current_owner())
-        try:
-            await super().__aexit__(exc_type, exc, tb)
-        finally:
-            if lease is not None:
-                unguard(lease)
-
-    def _guard(self) -> None:
-        lease = self._callers.get(current_owner())
-        if lease is not None:
-            _install_here()
-            guard(lease)
