@@ -81,6 +81,7 @@ def redlock(
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
     db_guard: bool = True,
+    template: str | None = None,
 ) -> Lock:
     """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
     several (all of them or none, on each master: no deadlock whatever the order).
@@ -99,6 +100,10 @@ def redlock(
     ``db_guard`` (on by default): once the lease is lost or its validity is over, the block's
     next database query raises ``LockLost`` before it reaches the database, and open ``atomic``
     blocks are marked for rollback (see ``django_redlock.dbguard``).
+
+    ``template``: the resource as written before formatting (``"invoice:{id}"``), the label of
+    the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
+    ``lock_view`` pass their templates, guarded commands their command's lock.
     """
     from .conf import get_redlock
     from .locks import DjangoLock
@@ -108,6 +113,7 @@ def redlock(
         engine,
         *resources,
         db_guard=db_guard,
+        template=template,
         ttl=engine.ttl if ttl is None else ttl,
         wait=engine.wait if wait is None else wait,
         label=label,
@@ -129,6 +135,8 @@ def locked(*resources: str, **options: Any) -> Callable[[F], F]:
 
     Settings are read at call time, never when the module is imported. Takes the options of
     ``redlock()``, ``db_guard`` included."""
+    if all(isinstance(r, str) for r in resources):
+        options.setdefault("template", " + ".join(resources))
     return locking(lambda: _DjangoLocks, resources, options)
 
 

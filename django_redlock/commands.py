@@ -110,6 +110,7 @@ def guard_command(
         auto_extend=True,
         reentrant=True,
         on_lost=on_lost,
+        template=resource,  # bounded: one per command (or per key the command names)
     )
     try:
         with contextlib.ExitStack() as held:

@@ -118,6 +118,7 @@ def lock_view(
         on_unavailable=_check_handler("on_unavailable", on_unavailable),
         label=protocol.check_label(label),
         atomic=_check_atomic(atomic),
+        template=" + ".join(k if isinstance(k, str) else _callable_name(k) for k in keys),
     )
 
     def decorator(view: V) -> V:
@@ -148,11 +149,16 @@ class _Options:
     on_unavailable: Handler | None
     label: str | None
     atomic: str | bool
+    template: str = ""  # the keys as written: the metrics' label (bounded, unlike resources)
 
     def guard(self, view: object) -> _ViewLock:
         name = getattr(view, "__qualname__", None) or type(view).__qualname__
         label = self.label or f"view {getattr(view, '__module__', '?')}.{name}"
         return _ViewLock(self, label)
+
+
+def _callable_name(key: object) -> str:
+    return getattr(key, "__qualname__", None) or type(key).__qualname__
 
 
 def _resource_function(key: Key) -> ResourceOf:
@@ -274,7 +280,14 @@ class _ViewLock:
     def lock(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
         o = self.options
         resources = [resource_of(request, args, kwargs) for resource_of in o.resources]
-        return redlock(*resources, ttl=o.ttl, wait=o.wait, label=self.label, auto_extend=True)
+        return redlock(
+            *resources,
+            ttl=o.ttl,
+            wait=o.wait,
+            label=self.label,
+            auto_extend=True,
+            template=o.template,
+        )
 
     def run_sync(
         self,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from . import dbguard, otel
 from .engine import Lock
 from .engine.leases import current_owner
+from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:
     from .engine import Redlock
@@ -24,12 +25,21 @@ class DjangoLock(Lock):
     installed."""
 
     def __init__(
-        self, redlock: Redlock, *resources: str, db_guard: bool = True, **options: Any
+        self,
+        redlock: Redlock,
+        *resources: str,
+        db_guard: bool = True,
+        template: str | None = None,
+        **options: Any,
     ) -> None:
         if not isinstance(db_guard, bool):
             raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
+        if template is not None and (not isinstance(template, str) or not template):
+            raise ValueError(f"template must be a non-empty str or None, got {template!r}")
         super().__init__(redlock, *resources, **options)
         self.db_guard = db_guard
+        #: The label of the per-template metrics (never the formatted resource: unbounded).
+        self.template = template or UNTEMPLATED
 
     # --- the DB guard: the block --------------------------------------------------------------
 

@@ -23,22 +23,28 @@ def _name(lock: Lock) -> str:
     return f"{lock.resource!r}" + (f" ({lock.label})" if lock.label else "")
 
 
+def _template(lock: Lock) -> str:
+    """The lock's template (the Django layer's locks carry one), for bounded metric labels."""
+    template = getattr(lock, "template", None)
+    return template if isinstance(template, str) else metrics.UNTEMPLATED
+
+
 class DjangoObserver:
     def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None:
         logger.debug("acquired %s after %.3fs (%d attempts)", _name(lock), waited, attempts)
-        metrics.acquired(waited)
+        metrics.acquired(waited, _template(lock))
         otel.acquired(waited, attempts)
         lock_acquired.send_robust(Lock, lock=lock, waited=waited, attempts=attempts)
 
     def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None:
         logger.info("not acquired %s after %.3fs: %s", _name(lock), waited, error)
-        metrics.not_acquired(waited, error)
+        metrics.not_acquired(waited, error, _template(lock))
         otel.not_acquired(waited, error)
         lock_contended.send_robust(Lock, lock=lock, waited=waited, error=error)
 
     def released(self, lock: Lock, *, held: float) -> None:
         logger.debug("released %s after %.3fs", _name(lock), held)
-        metrics.released(held)
+        metrics.released(held, _template(lock))
         lock_released.send_robust(Lock, lock=lock, held=held)
 
     def lost(self, lock: Lock, *, error: LockLost) -> None:
