@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from asgiref.sync import async_to_sync
 
 from django_redlock import redlock
 from django_redlock.fencing import fence_token
@@ -69,3 +70,20 @@ def test_a_bad_fence_is_refused_before_any_query(redlock_settings, django_assert
     account = Account.objects.create(name="bad")
     with django_assert_num_queries(0), pytest.raises(ValueError, match="got -3"):
         account.save(fence=-3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_writes_read_the_fence_of_the_task_that_holds_the_lock(redlock_settings):
+    account = Account.objects.create(name="async")
+
+    async def write() -> int:
+        async with redlock("account:async") as lock:
+            account.balance = 4
+            await account.asave(fence=lock)
+            rows = Account.objects.filter(pk=account.pk)
+            assert await rows.aupdate(balance=5, fence=lock) == 1
+            return await lock.afence()
+
+    fence = async_to_sync(write)()
+    row = Account.objects.get(pk=account.pk)
+    assert (row.balance, row.fence) == (5, fence)
