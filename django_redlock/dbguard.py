@@ -110,9 +110,15 @@ def install_everywhere() -> None:
     """Guard every connection that connects from now on (any thread: the executor threads of
     ``sync_to_async`` included). Called from ``AppConfig.ready()`` and on the first guarded
     block; idempotent."""
-    connection_created.connect(
-        _on_connection_created, weak=False, dispatch_uid="django_redlock.dbguard"
-    )
+    global _everywhere
+    if not _everywhere:  # connect() clears the signal's cache even when already connected
+        connection_created.connect(
+            _on_connection_created, weak=False, dispatch_uid="django_redlock.dbguard"
+        )
+        _everywhere = True
+
+
+_everywhere = False
 
 
 def install_here() -> None:

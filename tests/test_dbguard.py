@@ -4,6 +4,7 @@ open atomic blocks are marked for rollback. Real masters, real SQLite, real requ
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 
@@ -152,6 +153,35 @@ def test_async_block_guards_the_orm_in_sync_to_async_threads(redlock_settings):
 
     with pytest.raises(LockLost, match="refused before it reached the database"):
         async_to_sync(stale_write)()
+    assert value() == 0
+
+
+def test_a_connection_a_thread_opens_with_the_blocks_context_is_guarded(redlock_settings):
+    """A thread given the block's context (as asyncio.to_thread does) opens its own connection:
+    the guard is put on it as it connects."""
+    Ledger.objects.create(name="row")
+    refused: list[LockLost] = []
+
+    def query_in_a_new_thread() -> None:
+        try:
+            Ledger.objects.filter(name="row").update(value=3)
+        except LockLost as error:
+            refused.append(error)
+        finally:
+            connection.close()
+
+    def stale_holder() -> None:
+        with redlock("ledger:row", ttl=TTL):
+            time.sleep(PAUSE)
+            worker = threading.Thread(
+                target=contextvars.copy_context().run, args=(query_in_a_new_thread,)
+            )
+            worker.start()
+            worker.join()
+
+    with pytest.raises(LockLost):
+        stale_holder()
+    assert len(refused) == 1
     assert value() == 0
 
 
