@@ -38,8 +38,10 @@ belongs to the Django layer (``redlock()``, ``@locked``, ``lock_view``, guarded 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextvars import ContextVar
+from time import monotonic
 from typing import Any
 
 from django.conf import settings
@@ -69,6 +71,8 @@ def refuse_stale_queries(
     leases = _guarded.get()
     if leases:
         for lease in leases:
+            if not lease.lost and monotonic() < lease.valid_until:
+                continue  # the fast path: one attribute and one clock read per lease
             # A lease whose handle is gone was abandoned (a stream closed from another thread:
             # the engine stops renewing it): it no longer speaks for the code around it.
             if not lease.released and lease.handle() is not None and lease.check_lost():
@@ -122,12 +126,18 @@ _everywhere = False
 
 
 def install_here() -> None:
-    """Guard the calling thread's connections, including any opened before the app was ready."""
-    if not settings.configured:
+    """Guard the calling thread's connections, including any opened before the receiver was
+    connected (the app not in INSTALLED_APPS, or a query in an earlier app's ``ready()``). Once
+    per thread: every connection that connects after that gets the guard from the receiver."""
+    if getattr(_checked, "done", False) or not settings.configured:
         return
     install_everywhere()
     for alias in connections:
         install(connections[alias])
+    _checked.done = True
+
+
+_checked = threading.local()
 
 
 def guard(lease: Lease) -> None:
