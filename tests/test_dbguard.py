@@ -5,6 +5,8 @@ open atomic blocks are marked for rollback. Real masters, real SQLite, real requ
 from __future__ import annotations
 
 import contextvars
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,6 +19,7 @@ from django.test import Client
 from django_redlock import LockLost, locked, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.dbguard import refuse_stale_queries
+from tests.conftest import ROOT
 from tests.fencedapp.models import Ledger
 
 pytestmark = [
@@ -225,3 +228,28 @@ def test_the_guard_sits_first_so_a_users_own_wrapper_block_removes_its_own(redlo
 def test_db_guard_must_be_a_bool(redlock_settings):
     with pytest.raises(ValueError, match="db_guard must be True or False, got 'yes'"):
         redlock("ledger:row", db_guard="yes")  # type: ignore[arg-type]
+
+
+def test_with_no_database_configured_the_guard_is_a_no_op(masters):
+    """DATABASES = {}: a guarded block enters, runs and leaves as any other (a child process:
+    the settings differ from the suite's)."""
+    program = (
+        "import django\n"
+        "from django.conf import settings\n"
+        f"settings.configure(INSTALLED_APPS=['django_redlock'], DATABASES={{}},\n"
+        f"                   REDLOCK={{'NODES': {[m.url for m in masters]!r}}})\n"
+        "django.setup()\n"
+        "from django_redlock import redlock\n"
+        "with redlock('no-database', ttl=5) as lock:\n"
+        "    print('HELD', lock.held)\n"
+    )
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "HELD True\n"
