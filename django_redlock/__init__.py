@@ -13,7 +13,7 @@ here on first use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .engine import (
     ExtensionLimit,
@@ -28,7 +28,7 @@ from .engine.locking import locking
 if TYPE_CHECKING:
     from .commands import GuardedCommandMixin, guard_command
     from .decorators import lock_view
-    from .engine.redlock import Holder
+    from .engine.redlock import Holder, Redlock
     from .fencing import fenced_update
 
 __all__ = [
@@ -137,7 +137,8 @@ def locked(*resources: str, **options: Any) -> Callable[[F], F]:
     ``redlock()``, ``db_guard`` included."""
     if all(isinstance(r, str) for r in resources):
         options.setdefault("template", " + ".join(resources))
-    return locking(lambda: _DjangoLocks, resources, options)
+    # locking() only calls .lock() on what it is given: redlock() stands in for an engine's.
+    return locking(lambda: cast("Redlock", _DjangoLocks), resources, options)
 
 
 class _DjangoLocks:

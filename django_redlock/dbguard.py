@@ -1,9 +1,10 @@
 """The database guard: a holder whose lease is over cannot reach the database.
 
 A holder paused past its lease (GC, SIGSTOP, a swapped-out VM) wakes up believing it holds the
-lock. Inside a guarded block, the next query it sends raises ``LockLost`` before it reaches the
-database, and every open ``atomic`` block of the thread is marked for rollback, so that even a
-caller who catches the error cannot commit::
+lock. While it holds a guarded lock (from acquisition to release: a ``with`` block, a function
+or generator under ``@locked``, a view under ``lock_view``), the next query it sends raises
+``LockLost`` before it reaches the database, and every open ``atomic`` block of the thread is
+marked for rollback, so that even a caller who catches the error cannot commit::
 
     with redlock(f"account:{pk}"):          # guarded by default (db_guard=False to opt out)
         with transaction.atomic():

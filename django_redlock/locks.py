@@ -1,17 +1,16 @@
 """The lock the Django layer hands out (``redlock()``, ``@locked``, ``lock_view``, guarded
-commands): the engine's ``Lock``, plus the DB guard around its blocks (``dbguard.py``) and
+commands): the engine's ``Lock``, plus the DB guard while it is held (``dbguard.py``) and
 OpenTelemetry spans around its operations (``otel.py``, when installed). The engine's own
 ``Lock`` (``Redlock(...).lock()``) has neither: the engine stays Django-free."""
 
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import dbguard, otel
 from .engine import Lock
-from .engine.leases import current_owner
+from .engine.leases import Owner, current_owner
 from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:
@@ -19,10 +18,14 @@ if TYPE_CHECKING:
 
 
 class DjangoLock(Lock):
-    """A ``Lock`` whose ``with`` / ``async with`` block is guarded (unless ``db_guard=False``):
-    once its lease is lost or its validity is over, the block's next query raises
+    """A ``Lock`` guarded from acquisition to release (unless ``db_guard=False``): once its
+    lease is lost or its validity is over, the next query in the acquiring context raises
     ``LockLost``; and whose acquire, extend and release are traced when OpenTelemetry is
-    installed."""
+    installed.
+
+    It hooks the engine's ``acquire`` / ``aacquire`` (a ``with`` block's entry calls them, and
+    so does a locked generator) and ``_release`` / ``_arelease``: every release goes through
+    them (``release()``, a block's end, a locked generator's end, whichever thread ends it)."""
 
     def __init__(
         self,
@@ -41,51 +44,13 @@ class DjangoLock(Lock):
         #: The label of the per-template metrics (never the formatted resource: unbounded).
         self.template = template or UNTEMPLATED
 
-    # --- the DB guard: the block --------------------------------------------------------------
-
-    def __enter__(self) -> DjangoLock:
-        super().__enter__()
-        self._guard()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = self._callers.get(current_owner())
-        try:
-            super().__exit__(exc_type, exc, tb)
-        finally:
-            if lease is not None:
-                dbguard.unguard(lease)
-
-    async def __aenter__(self) -> DjangoLock:
-        await super().__aenter__()
-        self._guard()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = self._callers.get(current_owner())
-        try:
-            await super().__aexit__(exc_type, exc, tb)
-        finally:
-            if lease is not None:
-                dbguard.unguard(lease)
-
     def _guard(self) -> None:
         lease = self._callers.get(current_owner())
         if self.db_guard and lease is not None:
             dbguard.install_here()
             dbguard.guard(lease)
 
-    # --- spans: the operations ------------------------------------------------------------------
+    # --- acquire: traced, then guarded ------------------------------------------------------------
 
     def acquire(self) -> DjangoLock:
         tracer = otel.tracer()
@@ -94,13 +59,24 @@ class DjangoLock(Lock):
         else:
             with otel.operation(tracer, "redlock.acquire", self):
                 super().acquire()
+        self._guard()
         return self
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
+        # super().aacquire() binds the calling task as the owner now, as the engine's does.
+        return self._acquired(super().aacquire())
+
+    async def _acquired(self, acquiring: Coroutine[Any, Any, Lock]) -> DjangoLock:
         tracer = otel.tracer()
         if tracer is None:
-            return super().aacquire()
-        return self._traced(tracer, "redlock.acquire", super().aacquire())
+            await acquiring
+        else:
+            with otel.operation(tracer, "redlock.acquire", self):
+                await acquiring
+        self._guard()
+        return self
+
+    # --- extend: traced -------------------------------------------------------------------------
 
     def extend(self, ttl: float | None = None) -> float:
         tracer = otel.tracer()
@@ -109,28 +85,40 @@ class DjangoLock(Lock):
         with otel.operation(tracer, "redlock.extend", self):
             return super().extend(ttl)
 
-    async def aextend(self, ttl: float | None = None) -> float:
+    def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
         tracer = otel.tracer()
         if tracer is None:
-            return await super().aextend(ttl)
-        with otel.operation(tracer, "redlock.extend", self):
-            return await super().aextend(ttl)
-
-    def release(self) -> None:
-        tracer = otel.tracer()
-        if tracer is None:
-            super().release()
-        else:
-            with otel.operation(tracer, "redlock.release", self):
-                super().release()
-
-    def arelease(self) -> Coroutine[Any, Any, None]:
-        tracer = otel.tracer()
-        if tracer is None:
-            return super().arelease()
-        return self._traced(tracer, "redlock.release", super().arelease())
+            return super().aextend(ttl)
+        return self._traced(tracer, "redlock.extend", super().aextend(ttl))
 
     async def _traced(self, tracer: Any, name: str, operation: Coroutine[Any, Any, Any]) -> Any:
-        # The coroutine was made by the caller (it bound the caller's task as the owner).
         with otel.operation(tracer, name, self):
             return await operation
+
+    # --- release: traced, and unguarded ---------------------------------------------------------
+
+    def _release(self, owner: Owner) -> None:
+        lease = self._callers.get(owner)
+        try:
+            tracer = otel.tracer()
+            if tracer is None:
+                super()._release(owner)
+            else:
+                with otel.operation(tracer, "redlock.release", self):
+                    super()._release(owner)
+        finally:
+            if lease is not None:
+                dbguard.unguard(lease)
+
+    async def _arelease(self, owner: Owner) -> None:
+        lease = self._callers.get(owner)
+        try:
+            tracer = otel.tracer()
+            if tracer is None:
+                await super()._arelease(owner)
+            else:
+                with otel.operation(tracer, "redlock.release", self):
+                    await super()._arelease(owner)
+        finally:
+            if lease is not None:
+                dbguard.unguard(lease)

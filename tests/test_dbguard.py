@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -141,6 +142,19 @@ def test_locked_decorator_is_guarded(redlock_settings):
 
     with pytest.raises(LockLost, match="refused before it reached the database"):
         add_after_pause("row")
+    assert value() == 0
+
+
+def test_a_locked_generator_is_guarded_while_it_holds(redlock_settings):
+    Ledger.objects.create(name="row")
+
+    @locked("ledger:{name}", ttl=TTL)
+    def add_after_pause(name: str) -> Iterator[int]:
+        time.sleep(PAUSE)
+        yield Ledger.objects.filter(name=name).update(value=F("value") + 1)
+
+    with pytest.raises(LockLost, match="refused before it reached the database"):
+        list(add_after_pause("row"))
     assert value() == 0
 
 
