@@ -61,7 +61,13 @@ from django.views import View
 
 from . import redlock
 from .engine import Lock, LockContended, LockLost, LockNotAcquired, protocol
-from .keys import KeyTemplateError, bounded_resource, format_key, template_fields
+from .keys import (
+    KeyTemplateError,
+    bounded_resource,
+    check_view_fields,
+    format_key,
+    template_fields,
+)
 
 __all__ = ["CONTENDED_RETRY_AFTER", "UNAVAILABLE_RETRY_AFTER", "lock_view", "retry_after"]
 
@@ -128,6 +134,7 @@ def lock_view(
             return _decorate_class(view, options)  # type: ignore[return-value]
         if not callable(view):
             raise TypeError(f"lock_view can decorate a view or a View subclass, not {view!r}")
+        check_view_fields(view, keys)  # as early as the view allows: its signature
         return _decorate_function(view, options)  # type: ignore[return-value]
 
     return decorator

@@ -26,6 +26,7 @@ from django_redlock import (
     LockLost,
     QuorumUnavailable,
     conf,
+    force_release,
     inventory,
     redlock,
     views,
@@ -116,7 +117,7 @@ def test_no_log_record_carries_a_token(redlock_settings, caplog):
         secret |= tokens_on(masters, forced.key)
         shown = inventory.inspect(engine, "sec:forced")
         assert shown is not None
-        inventory.force_release(engine, "sec:forced", shown.fingerprint)
+        force_release.force_release(engine, "sec:forced", shown.fingerprint)
 
     messages = [r.getMessage() for r in caplog.records]
     for wanted in ("acquired 'sec:plain' (billing)", "released 'sec:plain'", "not acquired"):
@@ -195,8 +196,8 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
 #: What the library sends: the lock path (SET, GET, EVALSHA/EVAL and, inside our scripts, DEL,
 #: PEXPIRE, SET, PUBLISH, TIME, PTTL and the waiter queue's ZADD, ZREM, ZPOPMIN, ZCARD), release
 #: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL, and
-#: TYPE, STRLEN, GETRANGE to read a key without trusting it). No CONFIG: the status command must
-#: cope with its refusal.
+#: TYPE, STRLEN, GETRANGE to read a key without trusting it: the inventory, and holder() inside a
+#: script). No CONFIG: the status command must cope with its refusal.
 LOCKER_RULES = [
     "reset", "on", ">pw", "~redlock:*", "resetchannels", "&redlock:*", "-@all",
     "+set", "+get", "+evalsha", "+eval", "+del", "+pexpire", "+publish",

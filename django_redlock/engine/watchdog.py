@@ -11,7 +11,9 @@ is renewed by a task of its own through the async driver (``drivers.arun``), all
 that loop's pipelined connections (one per master): requests written in one loop tick leave in
 one write, and a master 40 ms away costs each renewal 40 ms, not each renewal after the one
 before it. Ten thousand leases due together cost one burst of requests per master, not ten
-thousand round trips end to end (a thread per round, or one thread renewing in turn, would).
+thousand round trips end to end (as one thread renewing in turn did). A pool of threads would
+bound the renewals in flight by its size and cost a thread and a wait per round; tasks cost a
+few microseconds each, and the pipes are the ones ``aacquire()`` already uses.
 
 Why a thread of its own, for async locks too: renewal must not depend on the user's event loop
 being responsive (a loop blocked by CPU work is exactly when a lease would silently expire), nor
@@ -143,7 +145,12 @@ class Watchdog:
         DISPATCHER.defer_here()
         loop = asyncio.new_event_loop()
         self._loop = loop
-        loop.run_until_complete(self._serve(loop))
+        while True:  # a bug of ours must not end every renewal of the process for good
+            try:
+                loop.run_until_complete(self._serve(loop))
+            except Exception:  # noqa: BLE001
+                logger.exception("the watchdog's loop failed; restarting it")
+                time.sleep(SLACK)
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
