@@ -132,6 +132,7 @@ def lock_view(
         atomic=_check_atomic(atomic),
         limit=limit,
         shared=shared,
+        template=" + ".join(k if isinstance(k, str) else _callable_name(k) for k in keys),
     )
     check_mode(limit, shared, reentrant=False)  # bad combinations fail at import, not per request
 
@@ -166,11 +167,16 @@ class _Options:
     atomic: str | bool
     limit: int | None = None
     shared: bool = False
+    template: str = ""  # the keys as written: the metrics' label (bounded, unlike resources)
 
     def guard(self, view: object) -> _ViewLock:
         name = getattr(view, "__qualname__", None) or type(view).__qualname__
         label = self.label or f"view {getattr(view, '__module__', '?')}.{name}"
         return _ViewLock(self, label)
+
+
+def _callable_name(key: object) -> str:
+    return getattr(key, "__qualname__", None) or type(key).__qualname__
 
 
 def _resource_function(key: Key) -> ResourceOf:
@@ -306,6 +312,7 @@ class _ViewLock:
             auto_extend=True,
             limit=o.limit,
             shared=o.shared,
+            template=o.template,
         )
 
     def run_sync(

@@ -188,7 +188,7 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_and_its_fenced_write_is_r
 
     def holder() -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.fenced_writer", "0.5"],
+            [sys.executable, "-m", "tests.fenced_writer", "0.5", "unguarded"],
             cwd=ROOT,
             env=env,
             text=True,
