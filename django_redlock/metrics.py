@@ -6,8 +6,10 @@ project's existing ``/metrics`` endpoint exports them; call ``enabled()`` once (
 or ``AppConfig.ready``) to export them, at zero, before the first lock.
 
 No metric is labelled by resource: resource names carry ids from requests, and a label per id
-would grow without bound. The ``node`` label is the master's address with any password masked
-(bounded by the ``NODES`` setting).
+would grow without bound. The two permit gauges are the exception: a semaphore's name is one
+chosen in code ("exports"), and a name is exported only while this process holds or waits for
+one of its permits (read at scrape time, so it costs nothing per acquisition). The ``node``
+label is the master's address with any password masked (bounded by the ``NODES`` setting).
 
 ==============================  =========  =========================================================
 name                            type       meaning
@@ -21,7 +23,18 @@ redlock_lost_total              counter    leases lost while held
 redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
                                            label ``node``, ``reason`` =
                                            timeout|error|quarantine
+redlock_permits_in_use          gauge      this process's permits held, per semaphore: ``name``
+redlock_permits_waiting         gauge      this process's callers waiting for a permit: ``name``
+redlock_template_wait_seconds   histogram  as ``redlock_acquire_wait_seconds``, by lock template:
+                                           labels ``template``, ``outcome``
+redlock_template_hold_seconds   histogram  as ``redlock_hold_seconds``, by lock template: label
+                                           ``template``
 ==============================  =========  =========================================================
+
+The ``template`` label is the resource as written before formatting: ``lock_view`` and
+``@locked`` give their key templates (``"order:{order_id}"``), guarded commands their lock
+(``command:<name>``), ``redlock(..., template="invoice:{id}")`` one of your own; any other lock
+counts as ``(untemplated)``. Never the formatted resource: one series per template, not per id.
 
 Node failures are counted from failed acquisitions only: the engine reports per-master detail on
 failure, not on success.
@@ -33,6 +46,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from .engine import LockContended, LockNotAcquired, NodeFailure
+from .engine.permit_lock import USAGE
 
 # Lock waits range from one round trip (sub-millisecond on a LAN) to a configured wait of seconds.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -40,11 +54,18 @@ WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
+#: The template label of a lock made without one (the engine's own locks included).
+UNTEMPLATED = "(untemplated)"
+
+
 class _Collectors(NamedTuple):
     wait: Any
     hold: Any
+    template_wait: Any
+    template_hold: Any
     contended: Any
     lost: Any
+    permits: Any
     node_failures: Any
 
 
@@ -66,12 +87,25 @@ def _collectors() -> _Collectors | None:
             "Seconds a lock was held, from acquisition to release.",
             buckets=HOLD_BUCKETS,
         ),
+        template_wait=prom.Histogram(
+            "redlock_template_wait_seconds",
+            "Seconds from the first attempt to acquire a lock to the outcome, by lock template.",
+            ["template", "outcome"],
+            buckets=WAIT_BUCKETS,
+        ),
+        template_hold=prom.Histogram(
+            "redlock_template_hold_seconds",
+            "Seconds a lock was held, from acquisition to release, by lock template.",
+            ["template"],
+            buckets=HOLD_BUCKETS,
+        ),
         contended=prom.Counter(
             "redlock_contended",
             "Acquisitions that failed: held by another owner, or no quorum of masters.",
             ["reason"],
         ),
         lost=prom.Counter("redlock_lost", "Leases lost while held (expired or released by force)."),
+        permits=_register_permits(prom),
         node_failures=prom.Counter(
             "redlock_node_failures",
             "Masters that failed a request of a lock (timeout or error), by master: during a "
@@ -81,23 +115,53 @@ def _collectors() -> _Collectors | None:
     )
 
 
+class _Permits:
+    """A collector: permits in use and waiters per semaphore name, from ``engine.permit_lock``."""
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        in_use = GaugeMetricFamily(
+            "redlock_permits_in_use",
+            "Permits held by this process, per semaphore.",
+            labels=["name"],
+        )
+        waiting = GaugeMetricFamily(
+            "redlock_permits_waiting",
+            "Callers in this process waiting for a permit, per semaphore.",
+            labels=["name"],
+        )
+        for name, (held, waiters) in USAGE.snapshot().items():
+            in_use.add_metric([name], held)
+            waiting.add_metric([name], waiters)
+        return [in_use, waiting]
+
+
+def _register_permits(prom: Any) -> _Permits:
+    collector = _Permits()
+    prom.REGISTRY.register(collector)
+    return collector
+
+
 def enabled() -> bool:
     """True when ``prometheus_client`` is importable and the metrics are being recorded."""
     return _collectors() is not None
 
 
-def acquired(waited: float) -> None:
+def acquired(waited: float, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is not None:
         c.wait.labels(outcome="acquired").observe(waited)
+        c.template_wait.labels(template=template, outcome="acquired").observe(waited)
 
 
-def not_acquired(waited: float, error: LockNotAcquired) -> None:
+def not_acquired(waited: float, error: LockNotAcquired, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is None:
         return
     reason = "contended" if isinstance(error, LockContended) else "unavailable"
     c.wait.labels(outcome=reason).observe(waited)
+    c.template_wait.labels(template=template, outcome=reason).observe(waited)
     c.contended.labels(reason=reason).inc()
     for failure in error.failures:
         node_failure(failure)
@@ -111,10 +175,11 @@ def node_failure(failure: NodeFailure) -> None:
         c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
 
 
-def released(held: float) -> None:
+def released(held: float, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is not None:
         c.hold.observe(held)
+        c.template_hold.labels(template=template).observe(held)
 
 
 def lost() -> None:

@@ -32,7 +32,7 @@ def extend(
     renewed on the masters. A shorter TTL shortens the lease before its round leaves, and the
     last round sent decides (see ``Lease.begin_round`` and ``Lease.renewed``)."""
     if lease.check_lost():
-        raise LockLost(lease.resource, lease.lost_message())
+        raise lease.lost_error()
     if not lease.reserve_extension():
         raise ExtensionLimit(
             lease.resource,
@@ -52,16 +52,20 @@ def _extend_rounds(
     while True:
         start = time.monotonic()
         if lease.check_lost():
-            raise LockLost(lease.resource, lease.lost_message())
+            raise lease.lost_error()
         # Read at send time: a renewal sent after the holder's extend(ttl=) uses the new TTL.
         round_ttl = lease.ttl if ttl is None else ttl
         generation, until = lease.begin_round(round_ttl, start, masters.drift_factor)
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)
         try:
-            replies: list[Reply] = yield Round(
-                scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
-                scripts.EXTEND,
+            replies: list[Reply] = yield (
+                Round(
+                    scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
+                    scripts.EXTEND,
+                )
+                if lease.commands is None
+                else lease.commands.extend(lease, int(round_ttl * 1000))
             )
         finally:
             lease.settled(generation)
@@ -112,7 +116,10 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
     masters answered. A master asked again after a reset connection, that finds our lease
     already gone, confirms (the first request may have removed it)."""
-    round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    if lease.commands is None:
+        round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    else:
+        round_ = lease.commands.release(lease)
     try:
         answered: RoundReplies = yield round_
     except BaseException:
@@ -175,7 +182,7 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
     if sum(not isinstance(r, NodeFailure) for r in replies) < masters.quorum:
         raise fence_unavailable(masters, lease, replies)
     if lease.check_lost():
-        raise LockLost(lease.resource, lease.lost_message())
+        raise lease.lost_error()
     lease.fences[resource] = token
     return token
 

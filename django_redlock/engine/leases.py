@@ -24,6 +24,7 @@ from .events import logger, notify
 if TYPE_CHECKING:
     from .events import Observer
     from .lock import Lock
+    from .steps import Round
 
 #: Who acts: the running asyncio task, else the current thread (the objects themselves).
 Owner = object
@@ -70,6 +71,14 @@ def describe(owner: Owner) -> str:
     return repr(owner)
 
 
+class LeaseCommands(Protocol):
+    """The requests that renew and release a lease whose keys are not a plain lock's (a
+    semaphore's permit, a reader): its mode's own scripts, still compare-and-act on our value."""
+
+    def extend(self, lease: Lease, ttl_ms: int) -> Round: ...
+    def release(self, lease: Lease, *, cleanup: bool = False) -> Round: ...
+
+
 class Lease:
     """What an acquired lock holds. Shared by the handles of a re-entrant owner."""
 
@@ -77,6 +86,7 @@ class Lease:
         "__weakref__",
         "acquired_at",
         "auto_extend",
+        "commands",
         "depth",
         "extensions",
         "fences",
@@ -85,6 +95,8 @@ class Lease:
         "key",
         "keys",
         "lost",
+        "lost_failures",
+        "lost_reason",
         "max_extensions",
         "max_hold",
         "observer",
@@ -121,6 +133,7 @@ class Lease:
         queued_as: str = "",
         max_extensions: int | None = None,
         max_hold: float | None = None,
+        commands: LeaseCommands | None = None,
     ) -> None:
         self.resource = resource  # the name (several: joined), for messages
         self.resources = resources
@@ -140,6 +153,10 @@ class Lease:
         self.depth = 1
         self.released = False
         self.lost = False
+        #: Why it was lost, as first found (a forced release, the masters gone...): every later
+        #: report (``check()``, the block's exit) gives that reason, not a generic one.
+        self.lost_reason = ""
+        self.lost_failures: tuple[NodeFailure, ...] = ()
         #: Fencing tokens, by resource, once read.
         self.fences: dict[str, int] = {}
         #: Extensions made or under way (reserved before their round: see ``reserve_extension``).
@@ -158,6 +175,9 @@ class Lease:
         self.schedule = 0
         #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
         self.queued_as = queued_as
+        #: How to renew and release it on the masters when that is not the plain lock's way
+        #: (a permit of a semaphore, a reader): None for a plain lock.
+        self.commands = commands
 
     def __repr__(self) -> str:
         # Never the value: error pages and trackers that capture locals would show the token.
@@ -231,10 +251,16 @@ class Lease:
         return self.lost
 
     def lost_message(self) -> str:
+        if self.lost_reason:
+            return self.lost_reason
         return (
             f"lock {self.resource!r} was lost: its lease (ttl={self.ttl}s) ran out or was not "
             f"renewed in time; another owner may have held it since"
         )
+
+    def lost_error(self) -> LockLost:
+        """A fresh ``LockLost`` with the reason and per-master detail the loss was found with."""
+        return LockLost(self.resource, self.lost_message(), self.lost_failures)
 
     def mark_lost(self, message: str, failures: Sequence[NodeFailure] = ()) -> LockLost:
         """Mark the lease lost and tell (once: the observer's ``lost``, ``on_lost``); the error
@@ -243,6 +269,7 @@ class Lease:
         if self.lost:
             return error
         self.lost = True
+        self.lost_reason, self.lost_failures = message, error.failures
         handle = self.handle()
         if handle is not None:
             # At once, or (noticed by the watchdog) on the callbacks' thread: see ``callbacks``.

@@ -17,10 +17,11 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, process, protocol, reentry
+from . import holding, markers, procedures, protocol, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
+from .granting import granted
 from .leases import Callers, Lease, Owner, current_owner
 from .values import make_value
 
@@ -138,28 +139,30 @@ class Lock:
         lease, redlock = self._held_lease("fence", owner), self._redlock
         return {r: await arun(redlock, holding.fence(redlock, lease, r)) for r in self.resources}
 
-    def locked(self) -> bool:
-        """Ask the masters (one round): True only if a quorum still holds our lease and its
+    def owned(self) -> bool:
+        """Ask the masters (one round): True only if a quorum still holds *our* lease and its
         validity is not over. Finding it gone marks it lost (``lost``, ``on_lost``)."""
         lease = self._callers.get(current_owner())
         if lease is None:
             return False
         return run(self._redlock, holding.holds(self._redlock, lease))
 
-    def alocked(self) -> Coroutine[Any, Any, bool]:
-        return self._alocked(current_owner())
+    def aowned(self) -> Coroutine[Any, Any, bool]:
+        return self._aowned(current_owner())
 
-    async def _alocked(self, owner: Owner) -> bool:
+    async def _aowned(self, owner: Owner) -> bool:
         lease = self._callers.get(owner)
         if lease is None:
             return False
         return await arun(self._redlock, holding.holds(self._redlock, lease))
 
+    locked, alocked = renames.renamed("locked", owned), renames.renamed("alocked", aowned)
+
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
         lease = self._held_lease("check", current_owner())
         if lease.check_lost():
-            raise LockLost(self.resource, lease.lost_message())
+            raise lease.lost_error()
 
     # --- sync API --------------------------------------------------------------------------------
 
@@ -222,8 +225,8 @@ class Lock:
 
     # --- async API -------------------------------------------------------------------------------
     # The owner is the task that *calls* an async method, bound before the coroutine runs (every
-    # one of them: ``aacquire``, ``arelease``, ``aextend``, ``alocked``, ``afence``,
-    # ``afences``): ``asyncio.gather(lock.alocked())`` runs it in a task of its own, and so does
+    # one of them: ``aacquire``, ``arelease``, ``aextend``, ``aowned``, ``afence``,
+    # ``afences``): ``asyncio.gather(lock.aowned())`` runs it in a task of its own, and so does
     # ``asyncio.wait_for(...)`` on Python 3.11, and the lease must still be the caller's.
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
@@ -286,7 +289,7 @@ class Lock:
     def _outcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return run(self._redlock, procedures.acquire(self._redlock, want))
+            return run(self._redlock, markers.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -294,7 +297,7 @@ class Lock:
     async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return await arun(self._redlock, procedures.acquire(self._redlock, want))
+            return await arun(self._redlock, markers.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -305,23 +308,7 @@ class Lock:
 
     def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> None:
         redlock = self._redlock
-        lease = Lease(
-            resource=self.resource,
-            resources=self.resources,
-            key=self.key,
-            keys=self.keys,
-            ttl=self.ttl,
-            value=want.value,
-            valid_until=won.valid_until,
-            owner=owner,
-            pid=process.pid(),
-            handle=self,
-            observer=redlock.observer,
-            on_lost=self.on_lost,
-            queued_as=won.queued_as,
-            max_extensions=self.max_extensions,
-            max_hold=self.max_hold,
-        )
+        lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
         redlock.holders.add(lease)
         if self.auto_extend:
@@ -331,6 +318,9 @@ class Lock:
         waited = lease.acquired_at - won.began
         notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
         lease.note_failures(won.failures, "acquire")
+
+    def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
+        return granted(self, owner, want.value, won, self._redlock.observer)
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must
@@ -383,7 +373,7 @@ class Lock:
         lease = self._callers.get(owner)
         if lease is None or not lease.check_lost():
             return None
-        return LockLost(lease.resource, lease.lost_message())
+        return lease.lost_error()
 
     def _held_lease(self, action: str, owner: Owner) -> Lease:
         return self._callers.held(owner, action)
