@@ -4,6 +4,7 @@ redis-server processes and real restarts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -231,3 +232,13 @@ def test_abstentions_reach_masters_failed_the_status_command_and_metrics(setting
     assert "quarantine: restarted or failed over (new replication id and run_id)" in out.getvalue()
     # One per action the abstaining master failed (the acquisition, the release): as heard.
     assert metric_value("quarantine") == before + len(heard) >= before + 1
+
+
+def test_async_rounds_see_the_same_abstentions(fresh_masters, redlock_of):
+    """A loop's pipe is opened in our connect threads: its identity is read there too."""
+    masters = fresh_masters(3)
+    engine = redlock_of(masters, ttl=2, max_ttl=2, quarantine=True)
+    with pytest.raises(QuorumUnavailable) as refused:
+        asyncio.run(engine.lock("fresh-async").aacquire())
+    assert reasons(refused.value) == ["quarantine"] * 3
+    assert lock_keys(masters, "fresh-async") == [False] * 3
