@@ -566,7 +566,7 @@ def sentinel_failover(size: Size, workdir: Path, *, quarantine: bool) -> Result:
         plan = plan_for(
             cluster, workdir, size, ttl=ttl, wait=0.05, quarantine=quarantine,
             long_work=long_work, long_flag=str(flag),
-            work=0.1,  # (a run that lasts past the faults, at any size)
+            work=max(0.005, 6.0 / size.total),  # (a run that lasts past the faults, any size)
         )  # fmt: skip
         plan = replace(plan, nodes=(*plan.nodes, group.url))
         outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
