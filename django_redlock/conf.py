@@ -22,6 +22,7 @@ from django.dispatch import receiver
 
 from .engine import Redlock, protocol
 from .engine.connections import NodeSpec
+from .engine.sentinel import is_sentinel_url
 from .engine.urls import check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
@@ -133,6 +134,18 @@ def problems() -> list[Problem]:
             Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
         )
     found += _quarantine_problems(raw)
+    nodes = raw["NODES"] if isinstance(raw["NODES"], list | tuple) else []
+    sentinels = [n for n in nodes if isinstance(n, str) and is_sentinel_url(n) and _valid(n)]
+    if sentinels and raw["QUARANTINE"] is not True:
+        found.append(
+            Problem(
+                "W003",
+                f"REDLOCK['NODES'] has Sentinel members ({', '.join(map(mask_url, sentinels))}) "
+                f"without REDLOCK['QUARANTINE']: a failover to a replica that missed a lock's key "
+                f"can grant that lock again while it is held",
+                hint="set QUARANTINE = True and MAX_TTL (see docs/deployment.md)",
+            )
+        )
     ttl, timeout, factor = raw["TTL"], raw["NODE_TIMEOUT"], raw["CLOCK_DRIFT_FACTOR"]
     if _finite(ttl) and 0 < ttl < 0.01:
         found.append(Problem("E005", f"REDLOCK['TTL'] must be at least 0.01 seconds, got {ttl!r}"))
@@ -149,6 +162,14 @@ def problems() -> list[Problem]:
             hint = "use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)"
             found.append(Problem("E006", str(exc), hint=hint))
     return found
+
+
+def _valid(url: str) -> bool:
+    try:
+        check_url(url)
+    except ValueError:
+        return False  # (E003 says so)
+    return True
 
 
 def _quarantine_problems(raw: dict[str, Any]) -> list[Problem]:

@@ -147,10 +147,21 @@ def test_bad_sentinel_or_unknown_scheme_is_an_error_naming_the_entry(
     assert message in problem.msg
 
 
+def test_sentinel_members_without_quarantine_are_warned_about(settings, urls):
+    sentinel = "redis+sentinel://:secret@127.0.0.1:26379/mymaster/0"
+    settings.REDLOCK = {"NODES": [sentinel, urls[0], urls[1]]}
+    (warning,) = ours()
+    assert warning.id == "django_redlock.W003"
+    assert "redis+sentinel://:***@127.0.0.1:26379/mymaster/0" in warning.msg
+    assert "secret" not in warning.msg
+    settings.REDLOCK = {"NODES": [sentinel, *urls[:2]], "QUARANTINE": True, "MAX_TTL": 30}
+    assert ours() == []
+
+
 def test_two_entries_for_one_sentinel_service_are_the_duplicate_error(settings, urls):
     one = "redis+sentinel://127.0.0.1:26379,localhost:26380/mymaster/0"
     other = "redis+sentinel://localhost:26380,127.0.0.1:26379/mymaster/3"
-    settings.REDLOCK = {"NODES": [one, other, urls[0]]}
+    settings.REDLOCK = {"NODES": [one, other, urls[0]], "QUARANTINE": True, "MAX_TTL": 30}
     assert [p.id for p in ours()] == ["django_redlock.E004"]
     assert f"{other} (the same redis-server as {one})" in ours()[0].msg
 
