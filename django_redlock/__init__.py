@@ -80,6 +80,8 @@ def redlock(
     max_hold: float | None = None,
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
 ) -> Lock:
     """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
     several (all of them or none, on each master: no deadlock whatever the order).
@@ -92,7 +94,9 @@ def redlock(
 
     ``auto_extend=True`` renews the lease in the background until the block ends (capped by
     ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
-    it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
+    it again; ``on_lost(lock, error)`` is called when the lease is lost while held;
+    ``at_least``/``at_most`` (seconds) keep a finished lock held until ``at_least`` after it was
+    taken, and never let it reach past ``at_most`` (see ``docs/jobs.md``). ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
     """
     from .conf import get_redlock
@@ -107,6 +111,8 @@ def redlock(
         max_hold=max_hold,
         reentrant=reentrant,
         on_lost=on_lost,
+        at_least=at_least,
+        at_most=at_most,
     )
 
 

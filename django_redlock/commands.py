@@ -12,6 +12,10 @@ Both use ``guard_command``, which:
 - when another process holds it, raises ``CommandError`` (exit status ``EXIT_HELD`` = 75,
   EX_TEMPFAIL) naming the holder, before the command starts; ``EXIT_UNAVAILABLE`` = 69 when no
   quorum of masters answers. A cron wrapper can tell "skipped" from "failed" by the status;
+- with ``at_least``, a run that ends sooner leaves the lock held, unrenewed, until ``at_least``
+  after it was taken: the same cron line on a host whose clock is up to that late finds it
+  taken and skips. With ``at_most``, renewal stops then (a hung run frees the slot), which is
+  reported as a lost lease (below);
 - when the lease is lost mid-run (a master flushed, a force release, a pause longer than the
   lease), writes a warning to stderr at once and, after the command finishes, raises
   ``CommandError`` with a report (exit status ``EXIT_LOST`` = 70). The command is not interrupted:
@@ -75,10 +79,14 @@ def guard_command(
     wait: float = 0.0,
     label: str | None = None,
     stderr: TextIO | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
 ) -> Iterator[Lock]:
     """Hold the lock of command ``name`` (``key``, default ``command:<name>``; a tuple of names
     locks all of them, as one lock) around the block; see the module docstring for the errors
-    and exit statuses."""
+    and exit statuses. ``at_least`` (seconds): a run that ends sooner keeps the lock, unrenewed,
+    until then, so that the same cron line on a host whose clock is late skips (75);
+    ``at_most``: renewal stops then, the lock is free, and the run is told (70)."""
     resources: tuple[str, ...]
     if key is None:
         resources = (command_resource(name),)
@@ -108,6 +116,8 @@ def guard_command(
         auto_extend=True,
         reentrant=True,
         on_lost=on_lost,
+        at_least=at_least,
+        at_most=at_most,
     )
     try:
         with contextlib.ExitStack() as held:
@@ -163,13 +173,16 @@ class GuardedCommandMixin(_CommandBase):
 
     Set ``lock_key`` (default ``command:<name>``; a tuple of names locks all of them as one
     lock), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
-    auto-extended) and ``lock_wait`` (default 0: skip at once when another process runs it).
+    auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it), and
+    ``lock_at_least`` / ``lock_at_most`` (seconds; see ``guard_command``).
     Defines no ``check()``: that would shadow Django's system checks.
     """
 
     lock_key: str | tuple[str, ...] | None = None
     lock_ttl: float | None = None
     lock_wait: float = 0.0
+    lock_at_least: float | None = None
+    lock_at_most: float | None = None
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         name = type(self).__module__.rpartition(".")[2]
@@ -186,5 +199,7 @@ class GuardedCommandMixin(_CommandBase):
             ttl=self.lock_ttl,
             wait=self.lock_wait,
             stderr=options.get("stderr"),
+            at_least=self.lock_at_least,
+            at_most=self.lock_at_most,
         ):
             return super().execute(*args, **options)

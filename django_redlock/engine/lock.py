@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 
 class Lock:
-    """A lock on ``resource`` over the masters of a ``Redlock``; make one with
-    ``Redlock.lock()`` (or ``django_redlock.redlock()``)."""
+    """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``."""
 
     def __init__(
         self,
@@ -44,6 +43,8 @@ class Lock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        at_least: float | None = None,
+        at_most: float | None = None,
     ) -> None:
         self._redlock = redlock
         self.resources = protocol.check_resources(resources)
@@ -58,15 +59,17 @@ class Lock:
             self.keys = tuple(map(redlock.lock_key, self.resources))
             self.key = " + ".join(self.keys)
         self.ttl = protocol.check_ttl(ttl)
+        self.at_least, self.at_most = protocol.check_hold_bounds(at_least, at_most)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.label = protocol.check_label(label)
         self.auto_extend = bool(auto_extend)
         self.max_extensions = protocol.check_count("max_extensions", max_extensions)
-        self.max_hold = (
-            None
-            if max_hold is None
-            else protocol.check_seconds("max_hold", max_hold, allow_zero=False)
-        )
+        if max_hold is not None:
+            max_hold = protocol.check_seconds("max_hold", max_hold, allow_zero=False)
+        if self.at_most is not None:  # the lease never reaches past it: cut, then not renewed
+            self.ttl = min(self.ttl, protocol.check_ttl(self.at_most))
+            max_hold = min(max_hold or self.at_most, self.at_most)
+        self.max_hold = max_hold
         if on_lost is not None and not callable(on_lost):
             raise ValueError(f"on_lost must be callable, got {on_lost!r}")
         self.reentrant = bool(reentrant)
@@ -180,7 +183,7 @@ class Lock:
         lease = self._detach(owner)
         if lease is not None:
             try:
-                run(self._redlock, holding.release(self._redlock, lease))
+                run(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
             finally:
                 self._released(owner, lease)
 
@@ -228,7 +231,7 @@ class Lock:
         lease = self._detach(owner)
         if lease is not None:
             try:
-                await arun(self._redlock, holding.release(self._redlock, lease))
+                await arun(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
             finally:
                 self._released(owner, lease)
 

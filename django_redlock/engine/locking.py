@@ -9,6 +9,8 @@ import string
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .protocol import check_hold_bounds
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -19,6 +21,8 @@ def locking(
     settings then, never at import time."""
     if not templates:
         raise ValueError("locked() needs at least one resource (a name or a template)")
+    # Checked now, not at the first call: a bad bound is a bug in the decorated module.
+    check_hold_bounds(options.get("at_least"), options.get("at_most"))
 
     def decorate(func: F) -> F:
         resources = _resources_of(func, templates)

@@ -169,6 +169,16 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     return seconds
 
 
+def check_hold_bounds(at_least: object, at_most: object) -> tuple[float | None, float | None]:
+    """``at_least`` and ``at_most`` (each None or seconds), or ``ValueError`` naming them: a lock
+    kept at least longer than it may be held at most is a contradiction, not a lock."""
+    least = None if at_least is None else check_seconds("at_least", at_least, allow_zero=False)
+    most = None if at_most is None else check_seconds("at_most", at_most, allow_zero=False)
+    if least is not None and most is not None and least > most:
+        raise ValueError(f"at_least ({at_least!r}) must not exceed at_most ({at_most!r})")
+    return least, most
+
+
 def check_ttl(value: object) -> float:
     ttl = check_seconds("ttl", value, allow_zero=False)
     # Redis expiries are whole milliseconds: anything shorter would be rounded to no lease at all.

@@ -123,6 +123,8 @@ class Redlock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        at_least: float | None = None,
+        at_most: float | None = None,
     ) -> Lock:
         """A lock on ``resources`` (not yet acquired: use it in ``with``/``async with``).
         Several resources make one lock: all of them or none, on each master, in one round.
@@ -131,7 +133,10 @@ class Redlock:
         (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
         ``reentrant``: the owning thread/task may acquire it again; it is released when the
         outermost block exits. ``on_lost(lock, error)`` is called (once, from the thread that
-        noticed) when the lease is lost while held."""
+        noticed) when the lease is lost while held. ``at_least`` (seconds): a block that ends
+        sooner leaves the lock held, unrenewed, until then, so that a copy of the job on a host
+        whose clock is late finds it taken; ``at_most``: the lease never reaches past it (a hung
+        holder frees the lock then, and is told: ``on_lost``, ``LockLost``)."""
         return Lock(
             self,
             *resources,
@@ -143,6 +148,8 @@ class Redlock:
             max_hold=max_hold,
             reentrant=reentrant,
             on_lost=on_lost,
+            at_least=at_least,
+            at_most=at_most,
         )
 
     def locked(self, *resources: str, **options: Any) -> Callable[[F], F]:

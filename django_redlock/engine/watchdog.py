@@ -133,9 +133,19 @@ class Watchdog:
         if handle is None:
             return None
         masters: Masters = handle._redlock  # noqa: SLF001 (the engine's own handle)
-        capped = (max_extensions is not None and lease.extensions >= max_extensions) or (
-            max_hold is not None and time.monotonic() - lease.acquired_at >= max_hold
-        )
+        capped = max_extensions is not None and lease.extensions >= max_extensions
+        if max_hold is not None:
+            left = lease.acquired_at + max_hold - time.monotonic()
+            if left <= lease.ttl:
+                capped = True
+                if left > lease.validity + SLACK:
+                    # The last renewal reaches the cap exactly (``at_most``), not a TTL past it.
+                    try:
+                        run(masters, holding.extend(masters, lease, once=True, ttl=left))
+                    except LockLost:
+                        return None
+                    except Exception:  # noqa: BLE001 (as below)
+                        logger.exception("auto-extend of %r failed", lease.resource)
         if capped:
             # Stop renewing; look again when the lease runs out, to report it lost at once.
             if not lease.check_lost():

@@ -1,4 +1,4 @@
-"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] -- <command> [args...]``
+"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] [--at-least S] [--at-most S] -- <cmd>``
 
 Runs any installed management command under a Redlock, as a cron line would use it on every host::
 
@@ -52,6 +52,22 @@ class Command(BaseCommand):
             default=None,
             help="lease in seconds, renewed while the command runs (default REDLOCK['TTL'])",
         )
+        parser.add_argument(
+            "--at-least",
+            dest="at_least",
+            type=_seconds("--at-least", allow_zero=False),
+            default=None,
+            help="keep the lock (unrenewed) until this many seconds after it was taken, even if "
+            "the command ends sooner: a copy on a host whose clock is late skips",
+        )
+        parser.add_argument(
+            "--at-most",
+            dest="at_most",
+            type=_seconds("--at-most", allow_zero=False),
+            default=None,
+            help="stop renewing the lock after this many seconds: a hung command frees it, and "
+            "the run exits 70",
+        )
         parser.add_argument("command_name", metavar="command", help="the command to run")
         parser.add_argument(
             "command_args", metavar="args", nargs=argparse.REMAINDER, help="its arguments"
@@ -59,6 +75,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name: str = options["command_name"]
+        if options["at_least"] is not None and options["at_most"] is not None:
+            if options["at_least"] > options["at_most"]:
+                raise CommandError(
+                    f"--at-least ({options['at_least']:g}) must not exceed --at-most "
+                    f"({options['at_most']:g})",
+                    returncode=2,
+                )
         command_args: list[str] = list(options["command_args"])
         if command_args[:1] == ["--"]:
             command_args = command_args[1:]
@@ -77,5 +100,7 @@ class Command(BaseCommand):
             wait=options["wait"],
             label=f"manage.py redlock_run -- {name}",
             stderr=options.get("stderr"),
+            at_least=options["at_least"],
+            at_most=options["at_most"],
         ):
             call_command(command, *command_args, **streams)
