@@ -21,6 +21,7 @@ from .engine import (
     LockContended,
     LockLost,
     LockNotAcquired,
+    NotLocked,
     QuorumUnavailable,
 )
 from .engine.locking import locking
@@ -37,7 +38,9 @@ __all__ = [
     "LockContended",
     "LockLost",
     "LockNotAcquired",
+    "NotLocked",
     "QuorumUnavailable",
+    "assert_locked",
     "fenced_update",
     "guard_command",
     "holder",
@@ -132,6 +135,14 @@ def locked(*resources: str, **options: Any) -> Callable[[F], F]:
         return get_redlock()
 
     return locking(current, resources, options)
+
+
+def assert_locked(resource: str) -> None:
+    """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now (``LockLost``
+    if its lease ran out): for code that must only ever run guarded. Local: no network call."""
+    from .conf import get_redlock
+
+    get_redlock().assert_locked(resource)
 
 
 def holder(resource: str) -> Holder | None:

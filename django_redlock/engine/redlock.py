@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import protocol, scripts
+from . import process, protocol, scripts
 from .connections import Node, NodeSpec
 from .drivers import afan_out, fan_out
-from .errors import LockLost
+from .errors import LockLost, NotLocked
 from .events import NullObserver, Observer
-from .leases import Lease
+from .leases import Lease, current_owner, describe
 from .lock import Lock
 from .locking import locking
 from .notices import LocalQueues, ReleaseNotices
@@ -156,6 +156,23 @@ class Redlock:
         """A decorator: run the function holding ``lock(*resources, **options)``, each
         resource formatted from the call's arguments (``"report:{user_id}"``); sync or async."""
         return locking(lambda: self, resources, options)
+
+    def assert_locked(self, resource: str) -> None:
+        """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now
+        (``LockLost`` if its lease ran out). Local, no request to the masters: for code that
+        must only ever run guarded (ShedLock's ``LockAssert``)."""
+        resource = protocol.check_resource(resource)
+        owner, pid = current_owner(), process.pid()
+        lease = self.holders.get(self.lock_key(resource))
+        if lease is None:  # a lock over several resources is held under all its keys, joined
+            mine = (h for h in list(self.holders.values()) if h.owner is owner)
+            lease = next((h for h in mine if resource in h.resources), None)
+        if lease is None or lease.released or lease.owner is not owner or lease.pid != pid:
+            raise NotLocked(
+                resource, f"lock {resource!r} is not held by {describe(owner)}, which needs it"
+            )
+        if lease.check_lost():
+            raise LockLost(resource, lease.lost_message())
 
     def holder(self, resource: str) -> Holder | None:
         """Who holds ``resource`` now, as a quorum of masters says (one round); None if no
