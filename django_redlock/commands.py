@@ -44,7 +44,7 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from . import conf, redlock
+from . import conf, metrics, redlock
 from .display import printable
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
 from .keys import bounded_resource
@@ -97,6 +97,7 @@ def guard_command(
     resource = " + ".join(resources)
     began = time.monotonic()
     lost_after: list[float] = []
+    ran: list[float] = []  # how long it ran, once it has (metrics)
 
     def on_lost(lock: Lock, error: LockLost) -> None:
         # Called from the renewal thread: say it now, the command may run for hours yet.
@@ -124,26 +125,34 @@ def guard_command(
             try:
                 held.enter_context(lock)
             except LockContended as error:
+                metrics.job(name, "skipped")
                 raise CommandError(
                     f"{name} not started: lock {resource!r} is held by another process "
                     f"({_holder(resources[0])}); waited {wait:g}s",
                     returncode=EXIT_HELD,
                 ) from error
             except QuorumUnavailable as error:
+                metrics.job(name, "unavailable")
                 raise CommandError(
                     f"{name} not started: no quorum of lock masters for {resource!r}: {error}",
                     returncode=EXIT_UNAVAILABLE,
                 ) from error
+            if lock.hold_count == 1:  # re-entered by an inner guard: counted by the outer one
+                held.callback(lambda: ran.append(time.monotonic() - began))
             yield lock
     except LockLost as error:
         if error.resource != resource or not lost_after:
             raise  # another lock of the command's own: not ours to report
+        metrics.job(name, "lost", time.monotonic() - began)
         raise CommandError(
             f"{name} finished after {time.monotonic() - began:.1f}s, but its lock {resource!r} "
             f"was lost after {lost_after[0]:.1f}s: {error}. Exclusivity was not guaranteed for "
             f"the rest of the run: check whether another process ran {name} meanwhile.",
             returncode=EXIT_LOST,
         ) from error
+    finally:
+        if ran and not lost_after:
+            metrics.job(name, "ran", ran[0])
 
 
 def _holder(resource: str) -> str:

@@ -266,3 +266,32 @@ def test_redlock_status_shows_a_finished_lock(redlock_settings) -> None:
     out = io.StringIO()
     call_command("redlock_status", stdout=out)
     assert "finished, held until" in out.getvalue()
+
+
+# --- metrics per job ---------------------------------------------------------------------------
+
+
+def test_guarded_commands_count_runs_skips_and_losses_per_job(redlock_settings) -> None:
+    from django.core.management import CommandError, call_command
+
+    from tests.test_signals_metrics import sample
+
+    def count(outcome: str) -> float:
+        return sample("redlock_job_runs_total", job="check", outcome=outcome)
+
+    before = {o: count(o) for o in ("ran", "skipped", "lost")}
+    seconds = sample("redlock_job_seconds_count", job="check")
+    call_command("redlock_run", "--", "check")
+    from tests.test_commands import HeldElsewhere
+
+    with HeldElsewhere("command:check"), pytest.raises(CommandError):
+        call_command("redlock_run", "--", "check")
+    assert count("ran") - before["ran"] == 1
+    assert count("skipped") - before["skipped"] == 1
+    assert count("lost") == before["lost"]
+    assert sample("redlock_job_seconds_count", job="check") - seconds == 1
+    # Labelled by the job's name, never by a formatted key.
+    from django_redlock import metrics
+
+    with pytest.raises(ValueError, match="outcome"):
+        metrics.job("check", "report:42")

@@ -25,7 +25,7 @@ def locking(
     check_hold_bounds(options.get("at_least"), options.get("at_most"))
 
     def decorate(func: F) -> F:
-        resources = _resources_of(func, templates)
+        resources = resources_of(func, templates)
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
@@ -45,13 +45,15 @@ def locking(
     return decorate
 
 
-def _resources_of(
-    func: Callable[..., Any], templates: tuple[str, ...]
+def resources_of(
+    func: Callable[..., Any],
+    templates: tuple[str, ...],
+    signature: inspect.Signature | None = None,
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, ...]]:
     """How to make the resources of one call; checks now (at decoration) that every field of
-    every template names a parameter of ``func``, so that a typo fails at import, not at the
-    first call."""
-    signature = inspect.signature(func)
+    every template names a parameter of ``func`` (of ``signature``, if given: a bound task's
+    without its first), so that a typo fails at import, not at the first call."""
+    signature = signature or inspect.signature(func)
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     for template in templates:
         if not isinstance(template, str):
