@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .decorators import lock_view
     from .engine.redlock import Holder
     from .fencing import fenced_update
+    from .leader import leader
 
 __all__ = [
     "ExtensionLimit",
@@ -44,6 +45,7 @@ __all__ = [
     "fenced_update",
     "guard_command",
     "holder",
+    "leader",
     "is_locked",
     "lock_view",
     "locked",
@@ -59,6 +61,7 @@ _LAZY = {
     "GuardedCommandMixin": "commands",
     "guard_command": "commands",
     "fenced_update": "fencing",
+    "leader": "leader",
 }
 
 
