@@ -295,3 +295,20 @@ def test_guarded_commands_count_runs_skips_and_losses_per_job(redlock_settings) 
 
     with pytest.raises(ValueError, match="outcome"):
         metrics.job("check", "report:42")
+
+
+def test_the_demo_scene_runs_the_job_thrice_per_slot_without_at_least_once_with(
+    redlock_settings,
+) -> None:
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("skewed_cron", "--slots", "1", "--period", "3", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "without at_least:",
+        "  slot 1: ran 3 times (hosts A, B, C)",
+        "with at_least=2.5s:",
+        "  slot 1: ran once (hosts A)",
+    ]
