@@ -145,13 +145,19 @@ class RedlockTask(Task):  # type: ignore[misc]
             _clear_marker(engine, queued, task_id)
             self._mark_queued(engine, queued, task_id)
             return super().apply_async(args, kwargs, task_id=task_id, **options)
+        # The running task first, then the queued one: a caller that took the marker just as a
+        # task started holds it for a moment only (it finds that task running, and lets go), so
+        # its id must never be the answer while a task runs.
         for _ in range(5):  # a holder gone between our attempt and our look: try again
+            running = _task_of(engine, key)
+            if running is not None:
+                return self._duplicate(key, running)
             if not self._mark_queued(engine, queued, task_id):
-                existing = _task_of(engine, queued) or _task_of(engine, key)
+                existing = _task_of(engine, key) or _task_of(engine, queued)
                 if existing is not None:
                     return self._duplicate(key, existing)
                 continue
-            running = _task_of(engine, key)
+            running = _task_of(engine, key)  # started between our look and our marker
             if running is not None:
                 _clear_marker(engine, queued, task_id)
                 return self._duplicate(key, running)
@@ -226,8 +232,8 @@ def _label(task_id: str, queued: bool) -> str:
 def _task_of(engine: Any, resource: str) -> str | None:
     """The id of the task whose lock (queued marker or run lock) holds ``resource`` on a quorum;
     None if none does, or if its holder is not a task. Masters that fail to answer leave it
-    unknown (a quorum of copies may be among them): then it asks again, a few times, rather
-    than take "unknown" for "free" and enqueue a duplicate."""
+    unknown (a quorum of copies may be among them): then it asks again, a few times, and raises
+    ``QuorumUnavailable`` rather than take "unknown" for "free" and enqueue a duplicate."""
     key = engine.lock_key(resource)
     for _ in range(UNKNOWN_TRIES):
         replies = fan_out(engine.nodes, ("GET", key), engine.node_timeout)
@@ -245,7 +251,11 @@ def _task_of(engine: Any, resource: str) -> str | None:
         if copies + failed < engine.quorum:
             return None  # no quorum can hold it, whatever the silent masters have
         time.sleep(engine.retry_delay)
-    return None
+    raise QuorumUnavailable(
+        resource,
+        f"cannot tell whether a task holds {resource!r}: too few masters answered",
+        [r for r in replies if isinstance(r, NodeFailure)],
+    )
 
 
 def _clear_marker(engine: Any, queued: str, task_id: str) -> None:

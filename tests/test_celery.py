@@ -201,6 +201,25 @@ def test_concurrent_enqueues_from_threads_get_one_task(tasks: Any) -> None:
     assert len(runs(tasks, "report:3")) == 1
 
 
+def test_a_storm_of_enqueues_while_it_runs_gets_the_running_tasks_id(tasks: Any) -> None:
+    """Callers that take the (free) queued marker while the task runs hold it a moment only:
+    a caller that reads the marker then must not answer with that caller's unsent task id."""
+    first = tasks.report.delay(4, 2.0)
+    started_pid(tasks, "report:4")
+    ids: list[str] = []
+
+    def enqueue() -> None:
+        ids.extend(tasks.report.delay(4, 2.0).id for _ in range(15))
+
+    threads = [threading.Thread(target=enqueue) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(ids) == {first.id}
+    first.get(timeout=20)
+
+
 # --- bad options, at decoration -------------------------------------------------------------------
 
 
