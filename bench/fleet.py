@@ -12,6 +12,8 @@ the test suite; it asserts nothing.
   (``lock_ttl`` = 1 s); celery-once's key after the same kill.
 - leader: 3 processes in ``leader("fleet", ttl=1)``; ``kill -9`` the leader, 20 trials: takeover
   time p50/max, and overlaps of the leaders' heartbeats.
+- partition: a leader cut off from every master (proxies blackholed), a standby reaching them
+  directly, 10 trials: overlaps of their heartbeats.
 """
 
 from __future__ import annotations
@@ -238,9 +240,54 @@ def leader(nodes: list[str], work: Path, trials: int) -> None:
     )
 
 
+def partition(nodes: list[str], ports: list[int], work: Path, trials: int) -> None:
+    """The leader alone is cut off from every master (its connections go through proxies that
+    are blackholed); a standby connects directly. Per trial: did their heartbeats overlap, and
+    how much before the standby's first beat did the cut-off leader's last beat come."""
+    from django_redlock.testing.proxy import DelayProxy
+
+    gaps: list[float] = []
+    overlaps = 0
+    for trial in range(trials):
+        log = work / f"partition-{trial}.log"
+        proxies = [DelayProxy(port, 0.0).start() for port in ports]
+        try:
+            cut = host(["leader", str(log)], host_env([p.url for p in proxies], work))
+            deadline = time.monotonic() + 60
+            while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            standby = host(["leader", str(log)], host_env(nodes, work))
+            time.sleep(3.0)  # the standby is up and queued
+            for proxy in proxies:
+                proxy.blackhole()
+            while len({line.split()[1] for line in log.read_text().splitlines()}) < 2:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            for proc in (cut, standby):
+                proc.kill()
+                proc.wait()
+        finally:
+            for proxy in proxies:
+                proxy.stop()
+        beats: dict[str, list[float]] = {}
+        for line in log.read_text().splitlines():
+            _, pid, at = line.split()
+            beats.setdefault(pid, []).append(float(at))
+        first, second = sorted((b[0], b[-1]) for b in beats.values())
+        overlaps += second[0] <= first[1]
+        gaps.append(second[0] - first[1])
+    say(
+        f"partition: the leader cut off from every master, {trials} trials, ttl 1 s: overlaps "
+        f"{overlaps}; gap between the cut-off leader's last beat and the next leader's first: "
+        f"min {min(gaps) * 1000:.0f} ms, p50 {statistics.median(gaps) * 1000:.0f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__)
-    parser.add_argument("scenarios", nargs="*", default=["cron", "enqueue", "crash", "leader"])
+    parser.add_argument(
+        "scenarios", nargs="*", default=["cron", "enqueue", "crash", "leader", "partition"]
+    )
     parser.add_argument("--period", type=float, default=10.0)
     parser.add_argument("--slots", type=int, default=6)
     parser.add_argument("--trials", type=int, default=20)
@@ -274,6 +321,8 @@ def main() -> None:
                     worker.stop()
         if "leader" in args.scenarios:
             leader(nodes, work, args.trials)
+        if "partition" in args.scenarios:
+            partition(nodes, [m.port for m in masters], work, min(args.trials, 10))
     report.RESULTS.mkdir(parents=True, exist_ok=True)
     (report.RESULTS / "fleet.md").write_text("\n".join(LINES) + "\n")
 
