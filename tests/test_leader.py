@@ -103,9 +103,11 @@ def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) ->
     os.kill(first.pid, signal.SIGKILL)
     killed = time.monotonic()
     took = wait_until(
-        lambda: leader_pid() in {p.pid for p in standbys}, TTL + 1.0, "a standby takes over"
+        lambda: leader_pid() in {p.pid for p in standbys}, TTL + 2.0, "a standby takes over"
     )
-    assert took <= TTL + 1.0
+    assert (
+        took <= TTL + 2.0
+    )  # the lease (TTL) and a loaded machine's wake-up; bench/fleet measures it
     wait_until(lambda: len(ticks(leaders.log)) == 2, 30, "the new leader's command ticks")
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # the dead leader's command died with it: no orphan works on
@@ -127,7 +129,7 @@ def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
         assert first.wait(TTL + 5) == EXIT_LOST
         err = first.communicate()[1]
         assert "leadership is running out" in err
-        wait_until(lambda: leader_pid() == second.pid, TTL + 1.0, "the standby takes over")
+        wait_until(lambda: leader_pid() == second.pid, TTL + 2.0, "the standby takes over")
         wait_until(lambda: len(ticks(leaders.log)) == 2, 30, "the new leader's command ticks")
         intervals = assert_no_overlap(leaders.log)
         assert intervals[1][0] - intervals[0][1] > TTL / 6  # stopped before the lease ended

@@ -179,6 +179,15 @@ def check_hold_bounds(at_least: object, at_most: object) -> tuple[float | None, 
     return least, most
 
 
+def capped_by(at_most: float | None, ttl: float, max_hold: object) -> tuple[float, float | None]:
+    """A lock's TTL and ``max_hold`` (checked), under ``at_most``: its lease never reaches past
+    it (the first lease is cut to it, renewal stops there)."""
+    hold = None if max_hold is None else check_seconds("max_hold", max_hold, allow_zero=False)
+    if at_most is None:
+        return ttl, hold
+    return min(ttl, check_ttl(at_most)), min(hold or at_most, at_most)
+
+
 def check_ttl(value: object) -> float:
     ttl = check_seconds("ttl", value, allow_zero=False)
     # Redis expiries are whole milliseconds: anything shorter would be rounded to no lease at all.

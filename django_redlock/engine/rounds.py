@@ -32,6 +32,15 @@ Command = tuple[Any, ...]
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
 
 
+class RoundReplies(list[Reply]):
+    """One round's replies, one per master in order, and which of them answered a request *asked
+    again* (``asked_again``, by index): the first one went out and its connection broke before
+    the reply came, so the master may have applied the request already. A compare-and-delete
+    asked again that finds nothing then says nothing about whom the key belonged to."""
+
+    asked_again: frozenset[int] = frozenset()
+
+
 def pack(command: Command) -> bytes:
     """RESP bytes of ``command``, by hiredis directly (our arguments are already str, bytes or
     numbers). A round sends the same bytes to every master: packed once, not once per master."""
@@ -94,7 +103,7 @@ class Replies:
     deadline: float
 
 
-Exchange = Generator[Connect | Replies, Any, list[Reply]]
+Exchange = Generator[Connect | Replies, Any, RoundReplies]
 
 #: How a driver finds a master's open pipe for this round (threads' or the running loop's).
 PipeOf = Callable[[Node], Pipe | None]
@@ -117,7 +126,8 @@ def exchange(
     so to one that answers NOSCRIPT."""
     began = time.monotonic()
     requests = Requests(command, script)
-    replies: list[Reply] = [None] * len(nodes)
+    replies = RoundReplies([None] * len(nodes))
+    asked_again: set[int] = set()
     sent: list[tuple[int, Pipe, Slot]] = []
     may_leave_out = len(nodes) - quorum(len(nodes))
     unconnected = []
@@ -167,7 +177,11 @@ def exchange(
                 later.append((i, pipe, slot))
             else:
                 replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
+                if _ask_again(pipe, slot, began):
+                    asked_again.add(i)  # _vote asked it once more, on a new connection
         sent = later
+    if asked_again:
+        replies.asked_again = frozenset(asked_again)
     return replies
 
 
@@ -197,7 +211,7 @@ def _vote(
     script is asked again with its source. Safe to repeat: our scripts are idempotent, and a
     repeated SET NX can only under-count our votes."""
     reply = _late(node, pipe, slot)
-    if isinstance(reply, Broken) and pipe.opened_at < began:
+    if _ask_again(pipe, slot, began):
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             return made
@@ -218,6 +232,12 @@ def _vote(
     if not isinstance(reply, NodeFailure):
         requests.answered(node)
     return reply
+
+
+def _ask_again(pipe: Pipe, slot: Slot, began: float) -> bool:
+    """Whether ``slot``'s pipe, opened before this round, broke before its reply: the request may
+    have gone into the void, or may have been applied with only the reply lost."""
+    return isinstance(slot.reply, Broken) and pipe.opened_at < began
 
 
 def _late(node: Node, pipe: Pipe, slot: Slot) -> Reply:

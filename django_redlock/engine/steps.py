@@ -27,6 +27,7 @@ class Masters(Protocol):
     drift_factor: float
     retry_delay: float
     queues: LocalQueues
+    inbox_prefix: str
 
     @property
     def notices(self) -> ReleaseNotices: ...
