@@ -312,3 +312,23 @@ def test_the_demo_scene_runs_the_job_thrice_per_slot_without_at_least_once_with(
         "with at_least=2.5s:",
         "  slot 1: ran once (hosts A)",
     ]
+
+
+def test_finish_asked_again_after_a_broken_connection_confirms(masters) -> None:
+    """A FINISH whose reply was lost with its connection is sent again (the round's rule): the
+    master that applied the first finds our finished value, and confirms instead of calling
+    the lock gone."""
+    from django_redlock.engine import scripts
+    from django_redlock.engine.values import finished_value, make_value
+
+    value = make_value("job", 10.0, None)
+    finished = finished_value(value, time.time() + 5)
+    master = masters[0]
+    master.call("SET", "redlock:lock:job", value, "PX", 10_000)
+    finish = ("EVAL", scripts.FINISH.source, 2, "redlock:lock:job", "redlock:queue:job")
+    args = (value, 5000, finished, "")
+    assert master.call(*finish, *args) == 1
+    assert master.call(*finish, *args) == 1  # asked again: still ours, finished
+    assert master.call("GET", "redlock:lock:job") == finished.encode()
+    master.call("SET", "redlock:lock:job", make_value("other", 10.0, None), "PX", 10_000)
+    assert master.call(*finish, *args) == 0  # another owner's: never touched
