@@ -332,3 +332,18 @@ def test_finish_asked_again_after_a_broken_connection_confirms(masters) -> None:
     assert master.call("GET", "redlock:lock:job") == finished.encode()
     master.call("SET", "redlock:lock:job", make_value("other", 10.0, None), "PX", 10_000)
     assert master.call(*finish, *args) == 0  # another owner's: never touched
+
+
+def test_the_admin_page_shows_a_finished_lock(client, redlock_settings, django_user_model) -> None:
+    from django.contrib.auth.models import Permission
+
+    from django_redlock import redlock
+
+    user = django_user_model.objects.create_user("viewer", password="x", is_staff=True)  # noqa: S106
+    user.user_permissions.add(Permission.objects.get(codename="view_held_locks"))
+    client.force_login(user)
+    with redlock("nightly", at_least=5, label="cron"):
+        pass
+    html = client.get("/admin/django_redlock/heldlock/").content.decode()
+    assert "nightly" in html
+    assert "(finished, held until " in html
