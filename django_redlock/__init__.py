@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .decorators import lock_view
     from .engine.redlock import Holder, Redlock
     from .fencing import fenced_update
-    from .leader import leader
+    from .leadership import leader
 
 __all__ = [
     "ExtensionLimit",
@@ -61,7 +61,7 @@ _LAZY = {
     "GuardedCommandMixin": "commands",
     "guard_command": "commands",
     "fenced_update": "fencing",
-    "leader": "leader",
+    "leader": "leadership",
 }
 
 

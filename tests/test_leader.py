@@ -187,3 +187,15 @@ def test_leader_in_python_hands_over_on_exit_and_steps_down_before_validity_ends
     finally:
         for proxy in proxies:
             proxy.stop()
+
+
+def test_leader_is_the_function_even_once_its_module_is_imported() -> None:
+    """``redlock_run --leader`` imports ``django_redlock.leadership``; a module named like the
+    function would have replaced ``django_redlock.leader`` with itself."""
+    import types
+
+    import django_redlock.leadership  # noqa: F401
+    from django_redlock import leader
+
+    assert not isinstance(leader, types.ModuleType)
+    assert leader.__module__ == "django_redlock.leadership"

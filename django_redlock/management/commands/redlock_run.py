@@ -8,7 +8,7 @@ Exit status: the command's own; 75 (held elsewhere: not started), 69 (no quorum 
 started), 70 (the lock was lost while the command ran; it ran to its end). See
 ``django_redlock.commands`` for why.
 
-``--leader``: the one leader across hosts (``django_redlock.leader``): every host runs the same
+``--leader``: the one leader across hosts (``django_redlock.leadership``): every host runs the same
 line, one runs the command, the others wait queued and take over when it exits or dies; a leader
 that loses its lease stops the command before its validity ends and exits 70 (run it under a
 supervisor that starts it again, as a standby).
@@ -27,7 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...commands import EXIT_LOST, guard_command
 from ...engine import LockLost, protocol
-from ...leader import run_as_leader
+from ...leadership import run_as_leader
 
 
 def _seconds(name: str, allow_zero: bool) -> Any:
