@@ -88,6 +88,8 @@ def redlock(
     on_lost: Callable[[Lock, LockLost], None] | None = None,
     at_least: float | None = None,
     at_most: float | None = None,
+    limit: int | None = None,
+    shared: bool = False,
     db_guard: bool = True,
     template: str | None = None,
 ) -> Lock:
@@ -107,6 +109,10 @@ def redlock(
     taken, and never let it reach past ``at_most`` (see ``docs/jobs.md``). ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
 
+    ``limit=N`` makes it one of N permits of a semaphore (each an ordinary lease; see
+    docs/permits.md); ``shared=True`` a reader, beside other readers and excluded by a writer
+    (the plain lock on the same name).
+
     ``db_guard`` (on by default): once the lease is lost or its validity is over, the block's
     next database query raises ``LockLost`` before it reaches the database, and open ``atomic``
     blocks are marked for rollback (see ``django_redlock.dbguard``).
@@ -116,10 +122,12 @@ def redlock(
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
     from .conf import get_redlock
-    from .locks import DjangoLock
+    from .engine.modes import check_mode
+    from .locks import django_lock_class
 
+    mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
     engine = get_redlock()
-    return DjangoLock(
+    return django_lock_class(mode)(
         engine,
         *resources,
         db_guard=db_guard,
@@ -134,6 +142,7 @@ def redlock(
         on_lost=on_lost,
         at_least=at_least,
         at_most=at_most,
+        **({} if limit is None else {"limit": limit}),
     )
 
 

@@ -82,12 +82,14 @@ def guard_command(
     stderr: TextIO | None = None,
     at_least: float | None = None,
     at_most: float | None = None,
+    limit: int | None = None,
 ) -> Iterator[Lock]:
     """Hold the lock of command ``name`` (``key``, default ``command:<name>``; a tuple of names
     locks all of them, as one lock) around the block; see the module docstring for the errors
     and exit statuses. ``at_least`` (seconds): a run that ends sooner keeps the lock, unrenewed,
     until then, so that the same cron line on a host whose clock is late skips (75);
-    ``at_most``: renewal stops then, the lock is free, and the run is told (70)."""
+    ``at_most``: renewal stops then, the lock is free, and the run is told (70). ``limit=N``:
+    one of N permits instead (at most N runs at once; not re-entrant)."""
     resources: tuple[str, ...]
     if key is None:
         resources = (command_resource(name),)
@@ -117,10 +119,11 @@ def guard_command(
         wait=wait,
         label=label or f"manage.py {name}",
         auto_extend=True,
-        reentrant=True,
+        reentrant=limit is None,
         on_lost=on_lost,
         at_least=at_least,
         at_most=at_most,
+        limit=limit,
         template=resource,  # bounded: one per command (or per key the command names)
     )
     try:
@@ -129,9 +132,13 @@ def guard_command(
                 held.enter_context(lock)
             except LockContended as error:
                 metrics.job(name, "skipped")
+                held_by = (
+                    f"all {limit} permits are held"
+                    if limit is not None
+                    else f"is held by another process ({_holder(resources[0])})"
+                )
                 raise CommandError(
-                    f"{name} not started: lock {resource!r} is held by another process "
-                    f"({_holder(resources[0])}); waited {wait:g}s",
+                    f"{name} not started: lock {resource!r} {held_by}; waited {wait:g}s: {error}",
                     returncode=EXIT_HELD,
                 ) from error
             except QuorumUnavailable as error:
@@ -193,7 +200,8 @@ class GuardedCommandMixin(_CommandBase):
 
     Set ``lock_key`` (default ``command:<name>``; a tuple of names locks all of them as one
     lock), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
-    auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it), and
+    auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it),
+    ``lock_limit`` (at most that many runs at once: a semaphore; default one) and
     ``lock_at_least`` / ``lock_at_most`` (seconds; see ``guard_command``).
     Defines no ``check()``: that would shadow Django's system checks.
     """
@@ -203,6 +211,8 @@ class GuardedCommandMixin(_CommandBase):
     lock_wait: float = 0.0
     lock_at_least: float | None = None
     lock_at_most: float | None = None
+    #: At most this many runs at once (a semaphore's permits) instead of one; None: one.
+    lock_limit: int | None = None
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         name = type(self).__module__.rpartition(".")[2]
@@ -221,5 +231,6 @@ class GuardedCommandMixin(_CommandBase):
             stderr=options.get("stderr"),
             at_least=self.lock_at_least,
             at_most=self.lock_at_most,
+            limit=self.lock_limit,
         ):
             return super().execute(*args, **options)

@@ -347,3 +347,16 @@ def test_the_admin_page_shows_a_finished_lock(client, redlock_settings, django_u
     html = client.get("/admin/django_redlock/heldlock/").content.decode()
     assert "nightly" in html
     assert "(finished, held until " in html
+
+
+def test_bounds_are_for_an_exclusive_lock_only(redlock_settings) -> None:
+    from django.core.management import CommandError, call_command
+
+    from django_redlock import redlock
+
+    with pytest.raises(ValueError, match="do not apply to limit= or shared=True"):
+        redlock("job", limit=3, at_least=5)
+    with pytest.raises(ValueError, match="do not apply to limit= or shared=True"):
+        redlock("job", shared=True, at_most=5)
+    with pytest.raises(CommandError, match="--limit takes no --at-least"):
+        call_command("redlock_run", "--limit", "2", "--at-least", "5", "--", "check")

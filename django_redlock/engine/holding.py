@@ -61,9 +61,13 @@ def _extend_rounds(
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)
         try:
-            replies: list[Reply] = yield Round(
-                scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
-                scripts.EXTEND,
+            replies: list[Reply] = yield (
+                Round(
+                    scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
+                    scripts.EXTEND,
+                )
+                if lease.commands is None
+                else lease.commands.extend(lease, int(round_ttl * 1000))
             )
         finally:
             lease.settled(generation)
@@ -114,7 +118,10 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
     masters answered. A master asked again after a reset connection, that finds our lease
     already gone, confirms (the first request may have removed it)."""
-    round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    if lease.commands is None:
+        round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    else:
+        round_ = lease.commands.release(lease)
     try:
         answered: RoundReplies = yield round_
     except BaseException:

@@ -1,11 +1,13 @@
-"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] [--at-least S] [--at-most S] -- <cmd>``
+"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] [--limit N] [--at-least S] [--at-most S]
+[--leader] -- <command> [args...]``
 
 Runs any installed management command under a Redlock, as a cron line would use it on every host::
 
     */5 * * * * cd /srv/app && ./manage.py redlock_run -- clearsessions
 
 Exit status: the command's own; 75 (held elsewhere: not started), 69 (no quorum of masters: not
-started), 70 (the lock was lost while the command ran; it ran to its end). See
+started), 70 (the lock was lost while the command ran; it ran to its end). ``--limit N`` lets up
+to N runs go at once (a semaphore's permits; 75 when all N are taken). See
 ``django_redlock.commands`` for why.
 
 ``--leader``: the one leader across hosts (``django_redlock.leadership``): every host runs the same
@@ -27,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...commands import EXIT_LOST, guard_command
 from ...engine import LockLost, protocol
+from ...engine.permit_scripts import check_limit
 from ...leadership import run_as_leader
 
 
@@ -40,11 +43,18 @@ def _seconds(name: str, allow_zero: bool) -> Any:
     return parse
 
 
+def _limit(text: str) -> int:
+    try:
+        return check_limit(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--limit: {exc}") from None
+
+
 class Command(BaseCommand):
     help = (
         "Run another management command while holding a Redlock (default key "
         "'command:<name>'), renewed while it runs. Usage: redlock_run [--key K] [--wait S] "
-        "[--ttl T] -- <command> [args...]"
+        "[--ttl T] [--limit N] -- <command> [args...]"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -60,6 +70,12 @@ class Command(BaseCommand):
             type=_seconds("--ttl", allow_zero=False),
             default=None,
             help="lease in seconds, renewed while the command runs (default REDLOCK['TTL'])",
+        )
+        parser.add_argument(
+            "--limit",
+            type=_limit,
+            default=None,
+            help="let up to N runs go at once (a semaphore of N permits; default: one run)",
         )
         parser.add_argument(
             "--at-least",
@@ -98,6 +114,13 @@ class Command(BaseCommand):
                     f"({options['at_most']:g})",
                     returncode=2,
                 )
+        bounded = options["at_least"] is not None or options["at_most"] is not None
+        if options["limit"] is not None and (bounded or options["leader"]):
+            raise CommandError(
+                "--limit takes no --at-least/--at-most/--leader: they keep, cut or lead one "
+                "holder's lock",
+                returncode=2,
+            )
         command_args: list[str] = list(options["command_args"])
         if command_args[:1] == ["--"]:
             command_args = command_args[1:]
@@ -107,7 +130,7 @@ class Command(BaseCommand):
         if name == "redlock_run":
             raise CommandError("redlock_run cannot guard itself: name the command to run")
         if options["leader"]:
-            if options["at_least"] is not None or options["at_most"] is not None:
+            if bounded:
                 raise CommandError("--leader takes no --at-least/--at-most", returncode=2)
             self._lead(name, command_args, options)
             return
@@ -123,6 +146,7 @@ class Command(BaseCommand):
             stderr=options.get("stderr"),
             at_least=options["at_least"],
             at_most=options["at_most"],
+            limit=options["limit"],
         ):
             call_command(command, *command_args, **streams)
 
