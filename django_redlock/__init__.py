@@ -123,9 +123,11 @@ def redlock(
     """
     from .conf import get_redlock
     from .engine.modes import check_mode
+    from .engine.redlock import check_bounds_for
     from .locks import django_lock_class
 
     mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
+    check_bounds_for(mode, at_least, at_most)
     engine = get_redlock()
     return django_lock_class(mode)(
         engine,

@@ -102,6 +102,16 @@ def _identify(length: int, head: bytes) -> tuple[Owner, str]:
     return owner, print_
 
 
+def check_bounds_for(mode: type[Lock], at_least: object, at_most: object) -> None:
+    """``at_least``/``at_most`` keep or cut one holder's lock: a plain lock (``check_mode``'s
+    ``Lock``), not permits or readers; ``ValueError`` naming them otherwise."""
+    if mode is not Lock and (at_least is not None or at_most is not None):
+        raise ValueError(
+            f"at_least={at_least!r}/at_most={at_most!r} keep or cut one holder's lock: they "
+            f"do not apply to limit= or shared=True"
+        )
+
+
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
     """The entries that name a redis-server already named (by host and port or socket path,
     loopback however spelled, whatever the db number)."""
@@ -196,11 +206,7 @@ class Redlock:
         holder frees the lock then, and is told: ``on_lost``, ``LockLost``); both for an
         exclusive lock only."""
         mode = check_mode(limit, shared, reentrant)
-        if mode is not Lock and (at_least is not None or at_most is not None):
-            raise ValueError(
-                f"at_least={at_least!r}/at_most={at_most!r} keep or cut one holder's lock: they "
-                f"do not apply to limit= or shared=True"
-            )
+        check_bounds_for(mode, at_least, at_most)
         return mode(
             self,
             *resources,
