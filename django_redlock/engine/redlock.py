@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 from . import protocol, scripts
 from .connections import Node, NodeSpec
 from .drivers import arun, run
-from .errors import LockLost, NodeFailure, QuorumUnavailable
+from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
 from .events import NullObserver, Observer
+from .leases import current_owner, describe
 from .lock import Lock
 from .locking import locking
 from .markers import is_marker, limit_of
@@ -99,6 +100,16 @@ def _identify(length: int, head: bytes) -> tuple[Owner, str]:
     except UnreadableValue:
         return Owner(), fingerprint(head.partition(b":")[0])
     return owner, print_
+
+
+def check_bounds_for(mode: type[Lock], at_least: object, at_most: object) -> None:
+    """``at_least``/``at_most`` keep or cut one holder's lock: a plain lock (``check_mode``'s
+    ``Lock``), not permits or readers; ``ValueError`` naming them otherwise."""
+    if mode is not Lock and (at_least is not None or at_most is not None):
+        raise ValueError(
+            f"at_least={at_least!r}/at_most={at_most!r} keep or cut one holder's lock: they "
+            f"do not apply to limit= or shared=True"
+        )
 
 
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
@@ -193,6 +204,8 @@ class Redlock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        at_least: float | None = None,
+        at_most: float | None = None,
         limit: int | None = None,
         shared: bool = False,
     ) -> Lock:
@@ -206,8 +219,13 @@ class Redlock:
         (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
         ``reentrant``: the owning thread/task may acquire it again; it is released when the
         outermost block exits. ``on_lost(lock, error)`` is called (once, from the thread that
-        noticed) when the lease is lost while held."""
+        noticed) when the lease is lost while held. ``at_least`` (seconds): a block that ends
+        sooner leaves the lock held, unrenewed, until then, so that a copy of the job on a host
+        whose clock is late finds it taken; ``at_most``: the lease never reaches past it (a hung
+        holder frees the lock then, and is told: ``on_lost``, ``LockLost``); both for an
+        exclusive lock only."""
         mode = check_mode(limit, shared, reentrant)
+        check_bounds_for(mode, at_least, at_most)
         return mode(
             self,
             *resources,
@@ -219,6 +237,8 @@ class Redlock:
             max_hold=max_hold,
             reentrant=reentrant,
             on_lost=on_lost,
+            at_least=at_least,
+            at_most=at_most,
             **({} if limit is None else {"limit": limit}),
         )
 
@@ -226,6 +246,20 @@ class Redlock:
         """A decorator: run the function holding ``lock(*resources, **options)``, each
         resource formatted from the call's arguments (``"report:{user_id}"``); sync or async."""
         return locking(lambda: self, resources, options)
+
+    def assert_locked(self, resource: str) -> None:
+        """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now
+        (``LockLost`` if its lease ran out). Local, no request to the masters: for code that
+        must only ever run guarded (ShedLock's ``LockAssert``)."""
+        resource = protocol.check_resource(resource)
+        owner = current_owner()
+        (lease,) = self.holders.of(owner, (self.lock_key(resource),))
+        if lease is None:
+            raise NotLocked(
+                resource, f"lock {resource!r} is not held by {describe(owner)}, which needs it"
+            )
+        if lease.check_lost():
+            raise LockLost(resource, lease.lost_message())
 
     def holder(self, resource: str) -> Holder | None:
         """Who holds ``resource`` now, as a quorum of masters says (one round); None if no one
