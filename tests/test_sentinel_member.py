@@ -1,16 +1,17 @@
 """A member that is a Sentinel-managed primary (``redis+sentinel://``), on real Sentinels
-(``django_redlock.testing.sentinels``): it locks on the primary, follows a real failover, and
-with quarantine on the promoted replica abstains for MAX_TTL."""
+(``django_redlock.testing.sentinels``): it locks on the primary, follows a real failover (threads
+and event loops), and with quarantine on a promoted replica that missed a lock abstains."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from django_redlock.engine import LockNotAcquired, QuorumUnavailable, Redlock
+from django_redlock.engine import LockNotAcquired, Redlock
 from django_redlock.testing.masters import free_port
 from django_redlock.testing.proxy import DelayProxy
 from django_redlock.testing.sentinels import sentinel_group
@@ -63,30 +64,28 @@ def test_a_sentinel_member_locks_on_the_primary_and_follows_a_failover(
     assert new.call("EXISTS", key("after")) == 0  # released there
 
 
-def test_with_quarantine_the_promoted_replica_abstains(group, fresh_masters, redlock_of):
+def test_an_event_loops_pipe_follows_the_failover_too(group, fresh_masters, redlock_of):
+    """+switch-master closes a loop's pipe on its own loop (told from the listener's thread)."""
     others = fresh_masters(2)
-    max_ttl = 1.0
-    while min(m.call("INFO", "server")["uptime_in_seconds"] for m in others) < max_ttl:
-        time.sleep(0.05)
-    engine = redlock_of([group.url, *others], ttl=max_ttl, max_ttl=max_ttl, quarantine=True)
-    with engine.lock("before"):
-        pass
-    wait_for(lambda: switch_listeners(group) == 1, "our +switch-master listener")
-    pipe = engine.nodes[0].pipe
-    group.failover()
-    wait_for(lambda: pipe.closed, "our pipe to the old primary closed")
-    others[0].kill()
-    deadline = time.monotonic() + max_ttl
-    reasons = []
-    while not reasons and time.monotonic() < deadline:
-        with pytest.raises(QuorumUnavailable) as refused:
-            engine.lock("after").acquire()
-        reasons = [f.detail for f in refused.value.failures if f.reason == "quarantine"]
-    assert reasons, refused.value
-    assert "new replication id" in reasons[0]
-    time.sleep(max_ttl + 0.1)
-    with engine.lock("after"):
-        assert group.primary.call("EXISTS", key("after")) == 1
+    engine = redlock_of([group.url, *others], ttl=5)
+    old = group.primary
+
+    async def scenario() -> tuple[int, int]:
+        async with engine.lock("before"):
+            pass
+        pipe = engine.nodes[0].loop_pipe(asyncio.get_running_loop())
+        assert pipe is not None
+        await asyncio.to_thread(wait_for, lambda: switch_listeners(group) == 1, "listener")
+        new = await asyncio.to_thread(group.failover)
+        deadline = time.monotonic() + 3
+        while not pipe.closed:
+            assert time.monotonic() < deadline, "the loop's pipe to the old primary stayed open"
+            await asyncio.sleep(0.02)
+        others[0].kill()
+        async with engine.lock("after"):
+            return new.call("EXISTS", key("after")), old.call("EXISTS", key("after"))
+
+    assert asyncio.run(scenario()) == (1, 0)
 
 
 def test_two_entries_for_one_sentinel_service_are_one_member():
