@@ -6,12 +6,16 @@ both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
-from django_redlock.engine import LockContended, LockLost, QuorumUnavailable
+from django_redlock.engine import LockContended, LockLost, QuorumUnavailable, Redlock
+from django_redlock.testing.masters import LocalMaster
+from django_redlock.testing.proxy import DelayProxy
 
 
 def test_at_most_limit_permits_each_on_its_own_slot(masters, redlock_of):
@@ -176,3 +180,109 @@ def test_async_permits(masters, redlock_of):
             return [a.slot, b.slot]
 
     assert sorted(asyncio.run(main())) == [0, 1]  # type: ignore[type-var]
+
+
+def queued_on_a_majority(
+    masters: list[LocalMaster], queue_key: str, inbox: str, within: float, done: Callable[[], bool]
+) -> float | None:
+    """When a waiter of the process with ``inbox`` was first seen in the semaphore's queue on a
+    majority of ``masters`` (polled every millisecond), or None if not within ``within`` or it
+    is ``done`` first (it got in without waiting)."""
+    inbox_id = inbox.rpartition(":")[2].encode()
+    clients = [m.client() for m in masters]
+    try:
+        end = time.monotonic() + within
+        while time.monotonic() < end and not done():
+            seen = sum(
+                any(w.startswith(inbox_id) for w in c.zrange(queue_key, 0, -1)) for c in clients
+            )
+            if seen > len(masters) // 2:
+                return time.monotonic()
+            time.sleep(0.001)
+        return None
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_queued_waiter_is_not_overtaken_by_later_callers_under_contention(masters, redlock_of):
+    """Three callers cycle on limit=2 with 10 ms holds, each in an engine of its own (as separate
+    processes are), so that a slot freed is asked for at once by a releaser coming back. A
+    waiter on a slower link (20 ms each way: a release notice, then its attempt, take ~60 ms to
+    land) queues on the semaphore. Once it is seen queued on a majority of the masters, no one
+    asking 100 ms later or more gets a permit before it: not the cyclers asking again, not a late
+    arrival. Without admission in queue order, a slot freed went to whichever cycler asked next,
+    before the attempt of the waiter the release woke could land."""
+    name = "fifo-under-load"
+    stop = threading.Event()
+    asks: list[tuple[str, float, float]] = []  # (who, asked, got)
+
+    def ask(engine: Redlock, who: str) -> None:
+        asked = time.monotonic()
+        try:
+            with engine.lock(name, limit=2, ttl=5, wait=2):
+                asks.append((who, asked, time.monotonic()))
+                time.sleep(0.01)
+        except LockContended:
+            if not who.startswith("cycler"):
+                raise
+
+    def cycle(engine: Redlock, n: int) -> None:
+        while not stop.is_set():
+            ask(engine, f"cycler {n}")
+
+    def first() -> None:
+        try:
+            ask(slow, "first")
+        except BaseException as error:  # noqa: BLE001 (reported in the test's thread)
+            failed.append(error)
+
+    def first_done() -> bool:
+        return bool(failed) or any(who == "first" for who, _, _ in asks)
+
+    cyclers = [threading.Thread(target=cycle, args=(redlock_of(masters), n)) for n in range(3)]
+    late = redlock_of(masters)
+    failed: list[BaseException] = []
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(DelayProxy(m.port, delay=0.02)) for m in masters]
+        slow = redlock_of([p.url for p in proxies], node_timeout=0.2)
+        queue_key = slow.queue_key(name)
+        for thread in cyclers:
+            thread.start()
+        try:
+            trial = tries = 0
+            while trial < 3:  # trials in which 'first' had to wait
+                tries += 1
+                assert tries <= 10, "'first' was queued in fewer than 3 of 10 tries"
+                time.sleep(0.3)  # all cycling
+                asks.clear()
+                waiter = threading.Thread(target=first)
+                waiter.start()
+                queued_at = queued_on_a_majority(
+                    masters,
+                    queue_key,
+                    slow.notices.inbox,
+                    1.5,
+                    first_done,
+                )
+                if queued_at is None:  # a slot was free and no one queued: it got in at once
+                    waiter.join(3)
+                    assert not failed, failed
+                    continue
+                time.sleep(0.15)
+                ask(late, "late")
+                waiter.join(3)
+                assert not failed, f"trial {trial}: 'first' got no permit: {failed}"
+                got = {who: at for who, _, at in asks if who in ("first", "late")}
+                overtakers = [
+                    (who, round(asked - queued_at, 3))
+                    for who, asked, at in list(asks)
+                    if asked > queued_at + 0.1 and at < got["first"] and who != "first"
+                ]
+                assert not overtakers, f"trial {trial}: asked later, got in first: {overtakers}"
+                assert got["first"] < got["late"]
+                trial += 1
+        finally:
+            stop.set()
+            for thread in cyclers:
+                thread.join(6)

@@ -77,6 +77,8 @@ class PermitLock(Lock):
             redlock.lock_key(self.resource),
             redlock.queue_key(self.resource),
             self._marker,
+            redlock.lock_key(f"{self.resource}#"),
+            limit,
         )
 
     def __repr__(self) -> str:

@@ -20,20 +20,89 @@ def check_limit(limit: object) -> int:
     return limit
 
 
+# The semaphore's waiter queue is first come, first served, as the lock's is (``scripts``): the
+# same sorted set of waiter ids, scored by the waiter's deadline, but in the client's wall-clock
+# milliseconds, so that every master holds the same order (a score from each master's own clock
+# orders two waiters by when their requests happened to reach it, which differs between masters,
+# and a semaphore's admission follows that order: masters in different orders would admit
+# different waiters, and none would win a quorum). An entry whose score is past is a waiter that
+# gave up or died, and is dropped when met. Ties go by id: the same on every master.
+#
+# Admission: a caller may take a free slot only if fewer live waiters are ahead of it than slots
+# are free (a caller not queued has every live waiter ahead). Without this, a slot freed by a
+# release goes to whichever caller asks next (a releaser coming back, a new arrival) rather than
+# to the waiter the release woke, which is still on its way. Reading the waiters ahead pops them
+# and puts them back (ZPOPMIN and ZADD: what the ACL user of the lock path is granted), at most as
+# many as slots are free.
+_AHEAD = """
+local function ahead_of(queue, me, now_ms, most)
+    local ahead = {}
+    local popped = {}
+    local lasts = redis.call('pttl', queue)
+    while #ahead < most do
+        local head = redis.call('zpopmin', queue)
+        if head[1] == nil then
+            break
+        end
+        if head[1] == me then
+            popped[#popped + 1] = head
+            break
+        end
+        if tonumber(head[2]) > now_ms then  -- else: gave up or died, dropped
+            popped[#popped + 1] = head
+            ahead[#ahead + 1] = head[1]
+        end
+    end
+    for _, entry in ipairs(popped) do
+        redis.call('zadd', queue, entry[2], entry[1])
+    end
+    if #popped > 0 and lasts > 0 then
+        redis.call('pexpire', queue, lasts)  -- emptied and made again: it still expires
+    end
+    return ahead
+end
+
+local function wake_all(queue, ids, notice, inboxes)
+    local woken = 0
+    for _, id in ipairs(ids) do
+        local inbox = inboxes .. string.match(id, '^[^.]*')
+        local heard = redis.call('publish', inbox, notice .. ' ' .. id)
+        if heard > 0 then
+            woken = woken + 1
+        else
+            redis.call('zrem', queue, id)  -- its process is gone
+        end
+    end
+    return woken
+end
+
+local function queue_up(queue, me, score, now_ms)
+    redis.call('zadd', queue, 'NX', score, me)
+    local wait_ms = tonumber(score) - now_ms
+    if wait_ms > 0 and redis.call('pttl', queue) < wait_ms then
+        redis.call('pexpire', queue, wait_ms)
+    end
+end
+"""
+
 # KEYS[1] the name's plain lock key (the marker); KEYS[2] the semaphore's waiter queue. ARGV[1]
 # our full value; ARGV[2] TTL in ms; ARGV[3] the marker ("permits:<N>"); ARGV[4] this waiter's
-# id, or '' for no waiter; ARGV[5] how many more ms it waits; ARGV[6] the slots' key prefix
-# ("...lock:<name>#"); ARGV[7] N; ARGV[8] the slot to start from. If the marker key holds
-# anything else: returns {-1, what it is} ("lock" for a plain lock's value: never a token). Else
-# takes the first free slot from ARGV[8] on (SET NX PX, in slot order, wrapping), raises the
-# marker's TTL to at least ours, takes the waiter out of the queue, and returns the slot + 1.
-# Every master given the same start and the same free slots takes the same one; the client counts
-# the votes per slot. If none is free: a waiter joins the queue (as in ACQUIRE_WAITING); returns
-# {0, the soonest PTTL of a slot (-1 if none expires)}. The slot keys are built from ARGV[6]:
-# all of them under the name, on a standalone master (no cluster slots to respect).
+# id, or '' for no waiter; ARGV[5] its score (its deadline, client ms); ARGV[6] the slots' key
+# prefix ("...lock:<name>#"); ARGV[7] N; ARGV[8] the slot to start from; ARGV[9] the client's
+# time (ms); ARGV[10] a notice digest and ARGV[11] the inboxes' prefix (as RELEASE's ARGV[3] and
+# ARGV[4]). If the marker key holds anything else: returns {-1, what it is} ("lock" for a plain
+# lock's value: never a token). Else, with k live waiters ahead of it (see above), it takes the
+# k+1-th free slot from ARGV[8] on (in slot order, wrapping), raises the marker's TTL to at least
+# ours, takes the waiter out of the queue, and returns the slot + 1. Every master given the same
+# start, the same free slots and the same queue takes the same one; the client counts the votes
+# per slot. Else a waiter joins the queue (keeping its place if it is there), the waiters ahead
+# are woken if a slot is free (the release that woke them may have been missed, or a slot expired)
+# and it returns {0, the soonest PTTL of a slot (-1 if none expires)}. The slot keys are built
+# from ARGV[6]: all of them under the name, on a standalone master (no cluster slots to respect).
 PERMIT_ACQUIRE = scripts.Script(
     "permit_acquire",
-    """
+    _AHEAD
+    + """
 local mark = redis.call('get', KEYS[1])
 if mark and mark ~= ARGV[3] then
     if string.match(mark, '^permits:%d+$') or mark == 'readers' then
@@ -43,34 +112,89 @@ if mark and mark ~= ARGV[3] then
 end
 local n = tonumber(ARGV[7])
 local start = tonumber(ARGV[8])
+local now_ms = tonumber(ARGV[9])
 local soonest = -1
+local function take(slot, set)
+    if not set then
+        redis.call('set', ARGV[6] .. slot, ARGV[1], 'PX', ARGV[2])
+    end
+    if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then
+        redis.call('set', KEYS[1], ARGV[3], 'PX', ARGV[2])
+    end
+    if ARGV[4] ~= '' then
+        redis.call('zrem', KEYS[2], ARGV[4])
+    end
+    return slot + 1
+end
+local free = {}
+local queued = redis.call('zcard', KEYS[2]) > 0
 for i = 0, n - 1 do
     local slot = (start + i) % n
     local key = ARGV[6] .. slot
-    if redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
-        if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then
-            redis.call('set', KEYS[1], ARGV[3], 'PX', ARGV[2])
-        end
-        if ARGV[4] ~= '' then
-            redis.call('zrem', KEYS[2], ARGV[4])
-        end
-        return slot + 1
+    if not queued and redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
+        return take(slot, true)  -- no one waits: the first free slot, as a lock's SET NX
     end
     local ttl = redis.call('pttl', key)
-    if ttl >= 0 and (soonest < 0 or ttl < soonest) then
+    if ttl == -2 then
+        free[#free + 1] = slot
+    elseif ttl >= 0 and (soonest < 0 or ttl < soonest) then
         soonest = ttl
     end
 end
-if ARGV[4] ~= '' then
-    local now = redis.call('time')
-    local wait_ms = tonumber(ARGV[5])
-    local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    redis.call('zadd', KEYS[2], 'NX', now_ms + wait_ms, ARGV[4])
-    if redis.call('pttl', KEYS[2]) < wait_ms then
-        redis.call('pexpire', KEYS[2], wait_ms)
+local ahead = {}
+if #free > 0 then
+    ahead = ahead_of(KEYS[2], ARGV[4], now_ms, #free)
+    if #ahead < #free then
+        return take(free[#ahead + 1], false)
     end
+    wake_all(KEYS[2], ahead, ARGV[10], ARGV[11])
+end
+if ARGV[4] ~= '' then
+    queue_up(KEYS[2], ARGV[4], ARGV[5], now_ms)
 end
 return {0, soonest}
+""",
+)
+
+# KEYS[1] the slot's lock key; KEYS[2] the semaphore's waiter queue. ARGV[1] our full value;
+# ARGV[2] '1' to wake waiters, or ''; ARGV[3] the notice (a digest of the lease); ARGV[4] the
+# inboxes' prefix; ARGV[5] the id the holder had queued under, or '' (removed first); ARGV[6] a
+# waiter id to put back in the queue (an attempt undoing a slot it took but did not win: it keeps
+# its place), or '', with ARGV[7] its score; ARGV[8] the client's time (ms); ARGV[9] the slots' key
+# prefix and ARGV[10] N (0 if unknown: then only the first waiter is woken). Compare-and-delete;
+# then wakes as many live waiters, first first, as slots are free, leaving them in the queue (a
+# woken waiter keeps its place until it has a permit, so no one asking meanwhile takes the slot
+# meant for it). Returns 0 if the slot was not ours, else 1 + the number of waiters woken.
+PERMIT_RELEASE = scripts.Script(
+    "permit_release",
+    _AHEAD
+    + """
+if ARGV[5] ~= '' then
+    redis.call('zrem', KEYS[2], ARGV[5])
+end
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('del', KEYS[1])
+local now_ms = tonumber(ARGV[8])
+if ARGV[6] ~= '' then
+    queue_up(KEYS[2], ARGV[6], ARGV[7], now_ms)
+end
+if ARGV[2] == '' or redis.call('zcard', KEYS[2]) == 0 then
+    return 1
+end
+local free = 1
+local n = tonumber(ARGV[10])
+if n > 0 then
+    free = 0
+    for slot = 0, n - 1 do
+        if redis.call('pttl', ARGV[9] .. slot) == -2 then
+            free = free + 1
+        end
+    end
+end
+local ahead = ahead_of(KEYS[2], '', now_ms, free)
+return 1 + wake_all(KEYS[2], ahead, ARGV[3], ARGV[4])
 """,
 )
 

@@ -31,12 +31,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from . import protocol, scripts
+from . import protocol
 from .errors import LockContended
 from .leases import Lease
 from .markers import described
 from .notices import Turn, Waiter
-from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_UNDO
+from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_RELEASE, PERMIT_UNDO
 from .procedures import (
     EXPIRY_MARGIN,
     JITTER,
@@ -86,6 +86,8 @@ class PermitCommands:
     marker_key: str
     queue_key: str
     marker: str
+    slot_prefix: str = ""
+    limit: int = 0
 
     def extend(self, lease: Lease, ttl_ms: int) -> Round:
         keys = (lease.keys[0], self.marker_key)
@@ -100,6 +102,8 @@ class PermitCommands:
             lease.value,
             queued_as=lease.queued_as,
             cleanup=cleanup,
+            slot_prefix=self.slot_prefix,
+            limit=self.limit,
         )
 
 
@@ -112,15 +116,36 @@ def release_slot(
     notify: bool = True,
     queued_as: str = "",
     cleanup: bool = False,
+    requeue: tuple[str, int] | None = None,
+    slot_prefix: str = "",
+    limit: int = 0,
 ) -> Round:
-    """Compare-and-delete one slot, then wake the head of the semaphore's queue: the plain
-    lock's release script, with the semaphore's queue instead of the slot's own. The marker is
-    left to expire (it outlives the permits; deleting it would need every slot read)."""
-    if notify:
-        args = (value, "1", protocol.notice_digest(value), inbox_prefix, queued_as)
-    else:
-        args = (value, "", "", "", queued_as)
-    return Round(scripts.RELEASE.evalsha((slot_key, queue_key), args), scripts.RELEASE, cleanup)
+    """Compare-and-delete one slot, then wake as many of the semaphore's waiters, first first,
+    as slots are free (all ``limit`` slots under ``slot_prefix`` are counted; with ``limit=0``,
+    the first waiter only). Woken waiters keep their place in the queue until they have a permit
+    (``permit_scripts``). ``requeue``: (waiter id, score) of an attempt undoing a slot it did not
+    win, put back in the queue where it was. The marker is left to expire (it outlives the
+    permits; deleting it would need every slot read)."""
+    waiter, score = requeue if requeue is not None else ("", 0)
+    args = (
+        value,
+        "1" if notify else "",
+        protocol.notice_digest(value) if notify else "",
+        inbox_prefix,
+        queued_as,
+        waiter,
+        score,
+        now_ms(),
+        slot_prefix,
+        limit,
+    )
+    return Round(PERMIT_RELEASE.evalsha((slot_key, queue_key), args), PERMIT_RELEASE, cleanup)
+
+
+def now_ms() -> int:
+    """The client's wall clock in ms: the semaphore queue's scores are in it, so that every
+    master orders the waiters alike (see ``permit_scripts``)."""
+    return int(time.time() * 1000)
 
 
 # --- acquire ------------------------------------------------------------------------------------
@@ -147,12 +172,15 @@ class PermitGranted(Granted):
 
 
 def attempt(
-    masters: Masters, want: PermitWant, start_slot: int, waiter: Waiter | None, deadline: float
+    masters: Masters, want: PermitWant, start_slot: int, waiter: Waiter | None, score: int
 ) -> Procedure[PermitGranted | Lost]:
-    """The lock's five steps (``procedures.attempt``) for a permit: every master takes the first
-    free slot from ``start_slot`` on; won iff a quorum took the same slot, within validity. The
-    slots taken elsewhere (a minority, when masters disagree on which are free) are undone."""
+    """The lock's five steps (``procedures.attempt``) for a permit: every master takes a free
+    slot from ``start_slot`` on, if fewer waiters are queued ahead of it than slots are free
+    (``permit_scripts``); won iff a quorum took the same slot, within validity. The slots taken
+    elsewhere (a minority, when masters disagree on which are free) are undone, and a waiter
+    keeps its place in the queue there. ``score``: the waiter's place (its deadline, client ms)."""
     start = time.monotonic()
+    now = now_ms()
     command = PERMIT_ACQUIRE.evalsha(
         (want.marker_key, want.queue_key),
         (
@@ -160,10 +188,13 @@ def attempt(
             int(want.ttl * 1000),
             want.marker,
             "" if waiter is None else waiter.id,
-            0 if waiter is None else max(int((deadline - start) * 1000), 1),
+            score,
             want.slot_prefix,
             want.limit,
             start_slot,
+            now,
+            protocol.notice_digest(f"{want.value}@{now}@{start}"),
+            masters.inbox_prefix,
         ),
     )
     try:
@@ -183,7 +214,16 @@ def attempt(
     for other in taken:
         if other != slot or not won:
             key = want.slot_key(other)
-            yield release_slot("", key, want.queue_key, want.value, notify=False)
+            requeue = None if waiter is None else (waiter.id, score)
+            yield release_slot(
+                masters.inbox_prefix,
+                key,
+                want.queue_key,
+                want.value,
+                requeue=requeue,
+                slot_prefix=want.slot_prefix,
+                limit=want.limit,
+            )
     if won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
         found = failures(masters, as_votes) if result.failed else []
@@ -209,6 +249,7 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
     start_slot = first_slot(want)
     turn: Turn | None = None
     waiter: Waiter | None = None
+    score = 0  # the waiter's place in the masters' queue: its deadline, client ms
     lost: Lost | None = None
     split_retried = False
     try:
@@ -224,8 +265,12 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
                     raise permit_not_acquired(masters, want, lost, attempts, began)
                 if waiter is None and lost is not None:
                     waiter = yield Listen()
+                    score = now_ms() + max(int((deadline - time.monotonic()) * 1000), 1)
             attempts += 1
-            outcome = yield from attempt(masters, want, start_slot, waiter, deadline)
+            # A waiter starts from slot 0, as every waiter does: waiters admitted together (one
+            # per free slot) then take different slots, by their places in the queue.
+            first_slot_ = start_slot if waiter is None else 0
+            outcome = yield from attempt(masters, want, first_slot_, waiter, score)
             if isinstance(outcome, PermitGranted):
                 queued_as = "" if waiter is None else waiter.id
                 slot = outcome.slot
@@ -267,7 +312,8 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
                 raise permit_not_acquired(masters, want, lost, attempts, began)
             yield Pause(delay)
     except BaseException as exc:
-        if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
+        if waiter is not None and not isinstance(exc, GeneratorExit):
+            # Leave the queue, also on timing out: a live entry holds back every later caller.
             yield Round(("ZREM", want.queue_key, waiter.id), cleanup=True)
         raise
     finally:
