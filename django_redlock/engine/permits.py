@@ -224,6 +224,10 @@ def attempt(
                 slot_prefix=want.slot_prefix,
                 limit=want.limit,
             )
+    if won and waiter is not None and any(r != slot + 1 for r in replies):
+        # Masters that did not give it this slot may still queue it (a refusal, a reply lost):
+        # a live entry there would hold back every later caller on that master until it expired.
+        yield Round(("ZREM", want.queue_key, waiter.id))
     if won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
         found = failures(masters, as_votes) if result.failed else []
