@@ -62,18 +62,31 @@ local function ahead_of(queue, me, now_ms, most)
     return ahead
 end
 
-local function wake_all(queue, ids, notice, inboxes)
-    local woken = 0
-    for _, id in ipairs(ids) do
-        local inbox = inboxes .. string.match(id, '^[^.]*')
-        local heard = redis.call('publish', inbox, notice .. ' ' .. id)
-        if heard > 0 then
-            woken = woken + 1
-        else
-            redis.call('zrem', queue, id)  -- its process is gone
+-- Wakes the first ``most`` live waiters that hear it, leaving them queued; one that no one
+-- hears (its process is gone, or not subscribed on this master yet) leaves the queue, and the
+-- next is woken in its place, so that a free slot always reaches a waiter that is listening.
+local function wake_first(queue, most, now_ms, notice, inboxes)
+    local woken = {}
+    local lasts = redis.call('pttl', queue)
+    while #woken < most do
+        local head = redis.call('zpopmin', queue)
+        if head[1] == nil then
+            break
+        end
+        if tonumber(head[2]) > now_ms then
+            local inbox = inboxes .. string.match(head[1], '^[^.]*')
+            if redis.call('publish', inbox, notice .. ' ' .. head[1]) > 0 then
+                woken[#woken + 1] = head
+            end
         end
     end
-    return woken
+    for _, entry in ipairs(woken) do
+        redis.call('zadd', queue, entry[2], entry[1])
+    end
+    if #woken > 0 and lasts > 0 then
+        redis.call('pexpire', queue, lasts)
+    end
+    return #woken
 end
 
 local function queue_up(queue, me, score, now_ms)
@@ -147,7 +160,7 @@ if #free > 0 then
     if #ahead < #free then
         return take(free[#ahead + 1], false)
     end
-    wake_all(KEYS[2], ahead, ARGV[10], ARGV[11])
+    wake_first(KEYS[2], #free, now_ms, ARGV[10], ARGV[11])
 end
 if ARGV[4] ~= '' then
     queue_up(KEYS[2], ARGV[4], ARGV[5], now_ms)
@@ -193,8 +206,7 @@ if n > 0 then
         end
     end
 end
-local ahead = ahead_of(KEYS[2], '', now_ms, free)
-return 1 + wake_all(KEYS[2], ahead, ARGV[3], ARGV[4])
+return 1 + wake_first(KEYS[2], free, now_ms, ARGV[3], ARGV[4])
 """,
 )
 
