@@ -14,8 +14,9 @@ slot: each master takes the first free slot from a start the acquirer names (the
 process released last, else a random one), so masters that agree on what is free take the same
 slot in one round; the acquirer counts the votes per slot, and wins iff a quorum took one slot
 (slots taken by a minority are undone; when masters disagree, it tries again from another start).
-Waiters queue FIFO on the semaphore's one waiter queue (not one per slot): a released permit wakes
-the head waiter, which then takes whichever slot is free.
+Waiters queue FIFO on the semaphore's one waiter queue (not one per slot), and each master admits
+in that order: a caller takes a free slot only if fewer live waiters are ahead of it than slots
+are free (``permit_scripts``). A release wakes as many waiters as slots are free.
 
 While any permit is held on a master, the name's plain lock key there holds a marker,
 ``permits:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
