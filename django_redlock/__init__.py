@@ -21,6 +21,7 @@ from .engine import (
     LockContended,
     LockLost,
     LockNotAcquired,
+    Overloaded,
     QuorumUnavailable,
 )
 from .engine.locking import locking
@@ -37,6 +38,7 @@ __all__ = [
     "LockContended",
     "LockLost",
     "LockNotAcquired",
+    "Overloaded",
     "QuorumUnavailable",
     "fenced_update",
     "guard_command",

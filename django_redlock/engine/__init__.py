@@ -7,6 +7,7 @@ from .errors import (
     LockLost,
     LockNotAcquired,
     NodeFailure,
+    Overloaded,
     QuorumUnavailable,
     RedlockError,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "LockNotAcquired",
     "NodeFailure",
     "NodeSpec",
+    "Overloaded",
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",

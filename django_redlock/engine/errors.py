@@ -57,6 +57,26 @@ class QuorumUnavailable(LockNotAcquired):
     masters answered so late that no validity time was left."""
 
 
+class Overloaded(LockNotAcquired):
+    """This process asks faster than its rounds can be answered: the caller's turn in the local
+    queue of rounds (``queued`` ahead of it) would not come within its patience (its ``wait``,
+    or ``admission.PATIENCE`` for a single attempt). The masters were not asked, and are not to
+    blame: slow down, or spread the load over more processes."""
+
+    def __init__(
+        self,
+        resource: str,
+        message: str,
+        *,
+        queued: int,
+        waited: float,
+        attempts: int = 1,
+    ) -> None:
+        super().__init__(resource, message, attempts=attempts)
+        self.queued = queued
+        self.waited = waited
+
+
 class LockLost(RedlockError):
     """The lease ran out or the masters no longer hold our token: exclusivity may have been
     broken. Raised on leaving the ``with`` block, by ``release()`` when no quorum confirmed

@@ -14,7 +14,7 @@ from .leases import Lease
 from .procedures import COURTESY, JITTER, release_round, tally
 from .protocol import Tally
 from .rounds import Reply
-from .steps import Masters, Pause, Procedure, Round, failures
+from .steps import Masters, Pause, Procedure, Round, failures, granted
 
 
 def extend(
@@ -30,7 +30,9 @@ def extend(
         if lease.check_lost():
             raise LockLost(lease.resource, lease.lost_message())
         replies: list[Reply] = yield Round(
-            scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)), scripts.EXTEND
+            scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)),
+            scripts.EXTEND,
+            enough=granted,
         )
         if lease.released:
             return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
@@ -78,7 +80,9 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     Raises ``LockLost`` (after still removing our lease wherever it is ours) unless a quorum
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
     masters answered."""
-    round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+    round_ = release_round(
+        masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
+    )
     try:
         replies: list[Reply] = yield round_
     except BaseException:

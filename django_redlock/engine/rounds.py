@@ -88,13 +88,35 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Replies:
-    """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``."""
+    """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``; or,
+    with ``enough``, only until ``needed`` more of them are answers that ``enough`` accepts (the
+    round is decided: it returns at quorum)."""
 
     sent: list[tuple[Pipe, Slot]]
     deadline: float
+    enough: Decides | None = None
+    needed: int = 0
 
 
-Exchange = Generator[Connect | Replies, Any, list[Reply]]
+#: Whether a master's answer counts towards deciding the round (a grant, a confirmation).
+Decides = Callable[[object], bool]
+
+
+class Answers(list[Reply]):
+    """A round's replies, in the masters' order, and ``began``: the monotonic time read before
+    its first request was written. Every master received the request later still, and started
+    any TTL it set later again: so a validity counted from ``began`` ends before the key does
+    on every master that granted it (less drift), however long the round waited in this process
+    before it began (admission) and however late it read its replies."""
+
+    __slots__ = ("began",)
+
+    def __init__(self, replies: list[Reply], began: float) -> None:
+        super().__init__(replies)
+        self.began = began
+
+
+Exchange = Generator[Connect | Replies, Any, Answers]
 
 #: How a driver finds a master's open pipe for this round (threads' or the running loop's).
 PipeOf = Callable[[Node], Pipe | None]
@@ -106,9 +128,11 @@ def exchange(
     budget: float,
     pipe_of: PipeOf,
     script: Script | None = None,
+    enough: Decides | None = None,
 ) -> Exchange:
     """Send ``command`` to every master, all before waiting for any reply; then take every reply
-    within ``budget`` seconds of its request leaving. A master that has not answered by then
+    within ``budget`` seconds of its request leaving (or, with ``enough``, only until a quorum
+    of replies are answers it accepts: see ``unawaited``). A master that has not answered by then
     counts as failed; its slot is abandoned (the reply is dropped when it comes, never mistaken
     for another request's answer) and the master is *silent* for SKIP_SILENT_FOR seconds: the
     next rounds tell it their request without waiting (so that a release still follows its SET
@@ -152,11 +176,14 @@ def exchange(
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+    needed = quorum(len(nodes))
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
-        # last of them is due (each master's budget runs from when its request left).
-        yield Replies([(pipe, slot) for _, pipe, slot in sent], _due(sent, budget))
+        # last of them is due (each master's budget runs from when its request left), or when
+        # the round is decided.
+        waited = [(pipe, slot) for _, pipe, slot in sent]
+        yield Replies(waited, _due(sent, budget), enough, needed)
         later = []
         for i, pipe, slot in sent:
             reply = slot.reply
@@ -165,14 +192,31 @@ def exchange(
                 requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
+                continue
             else:
                 replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
+            if enough is not None and type(replies[i]) in ANSWERS and enough(replies[i]):
+                needed -= 1
         sent = later
-    return replies
+        if enough is not None and needed <= 0:
+            for i, pipe, slot in sent:
+                replies[i] = unawaited(nodes[i], pipe, slot)
+            break
+    return Answers(replies, began)
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
 ANSWERS = frozenset({bytes, int, list, type(None)})
+
+
+def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
+    """A reply the round did not wait for: a quorum had already decided it. The master is not
+    blamed (not silent, no timeout: we chose not to wait); its reply is dropped when it comes.
+    Whatever the request does there meanwhile is ours to undo, and is undone in order: a
+    failed acquisition's release, or the holder's, goes later on this same pipe, and the
+    master applies it after the request it follows."""
+    pipe.abandon(slot)
+    return NodeFailure(node.label, "unawaited", "the round was decided before it answered")
 
 
 def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:

@@ -4,11 +4,12 @@ will have run out)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import scripts
+from .admission import Admission
 from .connections import Node
 from .errors import NodeFailure
 from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
@@ -27,6 +28,7 @@ class Masters(Protocol):
     drift_factor: float
     retry_delay: float
     queues: LocalQueues
+    admission: Admission
 
     @property
     def notices(self) -> ReleaseNotices: ...
@@ -56,6 +58,11 @@ class Round:
     script: scripts.Script | None = None
     #: Clean-up after an interruption: the async runner shields it from a second cancellation.
     cleanup: bool = False
+    #: An acquisition's: it waits for its turn among this process's rounds (``admission``) at
+    #: most this long. None: a holder's round, which goes at once.
+    patience: float | None = None
+    #: Which answers decide the round: it returns once a quorum of them came (``exchange``).
+    enough: Callable[[object], bool] | None = None
 
     def __repr__(self) -> str:
         # Never the arguments: they carry the lock's value, and error pages and trackers that
@@ -107,6 +114,11 @@ def vote(reply: Reply) -> Vote:
     if reply is None or reply == 0 or isinstance(reply, list):
         return Vote.DENIED
     return Vote.GRANTED
+
+
+def granted(reply: object) -> bool:
+    """Whether an answer grants what was asked (decides a round: see ``Round.enough``)."""
+    return vote(reply) is Vote.GRANTED
 
 
 def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
