@@ -12,6 +12,7 @@ them from a second cancellation) before it re-raises.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -31,7 +32,17 @@ from .rounds import (
     second_try,
 )
 from .scripts import Script
-from .steps import AwaitNotice, AwaitTurn, Listen, Masters, Pause, Procedure, Round, Step
+from .steps import (
+    AwaitNotice,
+    AwaitTurn,
+    Detach,
+    Listen,
+    Masters,
+    Pause,
+    Procedure,
+    Round,
+    Step,
+)
 
 T = TypeVar("T")
 
@@ -80,6 +91,9 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         return waiter
     if isinstance(step, AwaitTurn):
         return step.turn.ready.wait(step.timeout)
+    if isinstance(step, Detach):
+        threading.Thread(target=run, args=(masters, step.procedure), daemon=True).start()
+        return None
     notified = step.waiter.notified.wait(step.timeout)
     step.waiter.notified.clear()
     return notified
@@ -190,6 +204,11 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         return waiter
     if isinstance(step, AwaitTurn):
         return await step.turn.ready.await_(step.timeout)
+    if isinstance(step, Detach):
+        task = asyncio.get_running_loop().create_task(arun(masters, step.procedure))
+        _DETACHED.add(task)  # a task only weakly referenced by its loop could be collected
+        task.add_done_callback(_DETACHED.discard)
+        return None
     assert isinstance(step, AwaitNotice)  # noqa: S101
     notified = await step.waiter.notified.await_(step.timeout)
     step.waiter.notified.clear()
@@ -221,6 +240,10 @@ async def afan_out(
         except BaseException:
             _give_up(rounds, wait)  # cancelled
             raise
+
+
+#: Background procedures (``Detach``) still running on some event loop.
+_DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def _give_up(rounds: Exchange, wait: Connect | Replies) -> None:

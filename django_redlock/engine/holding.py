@@ -11,10 +11,15 @@ from collections.abc import Sequence
 from . import protocol, scripts
 from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
-from .procedures import COURTESY, JITTER, release_round, tally
+from .procedures import COURTESY, JITTER, confirms, release_round, tally
 from .protocol import Tally
 from .rounds import Reply
-from .steps import Masters, Pause, Procedure, Round, failures, granted
+from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
+
+#: A release that too few masters confirmed is sent again this many times (a retry delay apart)
+#: before the caller is answered; then it goes on in the background until the lease's keys
+#: expire. A compare-and-delete is idempotent: repeating it never removes anything but ours.
+RELEASE_RETRIES = 2
 
 
 def extend(
@@ -90,6 +95,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         # interruption through, so that a cancellation never leaves the lock held.
         yield Round(round_.command, round_.script, cleanup=True)
         raise
+    replies = yield from release_again(masters, lease, round_, replies)
     several = len(lease.keys)
     if several > 1:
         confirmed = sum(r == several for r in replies)
@@ -114,12 +120,69 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
             lease.resource,
             f"release of lock {lease.resource!r} not confirmed: only {confirmed} of "
             f"{len(replies)} masters confirmed it ({masters.quorum} needed); the lease was valid "
-            f"until now, and where it remains it expires within its TTL ({lease.ttl}s)",
+            f"until now; it is retried in the background until the lease's keys expire (within "
+            f"its TTL, {lease.ttl}s)",
             detail,
             unconfirmed=True,
         )
     if any(isinstance(r, NodeFailure) for r in replies):
         lease.note_failures(failures(masters, replies), "release")
+
+
+def release_again(
+    masters: Masters, lease: Lease, round_: Round, replies: list[Reply]
+) -> Procedure[list[Reply]]:
+    """``replies`` to a release, completed by retries while too few masters confirmed it and
+    some failed to answer (no retry when enough masters said our lease is not there: nothing
+    to remove). Inline ``RELEASE_RETRIES`` times; then in the background, until the lease's
+    keys expire, while the caller is told it is unconfirmed."""
+    merged = list(replies)
+    if not _worth_retrying(masters, lease, merged):
+        return merged
+    for _ in range(RELEASE_RETRIES):
+        yield Pause(protocol.retry_delay(masters.retry_delay, JITTER))
+        merged = _merge(lease, merged, (yield round_))
+        if not _worth_retrying(masters, lease, merged):
+            return merged
+    yield Detach(_keep_releasing(masters, lease, round_, merged))
+    return merged
+
+
+def _keep_releasing(
+    masters: Masters, lease: Lease, round_: Round, replies: list[Reply]
+) -> Procedure[None]:
+    while _worth_retrying(masters, lease, replies):
+        yield Pause(protocol.retry_delay(masters.retry_delay, JITTER))
+        replies = _merge(lease, replies, (yield round_))
+
+
+def _worth_retrying(masters: Masters, lease: Lease, replies: list[Reply]) -> bool:
+    confirmed = confirms(len(lease.keys))
+    done = sum(confirmed(r) for r in replies)
+    unanswered = sum(isinstance(r, NodeFailure) for r in replies)
+    return (
+        done < masters.quorum
+        and done + unanswered >= masters.quorum
+        and time.monotonic() < lease.valid_until
+    )
+
+
+def _merge(lease: Lease, before: list[Reply], after: list[Reply]) -> list[Reply]:
+    """Per master: a confirmation stands; an answer replaces a failure. A master that failed to
+    answer the first time and now finds nothing counts as confirmed: while the lease was
+    valid, no one else could remove it, so our unanswered request did (either way, nothing of
+    ours is left there)."""
+    confirmed = confirms(len(lease.keys))
+    full = len(lease.keys)
+    merged: list[Reply] = []
+    for old, new in zip(before, after, strict=True):
+        if confirmed(old) or isinstance(new, NodeFailure):
+            merged.append(old)
+        elif isinstance(old, NodeFailure) and not confirmed(new):
+            merged.append(full)
+        else:
+            merged.append(new)
+    return merged
 
 
 def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:

@@ -99,7 +99,16 @@ class AwaitTurn:
     timeout: float
 
 
-Step = Round | Pause | Listen | AwaitNotice | AwaitTurn
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Go on with ``procedure`` in the background (a task on the running loop, or a thread of
+    its own), without waiting for it: work the caller should not wait for, that may not be
+    dropped either (a release retried until the lease's keys expire)."""
+
+    procedure: Generator[Any, Any, Any]
+
+
+Step = Round | Pause | Listen | AwaitNotice | AwaitTurn | Detach
 Procedure = Generator[Step, Any, T]
 
 
