@@ -141,8 +141,9 @@ def _wait_replies(wait: Replies) -> None:
     for pipe, slot in sent:
         if slot.reply is PENDING:
             pipe.wait(slot, wait.deadline, fresh=fresh)
-            if slot.reply is not PENDING:
-                pipe.took(time.monotonic() - slot.sent_at)
+            # (No reply yet: what it was waited for is its latency so far, so that the next
+            # round waits for it last.)
+            pipe.took(time.monotonic() - slot.sent_at)
         fresh = False
         if second_try(slot):
             break

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class NodeFailure:
     """Why one master did not grant a request: ``"held"`` (another owner), ``"gone"`` (our
-    token is not there any more), ``"timeout"`` or ``"error"``. ``node`` is the master's
+    token is not there any more), ``"timeout"`` or ``"error"``; within the engine also
+    ``"unawaited"``: a reply the round did not wait for, a quorum having decided it (never
+    reported as a failure). ``node`` is the master's
     address with any password masked."""
 
     node: str

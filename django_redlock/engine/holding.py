@@ -13,7 +13,7 @@ from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, confirms, release_round, tally
 from .protocol import Tally
-from .rounds import Reply
+from .rounds import UNAWAITED, Reply
 from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
 
 #: A release that too few masters confirmed is sent again this many times (a retry delay apart)
@@ -229,7 +229,8 @@ def gone(masters: Masters, replies: Sequence[Reply], *, several: int = 1) -> lis
     out = []
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):
-            out.append(reply)
+            if reply.reason != UNAWAITED:
+                out.append(reply)
         elif reply == 0 or (several > 1 and reply != several):
             out.append(NodeFailure(node.label, "gone"))
     return out

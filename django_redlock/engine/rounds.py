@@ -209,6 +209,10 @@ def exchange(
 ANSWERS = frozenset({bytes, int, list, type(None)})
 
 
+#: The reason of a reply the round did not wait for (``unawaited``): no failure of its master.
+UNAWAITED = "unawaited"
+
+
 def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
     """A reply the round did not wait for: a quorum had already decided it. The master is not
     blamed (not silent, no timeout: we chose not to wait); its reply is dropped when it comes.
@@ -216,7 +220,7 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
     failed acquisition's release, or the holder's, goes later on this same pipe, and the
     master applies it after the request it follows."""
     pipe.abandon(slot)
-    return NodeFailure(node.label, "unawaited", "the round was decided before it answered")
+    return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
 
 
 def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:

@@ -14,7 +14,7 @@ from .connections import Node
 from .errors import NodeFailure
 from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
 from .protocol import Vote
-from .rounds import Command, Reply
+from .rounds import UNAWAITED, Command, Reply
 
 T = TypeVar("T")
 
@@ -135,7 +135,8 @@ def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
     out = []
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):
-            out.append(reply)
+            if reply.reason != UNAWAITED:  # not a failure: the round did not wait for it
+                out.append(reply)
         elif vote(reply) is Vote.DENIED:
             out.append(NodeFailure(node.label, "held"))
     return out
