@@ -34,7 +34,14 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
     "f": (
         "many callers in one process: 1,000 asyncio tasks at once (cold and warm), 200 threads "
         "x 10, each on a key of its own",
-        lambda args: burst.run(tasks=args.tasks, threads=args.threads, cycles=args.thread_cycles),
+        lambda args: burst.run(
+            tasks=args.tasks,
+            threads=args.threads,
+            cycles=args.thread_cycles,
+            scale_tasks=args.scale_tasks,
+            scale_threads=args.scale_threads,
+            peers=not args.ours_only,
+        ),
     ),
     "g": (
         "2,000 asyncio waiters on one key in one process",
@@ -90,6 +97,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=200, help="(f): threads (200)")
     parser.add_argument(
         "--thread-cycles", type=int, default=10, help="(f): acquisitions per thread (10)"
+    )
+    parser.add_argument(
+        "--scale-tasks",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=list(burst.SCALE_TASKS),
+        help="(f): ours alone at these burst sizes (1000,10000,20000,50000)",
+    )
+    parser.add_argument(
+        "--scale-threads", type=int, default=burst.SCALE_THREADS, help="(f): ours alone (1000)"
+    )
+    parser.add_argument(
+        "--ours-only", action="store_true", help="(f): leave out the peers' side-by-side tables"
     )
     parser.add_argument("--waiters", type=int, default=2000, help="(g): waiters (2000)")
     args = parser.parse_args()
