@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import burst, chart, contention, cycle, memory, report, waiters
+from . import burst, chart, contention, cycle, distances, memory, report, waiters
 
 DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
 
@@ -23,7 +23,11 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
     ),
     "b": (
         "the same, every master behind a loopback proxy adding 1 ms each way",
-        lambda args: cycle.proxied(delay=args.delay),
+        lambda args: (
+            distances.run(distances_ms=args.distances)
+            if args.distances
+            else cycle.proxied(delay=args.delay)
+        ),
     ),
     "c": (
         "contention: 8 processes x 25 acquisitions of one key held 2 ms",
@@ -97,6 +101,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=200, help="(f): threads (200)")
     parser.add_argument(
         "--thread-cycles", type=int, default=10, help="(f): acquisitions per thread (10)"
+    )
+    parser.add_argument(
+        "--distances",
+        type=lambda text: [float(ms) for ms in text.split(",")],
+        default=None,
+        help="(b): instead of one delay, the five masters' round trips in ms (e.g. 1,1,1,20,40)",
     )
     parser.add_argument(
         "--scale-tasks",
