@@ -191,25 +191,43 @@ def three_cut(masters):
         yield [p.url for p in proxies] + [m.url for m in masters[3:]], proxies
 
 
-def test_a_release_that_too_few_confirmed_is_retried_until_confirmed(
+def scripts_run(master: LocalMaster) -> int:
+    stats = master.client().info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+
+
+def test_a_release_is_retried_until_a_quorum_confirmed_it_then_no_more(
     masters, three_cut, redlock_of
 ):
     """Three of five masters swallow the release (it never reaches them: no late reply will
-    remove the key); they heal 200 ms later. The release tries again, a quorum confirms it,
-    and nothing is reported lost or unconfirmed; no key is left."""
+    remove the key). The caller is told at once that it is unconfirmed (in the same time as
+    before: one round); the release is retried in the background, and once the masters heal
+    and a quorum confirmed it, it stops."""
     urls, proxies = three_cut
-    engine = redlock_of(urls, node_timeout=0.05, retry_delay=0.8)
+    engine = redlock_of(urls, node_timeout=0.05, retry_delay=0.1)
     lock = engine.lock("job", ttl=10).acquire()
     for proxy in proxies:
         proxy.blackhole()
-    healing = threading.Timer(0.2, lambda: [p.heal() for p in proxies])
-    healing.start()
+    started = time.monotonic()
     try:
-        lock.release()  # no LockLost(unconfirmed)
+        with pytest.raises(LockLost) as caught:
+            lock.release()
+        took = time.monotonic() - started
+        time.sleep(0.3)  # retried meanwhile, swallowed too
+        assert keys_left(masters[:3], "redlock:lock:job") == 3
     finally:
-        healing.join()
-    assert not lock.lost
+        for proxy in proxies:
+            proxy.heal()
+    assert caught.value.unconfirmed and not lock.lost
+    assert took < 0.05 + 0.25  # one round's budget, and local slack
+    deadline = time.monotonic() + 2.0
+    while keys_left(masters, "redlock:lock:job") and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert keys_left(masters, "redlock:lock:job") == 0
+    time.sleep(0.3)  # any retry in flight has arrived
+    before = [scripts_run(m) for m in masters]
+    time.sleep(0.5)  # five retry delays: no more retries
+    assert [scripts_run(m) for m in masters] == before
 
 
 def test_an_unconfirmed_release_keeps_trying_in_the_background(masters, three_cut, redlock_of):

@@ -16,11 +16,6 @@ from .protocol import Tally
 from .rounds import UNAWAITED, Reply
 from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
 
-#: A release that too few masters confirmed is sent again this many times (a retry delay apart)
-#: before the caller is answered; then it goes on in the background until the lease's keys
-#: expire. A compare-and-delete is idempotent: repeating it never removes anything but ours.
-RELEASE_RETRIES = 2
-
 
 def extend(
     masters: Masters, lease: Lease, *, once: bool, ttl: float | None = None
@@ -95,7 +90,9 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         # interruption through, so that a cancellation never leaves the lock held.
         yield Round(round_.command, round_.script, cleanup=True)
         raise
-    replies = yield from release_again(masters, lease, round_, replies)
+    if _worth_retrying(masters, lease, replies):
+        # Its keys must not block everyone until their TTL: retried in the background.
+        yield Detach(_keep_releasing(masters, lease, round_, replies))
     several = len(lease.keys)
     if several > 1:
         confirmed = sum(r == several for r in replies)
@@ -129,28 +126,14 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         lease.note_failures(failures(masters, replies), "release")
 
 
-def release_again(
-    masters: Masters, lease: Lease, round_: Round, replies: list[Reply]
-) -> Procedure[list[Reply]]:
-    """``replies`` to a release, completed by retries while too few masters confirmed it and
-    some failed to answer (no retry when enough masters said our lease is not there: nothing
-    to remove). Inline ``RELEASE_RETRIES`` times; then in the background, until the lease's
-    keys expire, while the caller is told it is unconfirmed."""
-    merged = list(replies)
-    if not _worth_retrying(masters, lease, merged):
-        return merged
-    for _ in range(RELEASE_RETRIES):
-        yield Pause(protocol.retry_delay(masters.retry_delay, JITTER))
-        merged = _merge(lease, merged, (yield round_))
-        if not _worth_retrying(masters, lease, merged):
-            return merged
-    yield Detach(_keep_releasing(masters, lease, round_, merged))
-    return merged
-
-
 def _keep_releasing(
     masters: Masters, lease: Lease, round_: Round, replies: list[Reply]
 ) -> Procedure[None]:
+    """A release that too few masters confirmed while some did not answer, sent again (a retry
+    delay apart) until a quorum confirmed it or the lease's keys expire. A compare-and-delete
+    is idempotent: repeating it never removes anything but ours. (Not when enough masters said
+    our lease is not there: nothing to remove.) The caller does not wait for it: it was told
+    the release is unconfirmed, within the same time as before."""
     while _worth_retrying(masters, lease, replies):
         yield Pause(protocol.retry_delay(masters.retry_delay, JITTER))
         replies = _merge(lease, replies, (yield round_))
