@@ -81,6 +81,7 @@ def test_a_wait_that_the_local_queue_cannot_meet_is_refused_at_once(masters, red
         burst = [loop.create_task(engine.lock(f"q:{i}", ttl=10).aacquire()) for i in range(2000)]
         gate = engine.admission.of(loop)
         while not gate.pace.per_turn:  # its pace is measured once turns are given
+            assert not all(task.done() for task in burst), "the burst ended before"
             await asyncio.sleep(0.01)
         late = loop.create_task(engine.lock("late", ttl=10, wait=0).aacquire())
         started = time.monotonic()

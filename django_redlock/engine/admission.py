@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import weakref
 from collections import deque
 
 from . import process
@@ -116,6 +115,7 @@ class LoopGate:
         except Full:
             raise Full(queued, expected, time.monotonic() - began) from None
         except BaseException:
+            # (exception() also marks an expiry that came with a cancellation as seen.)
             if turn.done() and not turn.cancelled() and turn.exception() is None:
                 self.leave()  # handed a turn, then cancelled: give it on
             raise
@@ -192,21 +192,21 @@ class Admission:
         self.limit = limit
         self._pid = process.pid()
         self._threads = ThreadGate(limit)
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopGate] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._loops: dict[asyncio.AbstractEventLoop, LoopGate] = {}
 
     def threads(self) -> ThreadGate:
         if self._pid != process.pid():
             # A forked child: its parent's rounds in flight are not its own.
             self._pid = process.pid()
             self._threads = ThreadGate(self.limit)
-            self._loops = weakref.WeakKeyDictionary()
+            self._loops = {}
         return self._threads
 
     def of(self, loop: asyncio.AbstractEventLoop) -> LoopGate:
         self.threads()  # forgets the parent's gates in a forked child
         gate = self._loops.get(loop)
         if gate is None:
+            for closed in [each for each in self._loops if each.is_closed()]:
+                del self._loops[closed]  # loops that ended (asyncio.run returned)
             gate = self._loops[loop] = LoopGate(loop, self.limit)
         return gate
