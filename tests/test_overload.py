@@ -67,6 +67,35 @@ def test_a_burst_on_healthy_masters_is_served_in_turn_and_leaves_no_key(masters,
     assert most_pending <= 2 * IN_FLIGHT
 
 
+def test_a_request_held_up_in_this_process_does_not_cost_its_validity(masters, redlock_of):
+    """Two acquisitions start in one loop tick; the first request of a tick is written at once,
+    the next ones at its end, and a third task then blocks the loop for longer than the TTL.
+    The second acquisition's requests leave only after that: its validity counts from then
+    (the masters start its keys' TTL later still), so it is won. (The first one's replies were
+    read that late too: too late for its TTL, truly.)"""
+    engine = redlock_of(masters)
+
+    async def main() -> tuple[bool, BaseException | None]:
+        async with engine.lock("warm-up", ttl=10):  # connections made, scripts loaded
+            pass
+        loop = asyncio.get_running_loop()
+        first = loop.create_task(engine.lock("first", ttl=0.5).aacquire())
+        second = loop.create_task(engine.lock("second", ttl=0.5).aacquire())
+
+        async def busy() -> None:
+            time.sleep(0.7)  # the loop is stuck: the tick's later requests wait in our buffer
+
+        await asyncio.gather(busy(), return_exceptions=True)
+        (held,) = await asyncio.gather(second)
+        (outcome,) = await asyncio.gather(first, return_exceptions=True)
+        await held.arelease()
+        return held.held is False, outcome if isinstance(outcome, BaseException) else None
+
+    released, first_error = asyncio.run(main())
+    assert released  # it was won, then released
+    assert isinstance(first_error, QuorumUnavailable)  # answered after its TTL
+
+
 # --- Overloaded ----------------------------------------------------------------------------------
 
 

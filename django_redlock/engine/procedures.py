@@ -105,9 +105,10 @@ def attempt(
 ) -> Procedure[Granted | Lost]:
     """The paper's five steps, once.
 
-    1. Read the monotonic clock: ``Answers.began``, read by the round after it waited for its
-       turn among this process's rounds (``admission``) and before its first request left, so
-       that time spent queued here costs neither the validity nor the masters' node budget.
+    1. Read the monotonic clock: ``Answers.began``, read by the round just before its first
+       request was written (after its turn among this process's rounds, ``admission``, and a
+       busy loop tick), so that time spent queued here costs neither the validity nor the
+       masters' node budget.
     2. SET the value NX PX ttl on every master at once, each within the node budget (a waiter
        uses a script that also queues it, on the masters that refuse, to be woken in turn).
        The round returns as soon as a quorum granted it, without waiting for the others.

@@ -103,11 +103,13 @@ Decides = Callable[[object], bool]
 
 
 class Answers(list[Reply]):
-    """A round's replies, in the masters' order, and ``began``: the monotonic time read before
-    its first request was written. Every master received the request later still, and started
-    any TTL it set later again: so a validity counted from ``began`` ends before the key does
-    on every master that granted it (less drift), however long the round waited in this process
-    before it began (admission) and however late it read its replies."""
+    """A round's replies, in the masters' order, and ``began``: the monotonic time read just
+    before the first of its requests was written (the earliest ``Slot.sent_at``: an async pipe
+    stamps it when it writes, at the end of the loop tick). Every master received its request
+    later still, and started any TTL it set later again: so a validity counted from ``began``
+    ends before the key does on every master that granted it (less drift), however long the
+    round waited in this process before its requests left (its turn among our rounds, a loop
+    tick busy with thousands of tasks) and however late it read its replies."""
 
     __slots__ = ("began",)
 
@@ -176,6 +178,7 @@ def exchange(
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+    written = [slot for _, _, slot in sent]
     needed = quorum(len(nodes))
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
@@ -202,7 +205,7 @@ def exchange(
             for i, pipe, slot in sent:
                 replies[i] = unawaited(nodes[i], pipe, slot)
             break
-    return Answers(replies, began)
+    return Answers(replies, min((slot.sent_at for slot in written), default=began))
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
