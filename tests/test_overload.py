@@ -250,7 +250,7 @@ def test_a_release_is_retried_until_a_quorum_confirmed_it_then_no_more(
     assert caught.value.unconfirmed
     assert not lock.lost
     assert took < 0.05 + 0.25  # one round's budget, and local slack
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 3.0  # masters left out as silent are asked again within 1 s
     while keys_left(masters, "redlock:lock:job") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert keys_left(masters, "redlock:lock:job") == 0

@@ -37,6 +37,11 @@ PATIENCE = 60.0
 #: The queue's pace is measured over windows of at least this long while it is not empty.
 _PACE_WINDOW = 0.1
 
+#: A caller is refused at once only if its turn is expected this many times later than its
+#: patience allows (the pace is an estimate: one between is let wait, and refused after its
+#: patience if its turn does not come).
+_SURE = 2.0
+
 
 class Full(Exception):  # noqa: N818 (a signal to the procedure, which raises Overloaded)
     """No turn within the caller's patience: ``queued`` rounds were ahead, ``expected`` is the
@@ -61,7 +66,10 @@ class _Pace:
         self._mark_served = 0
 
     def queue_formed(self) -> None:
-        self._mark = 0.0  # measured from the first turn it gives, not from a cold start
+        # Measured afresh for each queue (a previous burst's pace says little about this one),
+        # from the first turn it gives (not from a cold start).
+        self.per_turn = 0.0
+        self._mark = 0.0
 
     def turn_given(self, now: float) -> None:
         self.served += 1
@@ -74,6 +82,10 @@ class _Pace:
 
     def expected(self, queued: int) -> float:
         return queued * self.per_turn
+
+    def hopeless(self, expected: float, patience: float | None) -> bool:
+        """Whether a turn ``expected`` seconds away is surely beyond ``patience``."""
+        return patience is not None and expected > _SURE * patience
 
 
 class LoopGate:
@@ -98,7 +110,7 @@ class LoopGate:
             return
         queued = self.queued() if patience is not None else len(self.holders)
         expected = self.pace.expected(queued)
-        if patience is not None and expected > patience:
+        if self.pace.hopeless(expected, patience):
             raise Full(queued, expected, 0.0)
         if not self.queued():
             self.pace.queue_formed()
@@ -160,7 +172,7 @@ class ThreadGate:
                 return
             queued = len(self.holders) + (len(self.waiting) if patience is not None else 0)
             expected = self.pace.expected(queued)
-            if patience is not None and expected > patience:
+            if self.pace.hopeless(expected, patience):
                 raise Full(queued, expected, 0.0)
             if not self.holders and not self.waiting:
                 self.pace.queue_formed()

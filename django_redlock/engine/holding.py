@@ -130,13 +130,15 @@ def _keep_releasing(
     masters: Masters, lease: Lease, round_: Round, replies: list[Reply]
 ) -> Procedure[None]:
     """A release that too few masters confirmed while some did not answer, sent again (a retry
-    delay apart) until a quorum confirmed it or the lease's keys expire. A compare-and-delete
-    is idempotent: repeating it never removes anything but ours. (Not when enough masters said
-    our lease is not there: nothing to remove.) The caller does not wait for it: it was told
-    the release is unconfirmed, within the same time as before."""
-    while _worth_retrying(masters, lease, replies):
+    delay apart, waiting for every master) until each of them answered or the lease's keys
+    expire: no key of ours is left to block anyone. A compare-and-delete is idempotent:
+    repeating it never removes anything but ours. (Not started when enough masters said our
+    lease is not there: nothing to remove.) The caller does not wait for it: it was told the
+    release is unconfirmed, within the same time as before."""
+    again = Round(round_.command, round_.script)
+    while any(isinstance(r, NodeFailure) for r in replies) and time.monotonic() < lease.valid_until:
         yield Pause(protocol.retry_delay(masters.retry_delay, JITTER))
-        replies = _merge(lease, replies, (yield round_))
+        replies = _merge(lease, replies, (yield again))
 
 
 def _worth_retrying(masters: Masters, lease: Lease, replies: list[Reply]) -> bool:
