@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import burst, chart, contention, cycle, distances, memory, report, waiters
+from . import burst, chart, contention, cycle, distances, memory, renewals, report, waiters
 
 DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
 
@@ -51,6 +51,10 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
         "2,000 asyncio waiters on one key in one process",
         lambda args: waiters.run(waiters=args.waiters),
     ),
+    "h": (
+        "10,000 auto-extended leases in one process, one of 3 masters 40 ms away",
+        lambda args: renewals.run(leases=args.leases, hold=args.hold),
+    ),
 }
 ALIASES = {
     "uncontended": "a",
@@ -62,10 +66,20 @@ ALIASES = {
     "burst": "f",
     "crowd": "f",
     "waiters": "g",
+    "renewals": "h",
 }
 
 #: Options that count something (rounds, cycles, callers): each must be at least 1.
-COUNTS = ("rounds", "cycles", "contention_rounds", "tasks", "threads", "thread_cycles", "waiters")
+COUNTS = (
+    "rounds",
+    "cycles",
+    "contention_rounds",
+    "tasks",
+    "threads",
+    "thread_cycles",
+    "waiters",
+    "leases",
+)
 
 
 def main() -> None:
@@ -83,7 +97,7 @@ def main() -> None:
         nargs="*",
         default=["all"],
         metavar="scenario",
-        help="a b c d e f g (or their names), all, chart, profile",
+        help="a b c d e f g h (or their names), all, chart, profile",
     )
     # Many short rounds rather than few long ones: load from other processes on the machine
     # comes and goes in bursts, and short rounds spread each burst over every implementation.
@@ -121,6 +135,10 @@ def main() -> None:
         "--ours-only", action="store_true", help="(f): leave out the peers' side-by-side tables"
     )
     parser.add_argument("--waiters", type=int, default=2000, help="(g): waiters (2000)")
+    parser.add_argument(
+        "--leases", type=int, default=10_000, help="(h): auto-extended leases (10000)"
+    )
+    parser.add_argument("--hold", type=float, default=25.0, help="(h): seconds they are held (25)")
     args = parser.parse_args()
     too_small = [name for name in COUNTS if getattr(args, name) < 1]
     if too_small:
@@ -128,10 +146,12 @@ def main() -> None:
         parser.error(f"{options}: must be >= 1")
     if not 0 < args.delay < 1:
         parser.error(f"--delay must be between 0 and 1 second, got {args.delay}")
+    if not args.hold > 0:
+        parser.error(f"--hold must be a positive number of seconds, got {args.hold}")
     wanted = [ALIASES.get(s, s) for s in args.scenarios]
     unknown = [s for s in wanted if s not in (*SCENARIOS, "all", "chart", "profile")]
     if unknown:
-        choices = "a b c d e f g all chart profile"
+        choices = "a b c d e f g h all chart profile"
         parser.error(f"unknown scenario {', '.join(unknown)}; choose from {choices}")
 
     if "profile" in wanted:

@@ -132,12 +132,14 @@ def locked(*resources: str, **options: Any) -> Callable[[F], F]:
 
 def holder(resource: str) -> Holder | None:
     """Who holds ``resource`` now, as a quorum of masters says (host, pid, thread, task,
-    label, since); None if nobody holds it."""
+    label, since); None if nobody holds it. Raises ``QuorumUnavailable`` when too few masters
+    answered to tell."""
     from .conf import get_redlock
 
     return get_redlock().holder(resource)
 
 
 def is_locked(resource: str) -> bool:
-    """Whether anyone holds ``resource`` on a quorum of masters (one round)."""
+    """Whether anyone holds ``resource`` on a quorum of masters (one round). Raises
+    ``QuorumUnavailable`` when too few masters answered to tell."""
     return holder(resource) is not None

@@ -207,6 +207,12 @@ def _check_atomic(atomic: object) -> str | bool:
 
 def _decorate_function(view: Callable[..., Any], options: _Options) -> Callable[..., Any]:
     guard = options.guard(view)
+    if inspect.isgeneratorfunction(view) or inspect.isasyncgenfunction(view):
+        # Its body would run after the view returned, unlocked: say so now, not per request.
+        raise TypeError(
+            f"lock_view on {guard.label}: a generator function is not a view; return a "
+            f"StreamingHttpResponse of the generator instead (its body runs under the lock)"
+        )
     if iscoroutinefunction(view):
         guard.refuse_atomic()
 

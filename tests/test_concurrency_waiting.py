@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import threading
 import time
 from collections import Counter
 
 import pytest
 
+from django_redlock.engine import LockContended
+from django_redlock.engine.procedures import SAFETY_POLL
 from django_redlock.testing.masters import LocalMaster
 from tests.callers import STEP_TIMEOUT, aoutcome, outcome
 
@@ -128,3 +131,170 @@ def test_a_lease_that_expires_unreleased_passes_to_a_waiter_within_a_quarter_sec
     waiter.release()
     assert late <= 0.25, f"acquired {late:.3f} s after the lease expired on the masters"
     assert not held.held
+
+
+# --- issue 23, item 11: locks over several resources queue like single ones ---------------------
+
+
+def test_a_pair_lock_gets_its_turn_among_single_waiters_that_cycle(masters, redlock_of):
+    """8 threads cycle on "a" (each waits its turn, then holds it 0.12 s); a lock over ("a", "b")
+    with wait=2 queues among them, first come first served, and wins in every trial, as a single
+    waiter would (about 1 s behind the 8). It used to poll, and found "a" free in the short
+    hand-offs between them 1 or 2 times in 6."""
+    engine = redlock_of(masters)
+    stop = threading.Event()
+
+    def cycle() -> None:
+        while not stop.is_set():
+            with engine.lock("a", ttl=5, wait=10):
+                time.sleep(0.12)
+
+    threads = [threading.Thread(target=cycle) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    won = 0
+    try:
+        time.sleep(0.3)  # the eight are cycling
+        for _ in range(6):
+            try:
+                with engine.lock("a", "b", ttl=5, wait=2):
+                    won += 1
+            except LockContended:
+                pass
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+    assert won == 6
+
+
+def test_waiting_pair_locks_sleep_instead_of_polling(fresh_masters, redlock_of):
+    """Pair locks (each in an engine of its own, as in separate processes) wait 2.5 s for a
+    resource held all along: queued, each looks at most once per safety poll (plus its first
+    tries), instead of every RETRY_DELAY (0.1 s: about 25 times each)."""
+    masters = fresh_masters(3)
+    holder = redlock_of(masters)
+    pairs = [redlock_of(masters, retry_delay=0.1) for _ in range(4)]
+    wait = 2.5
+    with holder.lock("a", ttl=10):
+        before = attempts_on(masters[0])
+        with concurrent.futures.ThreadPoolExecutor(len(pairs)) as pool:
+            tries = [
+                pool.submit(engine.lock("a", f"b{i}", ttl=5, wait=wait).acquire)
+                for i, engine in enumerate(pairs)
+            ]
+            for attempt in tries:
+                with pytest.raises(LockContended):
+                    attempt.result(timeout=15)
+        looked = attempts_on(masters[0]) - before
+    assert looked <= len(pairs) * (wait / SAFETY_POLL + 4), looked
+
+
+def test_waiters_in_opposite_orders_in_one_process_do_not_deadlock(masters, redlock_of):
+    """Threads of one process locking ("x", "y"), ("y", "x"), "x" and "y", each waiting its
+    turn in the local queues of its resources: every one gets through, never two at once."""
+    engine = redlock_of(masters)
+    inside: list[str] = []
+    overlaps = []
+    done = Counter[str]()
+
+    def work(resources: tuple[str, ...]) -> None:
+        for _ in range(5):
+            with engine.lock(*resources, ttl=5, wait=20):
+                if any(r in inside for r in resources):
+                    overlaps.append(resources)
+                inside.extend(resources)
+                time.sleep(0.002)
+                for r in resources:
+                    inside.remove(r)
+            done[" ".join(resources)] += 1
+
+    orders = [("x", "y"), ("y", "x"), ("x",), ("y",)] * 2
+    with concurrent.futures.ThreadPoolExecutor(len(orders)) as pool:
+        for finished in [pool.submit(work, order) for order in orders]:
+            finished.result(timeout=30)
+    assert overlaps == []
+    assert sum(done.values()) == 5 * len(orders)
+
+
+def test_a_pair_waiter_woken_in_vain_passes_the_turn_on(fresh_masters, redlock_of):
+    """A pair waiter first in "a"'s queue on the masters is woken by "a"'s release while "b" is
+    still held: it cannot take "a", so it wakes the single waiter queued behind it there (who
+    takes "a" at once) instead of leaving "a" free and its waiter asleep until its safety poll
+    (about 0.7 s here), and keeps its own place in the queue."""
+    masters = fresh_masters(3)
+    holders, pair_engine, single_engine = (redlock_of(masters, retry_delay=3) for _ in range(3))
+    holding_a = holders.lock("a", ttl=10).acquire()
+    holding_b = holders.lock("b", ttl=10).acquire()
+    got_a: list[float] = []
+
+    def single() -> None:
+        with single_engine.lock("a", ttl=5, wait=5):
+            got_a.append(time.monotonic())
+
+    def both() -> None:
+        with pair_engine.lock("a", "b", ttl=5, wait=5):
+            pass
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pair = pool.submit(both)
+        time.sleep(0.3)  # the pair waiter is queued on "a" and "b"
+        waiter = pool.submit(single)
+        time.sleep(0.3)  # the single waiter is queued on "a", behind it, and asleep
+        released = time.monotonic()
+        holding_a.release()
+        waiter.result(timeout=10)
+        assert got_a[0] - released < 0.35
+        holding_b.release()
+        pair.result(timeout=10)  # its turn came when "a" was free again
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_waiting_pair_lock_is_woken_by_the_release(fresh_masters, redlock_of, mode):
+    """A pair lock waiting for a held "a" is woken by name when it is released, sync or async,
+    not after RETRY_DELAY (3 s here) or the holder's TTL (10 s)."""
+    masters = fresh_masters(3)
+    holder, waiting = redlock_of(masters), redlock_of(masters, retry_delay=3)
+    held = holder.lock("a", ttl=10).acquire()
+    got: list[float] = []
+
+    def pair() -> None:
+        with waiting.lock("a", "b", ttl=5, wait=8):
+            got.append(time.monotonic())
+
+    async def apair() -> None:
+        async with waiting.lock("a", "b", ttl=5, wait=8):
+            got.append(time.monotonic())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        done = pool.submit(pair if mode == "sync" else lambda: asyncio.run(apair()))
+        time.sleep(0.4)  # it lost, queued on the masters, and sleeps
+        released = time.monotonic()
+        held.release()
+        done.result(timeout=10)
+    assert got[0] - released < 0.5
+
+
+def test_pair_waiters_woken_in_vain_do_not_wake_each_other_without_end(fresh_masters, redlock_of):
+    """Two pair locks ("a", "b") and ("b", "c"), in engines of their own, wait while "a" and "c"
+    are held and "b" is released: the one woken cannot take "b" and passes its turn on only to
+    a waiter for "b" alone (there is none), never to the other pair waiter, which would pass it
+    back, and so on for as long as "a" and "c" are held."""
+    masters = fresh_masters(3)
+    holder = redlock_of(masters)
+    pairs = [redlock_of(masters, retry_delay=3) for _ in range(2)]
+    held = [holder.lock(r, ttl=10).acquire() for r in ("a", "b", "c")]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        waiting = [
+            pool.submit(engine.lock(*resources, ttl=5, wait=2).acquire)
+            for engine, resources in zip(pairs, [("a", "b"), ("b", "c")], strict=True)
+        ]
+        time.sleep(0.4)  # both are queued on "b"
+        held[1].release()
+        before = attempts_on(masters[0])
+        time.sleep(1.0)
+        looked = attempts_on(masters[0]) - before
+        for attempt in waiting:
+            with pytest.raises(LockContended):
+                attempt.result(timeout=10)
+    assert looked <= 6, looked  # each: woken once, and a safety poll at most

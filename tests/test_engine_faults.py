@@ -11,6 +11,7 @@ starts before W runs out, so the error comes within ``W + 2 * NODE_TIMEOUT + 0.2
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -406,3 +407,61 @@ def test_blackholed_minority_is_outvoted_then_heals(fresh_masters, engine_of, pr
     # or SKIP_SILENT_FOR passes; the blackhole dropped our requests, so here it is the latter.
     time.sleep(SKIP_SILENT_FOR)
     acquire_extend_release(engine, masters)
+
+
+# --- connection reset after the master applied the request ------------------------------------
+
+
+@pytest.mark.parametrize("resources", [("job",), ("job", "other")], ids=["one", "several"])
+def test_a_release_applied_but_unanswered_is_no_loss(masters, engine_of, proxies, resources):
+    """Every master applies the release, but 2 of 3 connections are reset before their replies
+    (a proxy that forwards the request and resets instead of forwarding the reply). The round
+    asks those 2 again on new connections, which find nothing: our first request removed it.
+    That is a release done, not a lease taken away: no LockLost, not lost, no on_lost, no key."""
+    three = masters[:3]
+    fronts = proxies(three)
+    engine = engine_of([p.url for p in fronts])
+    told: list[object] = []
+    lock = engine.lock(*resources, ttl=10, on_lost=lambda lock, error: told.append(error))
+    with lock:
+        for front in fronts[:2]:
+            front.reset_next_reply()
+    assert not lock.lost
+    assert told == []
+    assert lock.held is False
+    for resource in resources:
+        assert keys_of(three, f"redlock:lock:{resource}") == [None, None, None]
+
+
+def test_an_async_release_applied_but_unanswered_is_no_loss(masters, engine_of, proxies):
+    """The same with ``async with`` (the asyncio pipes reconnect and ask again the same way)."""
+    three = masters[:3]
+    fronts = proxies(three)
+    engine = engine_of([p.url for p in fronts])
+    lock = engine.lock("job", ttl=10)
+
+    async def hold() -> None:
+        async with lock:
+            for front in fronts[1:]:
+                front.reset_next_reply()
+
+    asyncio.run(hold())
+    assert not lock.lost
+    assert keys_of(three) == [None, None, None]
+
+
+def test_an_extend_applied_but_unanswered_is_no_loss(masters, engine_of, proxies):
+    """The same fault under extend: asked again, the masters still hold our token (the first
+    request only renewed it), so the second try confirms it. (A guard: the rule for release,
+    where the first request removes what the second would look for, is not needed here.)"""
+    three = masters[:3]
+    fronts = proxies(three)
+    engine = engine_of([p.url for p in fronts])
+    with engine.lock("job", ttl=10) as lock:
+        for front in fronts[:2]:
+            front.reset_next_reply()
+        assert lock.extend(ttl=20) > 19
+        assert [front.accepted for front in fronts] == [2, 2, 1]  # reset, asked again
+        assert not lock.lost
+        assert all(m.call("PTTL", KEY) > 19_000 for m in three)
+    assert keys_of(three) == [None, None, None]

@@ -4,6 +4,7 @@ certificate checks works, and a wrong CA is refused. Real redis-server processes
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -194,8 +195,8 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
 #: What the library sends: the lock path (SET, GET, EVALSHA/EVAL and, inside our scripts, DEL,
 #: PEXPIRE, SET, PUBLISH, TIME, PTTL and the waiter queue's ZADD, ZREM, ZPOPMIN, ZCARD), release
 #: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL, and
-#: TYPE, STRLEN, GETRANGE to read a key without trusting it). No CONFIG: the status command must
-#: cope with its refusal.
+#: TYPE, STRLEN, GETRANGE to read a key without trusting it: the inventory, and holder() inside a
+#: script). No CONFIG: the status command must cope with its refusal.
 LOCKER_RULES = [
     "reset", "on", ">pw", "~redlock:*", "resetchannels", "&redlock:*", "-@all",
     "+set", "+get", "+evalsha", "+eval", "+del", "+pexpire", "+publish",
@@ -240,6 +241,44 @@ def test_an_acl_user_limited_to_the_prefix_can_lock_extend_fence_wait_and_releas
         assert hand_off_time(engine, "job", settle=0.4) < 1.0
     finally:
         engine.close()
+
+
+def test_the_acl_user_can_ask_who_holds_and_wait_for_several_resources(acl_masters):
+    """holder() reads capped (TYPE, STRLEN, GETRANGE in a script), and a lock over several
+    resources waits in the masters' queues and passes a turn on (ZPOPMIN, ZADD, PUBLISH), all
+    within the locker's rules: the single waiter behind it takes "a" at once."""
+    engines = [Redlock(locker_urls(acl_masters), node_timeout=0.2, retry_delay=3) for _ in "abc"]
+    holders, pair_engine, single_engine = engines
+    try:
+        holding_a = holders.lock("a", ttl=10).acquire()
+        holding_b = holders.lock("b", ttl=10).acquire()
+        seen = holders.holder("a")
+        assert seen is not None
+        assert seen.masters == 3
+        got_a: list[float] = []
+
+        def single() -> None:
+            with single_engine.lock("a", ttl=5, wait=5):
+                got_a.append(time.monotonic())
+
+        def both() -> None:
+            with pair_engine.lock("a", "b", ttl=5, wait=5):
+                pass
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pair = pool.submit(both)
+            time.sleep(0.3)
+            waiter = pool.submit(single)
+            time.sleep(0.3)
+            released = time.monotonic()
+            holding_a.release()
+            waiter.result(timeout=10)
+            holding_b.release()
+            pair.result(timeout=10)
+        assert got_a[0] - released < 0.35
+    finally:
+        for engine in engines:
+            engine.close()
 
 
 def test_the_acl_user_is_refused_outside_the_prefix(acl_masters):

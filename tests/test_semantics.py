@@ -11,8 +11,15 @@ import time
 import pytest
 import redis
 
-from django_redlock.engine import ExtensionLimit, LockContended, LockLost, Redlock
+from django_redlock.engine import (
+    ExtensionLimit,
+    LockContended,
+    LockLost,
+    QuorumUnavailable,
+    Redlock,
+)
 from django_redlock.engine.events import NullObserver
+from django_redlock.engine.values import Owner
 
 
 def delete_everywhere(masters, key: str) -> None:
@@ -130,6 +137,61 @@ def test_alocked_and_the_holder_of_a_resource(masters, redlock_of):
 
     asyncio.run(as_a_named_task())
     assert not engine.is_locked("r")
+
+
+def test_cannot_tell_is_not_free(fresh_masters, redlock_of):
+    """A lock taken on a bare quorum (1 of 3 masters down) whose second master is then paused:
+    the one master that answers cannot tell either way, so holder() and is_locked() raise
+    QuorumUnavailable instead of saying "free" (another client's acquire says contended)."""
+    masters = fresh_masters(3)
+    engine = redlock_of(masters, node_timeout=0.1)
+    masters[2].kill()
+    with engine.lock("r", ttl=20):
+        masters[1].pause()
+        try:
+            with pytest.raises(QuorumUnavailable, match="cannot tell"):
+                engine.holder("r")
+            with pytest.raises(QuorumUnavailable, match="cannot tell"):
+                engine.is_locked("r")
+            with pytest.raises(QuorumUnavailable, match="cannot tell"):
+                asyncio.run(engine.ais_locked("r"))
+        finally:
+            masters[1].resume()
+        assert engine.is_locked("r")  # both masters of its quorum answer again
+    assert engine.holder("r") is None  # free on a quorum (2 of 3): free, with one master down
+
+
+def test_holder_reads_values_capped(fresh_masters, redlock_of):
+    """A 30 MB value of another program at the key: holder() names it (unreadable, not ours)
+    after reading at most MAX_VALUE_BYTES of it from each master, never the whole value."""
+    masters = fresh_masters(3)
+    engine = redlock_of(masters)
+    huge = b"0" * 32 + b":" + b"x" * 30_000_000
+    for m in masters:
+        m.call("SET", engine.lock_key("r"), huge)
+    engine.holder("r")  # warms the script cache: counted below is only what a read costs
+    sent_before = [int(m.call("INFO", "stats")["total_net_output_bytes"]) for m in masters]
+    holder = engine.holder("r")
+    sent = [
+        int(m.call("INFO", "stats")["total_net_output_bytes"]) - b
+        for m, b in zip(masters, sent_before, strict=True)
+    ]
+    assert holder is not None
+    assert (holder.masters, holder.owner) == (3, Owner())
+    assert max(sent) < 100_000, sent  # the INFO reply itself is a few KB
+
+
+def test_a_key_of_another_type_is_not_free(masters, redlock_of):
+    """A hash at the lock key blocks every acquisition (SET NX refuses): is_locked() agrees."""
+    engine = redlock_of(masters)
+    for m in masters:
+        m.call("HSET", engine.lock_key("r"), "field", "value")
+    with pytest.raises(LockContended):
+        engine.lock("r", ttl=5).acquire()
+    assert engine.is_locked("r")
+    holder = engine.holder("r")
+    assert holder is not None
+    assert (holder.masters, holder.fingerprint, holder.owner) == (5, "<hash>", Owner())
 
 
 # --- 3. extend to a new duration, max_extensions over every extension -----------------------------

@@ -376,7 +376,10 @@ class Client:
                     code |= 2  # renewed a lock it does not own
                 except RuntimeError:
                     pass
-                lock.release()  # must not reach any master
+                try:
+                    lock.release()  # must not reach any master
+                except RuntimeError:
+                    pass  # a forked child holds nothing: refused like any non-holder's
             except BaseException:  # noqa: BLE001 (anything unexpected is a failure code)
                 code |= 4
             os._exit(code)

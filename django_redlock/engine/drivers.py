@@ -22,12 +22,12 @@ from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
 from .rounds import (
     ANSWERS,
-    Answers,
     Command,
     Connect,
     Decides,
     Exchange,
     Replies,
+    RoundReplies,
     exchange,
     second_try,
 )
@@ -110,7 +110,7 @@ def fan_out(
     budget: float,
     script: Script | None = None,
     enough: Decides | None = None,
-) -> Answers:
+) -> RoundReplies:
     """One round (``rounds.exchange``) with blocking waits, on the threads' pipes."""
     rounds = exchange(nodes, command, budget, _threads_pipe, script, enough)
     answer: object = None
@@ -222,7 +222,7 @@ async def afan_out(
     budget: float,
     script: Script | None = None,
     enough: Decides | None = None,
-) -> Answers:
+) -> RoundReplies:
     """One round (``rounds.exchange``) with asyncio waits, on the running loop's pipes."""
     loop = asyncio.get_running_loop()
     rounds = exchange(nodes, command, budget, lambda node: node.loop_pipe(loop), script, enough)

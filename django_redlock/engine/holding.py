@@ -9,11 +9,11 @@ import time
 from collections.abc import Sequence
 
 from . import protocol, scripts
-from .errors import LockLost, NodeFailure, QuorumUnavailable
+from .errors import ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, confirms, release_round, tally
 from .protocol import Tally
-from .rounds import UNAWAITED, Reply
+from .rounds import UNAWAITED, Reply, RoundReplies
 from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
 
 
@@ -21,28 +21,59 @@ def extend(
     masters: Masters, lease: Lease, *, once: bool, ttl: float | None = None
 ) -> Procedure[float]:
     """Renew ``lease`` for ``ttl`` seconds (its own TTL if None; a new one becomes its TTL).
-    With ``once``, a single round: returns the new validity, or 0.0 when this round failed but
-    the lease is still valid (the watchdog tries again)."""
-    ttl = lease.ttl if ttl is None else ttl
-    ttl_ms = int(ttl * 1000)
+    With ``once`` (the watchdog's renewal), a single round: returns the new validity, or 0.0
+    when this round failed but the lease is still valid (the watchdog tries again). Without,
+    the holder's ``extend()``: retried until renewed or lost, and the watchdog is told of the
+    lease's new schedule before the first round leaves.
+
+    The extension is counted before the round is sent (``ExtensionLimit`` past
+    ``max_extensions``, however a renewal and the holder's ``extend()`` overlap) and given back
+    if no round renewed; one cut short (a timeout, a cancel, Ctrl-C) counts, since it may have
+    renewed on the masters. A shorter TTL shortens the lease before its round leaves, and the
+    last round sent decides (see ``Lease.begin_round`` and ``Lease.renewed``)."""
+    if lease.check_lost():
+        raise LockLost(lease.resource, lease.lost_message())
+    if not lease.reserve_extension():
+        raise ExtensionLimit(
+            lease.resource,
+            f"lock {lease.resource!r} was extended {lease.extensions} times already: "
+            f"max_extensions={lease.max_extensions}",
+        )
+    try:
+        return (yield from _extend_rounds(masters, lease, once=once, ttl=ttl))
+    except LockLost:
+        lease.give_back_extension()  # it renewed nothing (the lease is lost)
+        raise
+
+
+def _extend_rounds(
+    masters: Masters, lease: Lease, *, once: bool, ttl: float | None
+) -> Procedure[float]:
     while True:
         start = time.monotonic()
         if lease.check_lost():
             raise LockLost(lease.resource, lease.lost_message())
-        replies: list[Reply] = yield Round(
-            scripts.EXTEND.evalsha(lease.keys, (lease.value, ttl_ms)),
-            scripts.EXTEND,
-            enough=granted,
-        )
+        # Read at send time: a renewal sent after the holder's extend(ttl=) uses the new TTL.
+        round_ttl = lease.ttl if ttl is None else ttl
+        generation, until = lease.begin_round(round_ttl, start, masters.drift_factor)
+        if not once and lease.watcher is not None:
+            lease.watcher.reschedule(lease)
+        try:
+            replies: list[Reply] = yield Round(
+                scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
+                scripts.EXTEND,
+                enough=granted,  # decided by a quorum's renewals: returns then
+            )
+        finally:
+            lease.settled(generation)
         if lease.released:
+            lease.give_back_extension()
             return 0.0  # released meanwhile (the watchdog raced the holder): nothing to say
-        result = tally(masters, replies, ttl, start)
+        result = tally(masters, replies, round_ttl, start)
         # Counts only if a quorum renewed it *before* the old lease ran out: after that,
         # someone else may have held the lock in between, and renewing would hide it.
-        if result.won and time.monotonic() < lease.valid_until:
-            lease.valid_until = start + ttl - protocol.drift(ttl, masters.drift_factor)
-            lease.ttl = ttl
-            lease.extensions += 1
+        if result.won and (lease.renewed(generation, until) or generation != lease.generation):
+            # Renewed; or renewed but overtaken: a round sent after ours decides the lease.
             if result.failed:
                 lease.note_failures(failures(masters, replies), "extend")
             return lease.validity
@@ -55,6 +86,7 @@ def extend(
                 gone(masters, replies),
             )
         if once:
+            lease.give_back_extension()
             return 0.0
         yield Pause(delay)
 
@@ -79,21 +111,28 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     """Compare-and-delete on every master and wake the next waiter in each resource's queue.
     Raises ``LockLost`` (after still removing our lease wherever it is ours) unless a quorum
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
-    masters answered."""
+    masters answered. A master asked again after a reset connection, that finds our lease
+    already gone, confirms (the first request may have removed it)."""
     round_ = release_round(
         masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
     )
     try:
-        replies: list[Reply] = yield round_
+        answered: RoundReplies = yield round_
     except BaseException:
         # Interrupted (a cancelled task): finish the release, shielded, before letting the
         # interruption through, so that a cancellation never leaves the lock held.
         yield Round(round_.command, round_.script, cleanup=True)
         raise
+    several = len(lease.keys)
+    # A master asked again (its connection broke before the first reply) that finds none of our
+    # keys may well have applied the first request: that is a release done, not a lease taken
+    # away. Only a first reply can tell that our lease was gone before we released it.
+    replies: list[Reply] = [
+        several if r == 0 and i in answered.asked_again else r for i, r in enumerate(answered)
+    ]
     if _worth_retrying(masters, lease, replies):
         # Its keys must not block everyone until their TTL: retried in the background.
         yield Detach(_keep_releasing(masters, lease, round_, replies))
-    several = len(lease.keys)
     if several > 1:
         confirmed = sum(r == several for r in replies)
     else:

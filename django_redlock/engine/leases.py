@@ -9,13 +9,15 @@ owner ended can never be taken for it. The lease keeps its owner alive while it 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from . import process
+from . import process, protocol
+from .callbacks import DISPATCHER
 from .errors import LockLost, NodeFailure
 from .events import logger, notify
 
@@ -40,6 +42,25 @@ def current_owner() -> Owner:
     return threading.current_thread()
 
 
+class Watcher(Protocol):
+    """What watches a lease (the watchdog): told when an extend changes its schedule."""
+
+    def reschedule(self, lease: Lease) -> None: ...
+
+
+#: Guards each lease's extension bookkeeping (count, generation, deadline) between the holder
+#: and the watchdog: one lock for all leases (held for a few bytecodes, never across I/O).
+_BOOKS = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _BOOKS
+    _BOOKS = threading.Lock()  # a parent thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def describe(owner: Owner) -> str:
     """A name for error messages: the task's or the thread's."""
     if isinstance(owner, asyncio.Task):
@@ -55,13 +76,17 @@ class Lease:
     __slots__ = (
         "__weakref__",
         "acquired_at",
+        "auto_extend",
         "depth",
         "extensions",
         "fences",
+        "generation",
         "handle",
         "key",
         "keys",
         "lost",
+        "max_extensions",
+        "max_hold",
         "observer",
         "on_lost",
         "owner",
@@ -70,9 +95,12 @@ class Lease:
         "released",
         "resource",
         "resources",
+        "schedule",
         "ttl",
+        "unsettled",
         "valid_until",
         "value",
+        "watcher",
     )
 
     def __init__(
@@ -91,10 +119,12 @@ class Lease:
         observer: Observer,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
         queued_as: str = "",
+        max_extensions: int | None = None,
+        max_hold: float | None = None,
     ) -> None:
         self.resource = resource  # the name (several: joined), for messages
         self.resources = resources
-        self.key = key  # how this process recognizes re-entry (several: all keys, joined)
+        self.key = key  # its keys named as one (several: joined)
         self.keys = keys  # the keys on the masters
         self.ttl = ttl
         self.value = value  # token + owner, exactly as stored on the masters: never shown
@@ -112,7 +142,20 @@ class Lease:
         self.lost = False
         #: Fencing tokens, by resource, once read.
         self.fences: dict[str, int] = {}
+        #: Extensions made or under way (reserved before their round: see ``reserve_extension``).
         self.extensions = 0
+        self.max_extensions = max_extensions
+        self.max_hold = max_hold
+        #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
+        #: was sent after it (the later-started one wins, see ``renewed``).
+        self.generation = 0
+        #: Rounds sent and not yet answered (generation -> their TTL); made by the first one.
+        self.unsettled: dict[int, float] | None = None
+        #: Whether the watchdog renews it (cleared when a cap stops the renewals), who watches
+        #: it, and which of the watcher's scheduled looks at it is the live one.
+        self.auto_extend = False
+        self.watcher: Watcher | None = None
+        self.schedule = 0
         #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
         self.queued_as = queued_as
 
@@ -124,6 +167,62 @@ class Lease:
     @property
     def validity(self) -> float:
         return max(0.0, self.valid_until - time.monotonic())
+
+    # --- extension bookkeeping (the holder's thread and the watchdog's, each atomic) ----------
+
+    def reserve_extension(self) -> bool:
+        """Count one more extension before its round is sent; False at ``max_extensions``. A
+        holder's ``extend()`` and a renewal overlapping it cannot both pass the last one."""
+        with _BOOKS:
+            if self.max_extensions is not None and self.extensions >= self.max_extensions:
+                return False
+            self.extensions += 1
+            return True
+
+    def give_back_extension(self) -> None:
+        """The reserved extension renewed nothing (its round failed): it does not count."""
+        with _BOOKS:
+            self.extensions -= 1
+
+    def begin_round(self, ttl: float, start: float, drift_factor: float) -> tuple[int, float]:
+        """An extend round for ``ttl`` seconds, started at ``start``, is about to be sent. From
+        now on the masters may hold the new TTL, whatever becomes of the round (cut by a
+        timeout, a cancel, Ctrl-C): a shorter one shortens the lease now. The new TTL is the
+        lease's (a renewal sent later uses it).
+
+        Returns the round's generation, and until when the lease is ours if it renews: its
+        start + TTL - drift, or less if a round sent before it with a shorter TTL is still
+        unanswered. That one may land after it on a master (the holder and the watchdog use
+        different connections, and a master orders only each connection's requests), and then
+        leaves the master at least ``start`` + its own TTL."""
+        with _BOOKS:
+            self.generation += 1
+            self.ttl = ttl
+            own = start + ttl - protocol.drift(ttl, drift_factor)
+            if own < self.valid_until:
+                self.valid_until = own
+            if self.unsettled is None:
+                self.unsettled = {}
+            shortest = min(ttl, *self.unsettled.values()) if self.unsettled else ttl
+            self.unsettled[self.generation] = ttl
+            return self.generation, start + shortest - protocol.drift(shortest, drift_factor)
+
+    def settled(self, generation: int) -> None:
+        """The round of ``generation`` is answered (or given up: its replies are dropped)."""
+        with _BOOKS:
+            if self.unsettled is not None:
+                self.unsettled.pop(generation, None)
+
+    def renewed(self, generation: int, until: float) -> bool:
+        """A quorum renewed the round of ``generation``: the lease is ours ``until``, unless a
+        round was sent after it (that one may carry another TTL and land after it: its own
+        outcome will say) or the lease ran out before the reply (someone else may have held it
+        in between: renewing would hide that). True if it was applied."""
+        with _BOOKS:
+            if generation != self.generation or time.monotonic() >= self.valid_until:
+                return False
+            self.valid_until = until
+            return True
 
     def check_lost(self) -> bool:
         """True if lost; marks it lost (once, with notice) when the validity has run out."""
@@ -145,15 +244,18 @@ class Lease:
             return error
         self.lost = True
         handle = self.handle()
-        if handle is None:
-            return error
+        if handle is not None:
+            # At once, or (noticed by the watchdog) on the callbacks' thread: see ``callbacks``.
+            DISPATCHER.call(self._tell_lost, handle, error)
+        return error
+
+    def _tell_lost(self, handle: Lock, error: LockLost) -> None:
         notify(self.observer, "lost", handle, error=error)
         if self.on_lost is not None:
             try:
                 self.on_lost(handle, error)
             except Exception:  # noqa: BLE001 (a callback's bug must not break the lock)
                 logger.exception("on_lost callback failed for %r", self.resource)
-        return error
 
     def note_failures(self, failures: Sequence[NodeFailure], action: str) -> None:
         """An action that succeeded although some masters failed: say which, and why (one more
@@ -161,29 +263,45 @@ class Lease:
         failed = [f for f in failures if f.reason in ("timeout", "error")]
         handle = self.handle()
         if failed and handle is not None:
-            notify(self.observer, "masters_failed", handle, action=action, failures=failed)
+            DISPATCHER.call(
+                notify, self.observer, "masters_failed", handle, action=action, failures=failed
+            )
 
 
 class Callers:
     """Who holds what through one ``Lock`` handle: each caller's lease, by its owner (the task
-    or thread object), and whether each one's last lease was lost (readable after its release;
-    held weakly, so a task or thread that ended is forgotten)."""
+    or thread object), how many times more it entered it through this handle (re-entrant), and
+    whether each one's last lease was lost (readable after its release; held weakly, so a task
+    or thread that ended is forgotten). A lease taken by another process (we are a forked child)
+    is nobody's here."""
 
-    __slots__ = ("_ended", "_leases", "resource")
+    __slots__ = ("_ended", "_leases", "_nested", "resource")
 
     def __init__(self, resource: str) -> None:
         self.resource = resource
         self._leases: dict[Owner, Lease] = {}
+        self._nested: dict[Owner, int] | None = None
         self._ended: weakref.WeakKeyDictionary[Owner, bool] | None = None
 
     def get(self, owner: Owner) -> Lease | None:
-        return self._leases.get(owner)
+        lease = self._leases.get(owner)
+        if lease is not None and lease.pid != process.pid():
+            return None  # the parent's, copied by fork(): this process holds nothing
+        return lease
 
     def add(self, owner: Owner, lease: Lease) -> None:
+        if self._leases.get(owner) is lease:  # re-entered through this same handle
+            if self._nested is None:
+                self._nested = {}
+            self._nested[owner] = self._nested.get(owner, 0) + 1
+            return
         self._leases[owner] = lease
+        if self._nested:
+            self._nested.pop(owner, None)
 
     def detach(self, owner: Owner, action: str) -> Lease:
-        lease = self._leases.pop(owner, None)
+        """``owner``'s lease, let go of once (its innermost entry through this handle)."""
+        lease = self._leases.get(owner)
         if lease is None:
             holders = ", ".join(describe(o) for o in list(self._leases)) or "nobody"
             raise RuntimeError(
@@ -191,6 +309,18 @@ class Callers:
                 f"{describe(owner)} through this object (held through it by: {holders}); only "
                 f"the thread or task that acquired a lock may release it"
             )
+        if lease.pid != process.pid():  # the parent's: forget it, every entry of it
+            del self._leases[owner]
+            if self._nested:
+                self._nested.pop(owner, None)
+            raise self._forked(lease, action)
+        if self._nested and owner in self._nested:
+            if self._nested[owner] > 1:
+                self._nested[owner] -= 1
+            else:
+                del self._nested[owner]
+            return lease
+        del self._leases[owner]
         return lease
 
     def held(self, owner: Owner, action: str) -> Lease:
@@ -202,11 +332,14 @@ class Callers:
                 f"{describe(owner)} through this object"
             )
         if lease.pid != process.pid():
-            raise RuntimeError(
-                f"cannot {action} lock {self.resource!r}: it was acquired by process "
-                f"{lease.pid}, and a forked child does not hold its parent's locks"
-            )
+            raise self._forked(lease, action)
         return lease
+
+    def _forked(self, lease: Lease, action: str) -> RuntimeError:
+        return RuntimeError(
+            f"cannot {action} lock {self.resource!r}: it was acquired by process {lease.pid}, "
+            f"and a forked child does not hold its parent's locks (it may acquire its own)"
+        )
 
     def ended(self, owner: Owner, lease: Lease) -> None:
         if self._ended is None:

@@ -17,11 +17,11 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, process, protocol
+from . import holding, procedures, process, protocol, reentry
 from .drivers import arun, run
-from .errors import ExtensionLimit, LockContended, LockLost, LockNotAcquired
+from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
-from .leases import Callers, Lease, Owner, current_owner, describe
+from .leases import Callers, Lease, Owner, current_owner
 from .values import make_value
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Lock:
         self._redlock = redlock
         self.resources = protocol.check_resources(resources)
         # ``resource``: the name (several: joined with " + "), for messages, events and metrics;
-        # ``keys``: the keys on the masters; ``key`` names them as one, for re-entry.
+        # ``keys``: the keys on the masters; ``key`` names them as one.
         if len(self.resources) == 1:  # the usual case, built on every ``with redlock(r):``
             self.resource = self.resources[0]
             self.key = redlock.lock_key(self.resource)
@@ -113,21 +113,29 @@ class Lock:
         all holders. Issued by a quorum the first time it is read (two rounds), then cached.
         In async code use ``await lock.afence()``; a lock over several resources has one per
         resource: ``lock.fences``."""
-        return run(self._redlock, holding.fence(self._redlock, *self._fenced("fence")))
+        fencing = holding.fence(self._redlock, *self._fenced("fence", current_owner()))
+        return run(self._redlock, fencing)
 
-    async def afence(self) -> int:
-        return await arun(self._redlock, holding.fence(self._redlock, *self._fenced("fence")))
+    def afence(self) -> Coroutine[Any, Any, int]:
+        return self._afence(current_owner())
+
+    async def _afence(self, owner: Owner) -> int:
+        fencing = holding.fence(self._redlock, *self._fenced("fence", owner))
+        return await arun(self._redlock, fencing)
 
     @property
     def fences(self) -> dict[str, int]:
         """The fencing token of each resource (see ``fence``). Async: ``await lock.afences()``."""
-        lease = self._held_lease("fence")
+        lease = self._held_lease("fence", current_owner())
         return {
             r: run(self._redlock, holding.fence(self._redlock, lease, r)) for r in self.resources
         }
 
-    async def afences(self) -> dict[str, int]:
-        lease, redlock = self._held_lease("fence"), self._redlock
+    def afences(self) -> Coroutine[Any, Any, dict[str, int]]:
+        return self._afences(current_owner())
+
+    async def _afences(self, owner: Owner) -> dict[str, int]:
+        lease, redlock = self._held_lease("fence", owner), self._redlock
         return {r: await arun(redlock, holding.fence(redlock, lease, r)) for r in self.resources}
 
     def locked(self) -> bool:
@@ -138,15 +146,18 @@ class Lock:
             return False
         return run(self._redlock, holding.holds(self._redlock, lease))
 
-    async def alocked(self) -> bool:
-        lease = self._callers.get(current_owner())
+    def alocked(self) -> Coroutine[Any, Any, bool]:
+        return self._alocked(current_owner())
+
+    async def _alocked(self, owner: Owner) -> bool:
+        lease = self._callers.get(owner)
         if lease is None:
             return False
         return await arun(self._redlock, holding.holds(self._redlock, lease))
 
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
-        lease = self._held_lease("check")
+        lease = self._held_lease("check", current_owner())
         if lease.check_lost():
             raise LockLost(self.resource, lease.lost_message())
 
@@ -166,7 +177,7 @@ class Lock:
         becomes the lease's TTL); returns the new validity in seconds. Retries until renewed or
         the lease runs out, then raises ``LockLost``. ``ExtensionLimit`` past ``max_extensions``
         (manual and automatic extensions count alike)."""
-        lease, ttl = self._extendable(ttl)
+        lease, ttl = self._extendable(ttl, current_owner())
         return run(self._redlock, holding.extend(self._redlock, lease, once=False, ttl=ttl))
 
     def release(self) -> None:
@@ -176,7 +187,9 @@ class Lock:
         been broken: ``lost`` is true), or too few masters answered (``error.unconfirmed``: the
         lease was valid until now, and where it remains it expires within its TTL). A ``with``
         block raises only for the first two: its section was safe in the third."""
-        owner = current_owner()
+        self._release(current_owner())
+
+    def _release(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
             try:
@@ -193,9 +206,14 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        ran_out = self._ran_out()
+        self._leave(current_owner(), exc)
+
+    def _leave(self, owner: Owner, exc: BaseException | None) -> None:
+        """``owner`` leaves its block (``exc``: what the block raised); also how a decorated
+        generator ends its hold, whichever thread closes it."""
+        ran_out = self._ran_out(owner)
         try:
-            self.release()
+            self._release(owner)
         except LockLost as error:
             if not error.unconfirmed:  # a release too few answered: the block itself was safe
                 ran_out = error
@@ -203,9 +221,10 @@ class Lock:
             _report_lost(ran_out, exc)
 
     # --- async API -------------------------------------------------------------------------------
-    # The owner is the task that *calls* aacquire()/arelease(), bound before the coroutine runs:
-    # ``await asyncio.wait_for(lock.aacquire(), 5)`` runs it in an inner task on Python 3.11,
-    # and the lease must still be the caller's.
+    # The owner is the task that *calls* an async method, bound before the coroutine runs (every
+    # one of them: ``aacquire``, ``arelease``, ``aextend``, ``alocked``, ``afence``,
+    # ``afences``): ``asyncio.gather(lock.alocked())`` runs it in a task of its own, and so does
+    # ``asyncio.wait_for(...)`` on Python 3.11, and the lease must still be the caller's.
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
         return self._aacquire(current_owner())
@@ -216,8 +235,11 @@ class Lock:
             self._hold(owner, want, await self._aoutcome(want))
         return self
 
-    async def aextend(self, ttl: float | None = None) -> float:
-        lease, ttl = self._extendable(ttl)
+    def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
+        return self._aextend(current_owner(), ttl)
+
+    async def _aextend(self, owner: Owner, ttl: float | None) -> float:
+        lease, ttl = self._extendable(ttl, owner)
         extending = holding.extend(self._redlock, lease, once=False, ttl=ttl)
         return await arun(self._redlock, extending)
 
@@ -241,9 +263,12 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        ran_out = self._ran_out()
+        await self._aleave(current_owner(), exc)
+
+    async def _aleave(self, owner: Owner, exc: BaseException | None) -> None:
+        ran_out = self._ran_out(owner)
         try:
-            await self.arelease()
+            await self._arelease(owner)
         except LockLost as error:
             if not error.unconfirmed:  # a release too few answered: the block itself was safe
                 ran_out = error
@@ -294,11 +319,13 @@ class Lock:
             observer=redlock.observer,
             on_lost=self.on_lost,
             queued_as=won.queued_as,
+            max_extensions=self.max_extensions,
+            max_hold=self.max_hold,
         )
         self._callers.add(owner, lease)
-        redlock.holders[self.key] = lease
+        redlock.holders.add(lease)
         if self.auto_extend:
-            redlock.watchdog.watch(lease, self.max_extensions, self.max_hold)
+            redlock.watchdog.watch(lease)
         elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
@@ -306,50 +333,28 @@ class Lock:
         lease.note_failures(won.failures, "acquire")
 
     def _reenter(self, owner: Owner) -> bool:
-        """True if ``owner`` already holds the resource and re-entered it (``reentrant=True``);
-        ``LockContended`` at once if it holds it and may not re-enter (waiting would be waiting
-        for ourselves); False if we must acquire for real."""
-        if self._callers.get(owner) is not None:
-            raise RuntimeError(
-                f"lock {self.resource!r} is already acquired through this object by "
-                f"{describe(owner)}; use one Lock object per acquisition, or reentrant=True"
-            )
-        outer = self._redlock.holders.get(self.key)
-        if (
-            outer is None
-            or outer.released
-            or outer.owner is not owner
-            or outer.pid != process.pid()
-        ):
-            return False
-        if outer.check_lost() and not self.reentrant:
-            return False  # its lease ran out: we do not hold it any more, so acquire for real
-        if not self.reentrant:
-            error = LockContended(
-                self.resource,
-                f"lock {self.resource!r} is already held by this same thread/task: acquiring it "
-                f"again would wait for ourselves; pass reentrant=True to re-enter it",
-            )
+        """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must
+        acquire for real."""
+        try:
+            lease = reentry.reentered(self, owner, self._callers.get(owner), self._redlock.holders)
+        except LockContended as error:
             notify(self._redlock.observer, "not_acquired", self, waited=0.0, error=error)
-            raise error
-        if outer.check_lost():
-            raise LockLost(self.resource, outer.lost_message())
-        outer.depth += 1
-        self._callers.add(owner, outer)
+            raise
+        if lease is None:
+            return False
+        self._callers.add(owner, lease)
         return True
 
     def _detach(self, owner: Owner) -> Lease | None:
         """Let go of ``owner``'s lease; return it if it was its last holder (release it on the
-        masters), None for an inner re-entrant handle."""
+        masters), None for an inner re-entrant entry. RuntimeError if ``owner`` does not hold it
+        through this handle (or we are a forked child: the parent holds it, not us)."""
         lease = self._callers.detach(owner, "release")
         lease.depth -= 1
         if lease.depth > 0:
             return None
         lease.released = True
-        if self._redlock.holders.get(self.key) is lease:
-            del self._redlock.holders[self.key]
-        if lease.pid != process.pid():
-            return None  # a forked child never releases its parent's lock
+        self._redlock.holders.remove(lease)
         return lease
 
     def _released(self, owner: Owner, lease: Lease) -> None:
@@ -357,35 +362,31 @@ class Lock:
         held = time.monotonic() - lease.acquired_at
         notify(self._redlock.observer, "released", self, held=held)
 
-    def _extendable(self, ttl: float | None) -> tuple[Lease, float | None]:
-        lease = self._held_lease("extend")
+    def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
+        lease = self._held_lease("extend", owner)
         if ttl is not None:
             ttl = protocol.check_ttl(ttl)
-        if self.max_extensions is not None and lease.extensions >= self.max_extensions:
-            raise ExtensionLimit(
-                self.resource,
-                f"lock {self.resource!r} was extended {lease.extensions} times already: "
-                f"max_extensions={self.max_extensions}",
-            )
+        # (``max_extensions`` is checked by the extend procedure itself, atomically with the
+        # watchdog's renewals: ``Lease.reserve_extension``.)
         return lease, ttl
 
-    def _fenced(self, action: str) -> tuple[Lease, str]:
+    def _fenced(self, action: str, owner: Owner) -> tuple[Lease, str]:
         if len(self.resources) > 1:
             raise RuntimeError(
                 f"lock {self.resource!r} is over several resources, each with its fencing "
                 f"token: use lock.fences (await lock.afences())"
             )
-        return self._held_lease(action), self.resources[0]
+        return self._held_lease(action, owner), self.resources[0]
 
-    def _ran_out(self) -> LockLost | None:
-        """Leaving a block: whether the caller's lease ran out inside it (before the release)."""
-        lease = self._callers.get(current_owner())
+    def _ran_out(self, owner: Owner) -> LockLost | None:
+        """Leaving a block: whether the owner's lease ran out inside it (before the release)."""
+        lease = self._callers.get(owner)
         if lease is None or not lease.check_lost():
             return None
         return LockLost(lease.resource, lease.lost_message())
 
-    def _held_lease(self, action: str) -> Lease:
-        return self._callers.held(current_owner(), action)
+    def _held_lease(self, action: str, owner: Owner) -> Lease:
+        return self._callers.held(owner, action)
 
 
 def _report_lost(error: LockLost, exc: BaseException | None) -> None:

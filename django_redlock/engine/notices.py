@@ -34,10 +34,13 @@ import redis
 
 from .connections import Node
 from .events import logger
+from .scripts import SEVERAL_MARK
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
 #: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
 LINGER = 5.0
+
+_SEVERAL = SEVERAL_MARK.encode()
 
 
 class Beacon:
@@ -260,8 +263,10 @@ class ReleaseNotices:
                 self._confirmed_by.discard(listener)
 
     def deliver(self, channel: str, notice: bytes) -> None:
-        """``<digest> <waiter id>``: wake that waiter, once per release (every master sends it)."""
+        """``<digest> <waiter id>``: wake that waiter, once per release (every master sends it).
+        The id may carry the mark of a waiter for several resources."""
         digest, _, named = notice.partition(b" ")
+        named = named.removesuffix(_SEVERAL)
         with self._guard:
             waiter = self._waiters.get(named)
             if waiter is None or self._heard.get(named) == digest:
@@ -271,19 +276,26 @@ class ReleaseNotices:
 
 
 class Turn:
-    """One local waiter's place in its resource's queue; ``ready`` fires when it is first."""
+    """One local waiter's place in the queue of each of its resources; ``ready`` fires when it
+    is first in all of them."""
 
-    __slots__ = ("ready", "resource")
+    __slots__ = ("ready", "resources")
 
-    def __init__(self, resource: str) -> None:
-        self.resource = resource
+    def __init__(self, resources: tuple[str, ...]) -> None:
+        self.resources = resources
         self.ready = Beacon()
 
 
 class LocalQueues:
-    """The waiters of each resource in this process, in arrival order. The first competes on the
-    masters (as their queued waiter); when it leaves (it got the lock, gave up or was
-    interrupted), the next one's turn comes."""
+    """The waiters of each resource in this process, in arrival order. A waiter whose turn it is
+    (first in the queue of each of its resources) competes on the masters (as their queued
+    waiter); when it leaves (it got the lock, gave up or was interrupted), the next one's turn
+    may come.
+
+    A lock over several resources joins all their queues at once, under one guard: every two
+    waiters then stand in the same order in every queue they share, so the oldest waiter is
+    always first in all of its queues, and no two wait for each other (whatever the order in
+    which they named their resources)."""
 
     def __init__(self) -> None:
         self._new_process()
@@ -293,28 +305,35 @@ class LocalQueues:
         self._guard = threading.Lock()
         self._queues: dict[str, deque[Turn]] = {}
 
-    def join(self, resource: str) -> Turn:
-        turn = Turn(resource)
+    def join(self, resources: tuple[str, ...]) -> Turn:
+        turn = Turn(resources)
         with self._guard:
-            queue = self._queues.setdefault(resource, deque())
-            queue.append(turn)
-            first = len(queue) == 1
+            for resource in resources:
+                self._queues.setdefault(resource, deque()).append(turn)
+            first = self._first(turn)
         if first:
             turn.ready.fire()
         return turn
 
+    def _first(self, turn: Turn) -> bool:
+        return all(self._queues[resource][0] is turn for resource in turn.resources)
+
     def leave(self, turn: Turn) -> None:
+        following: list[Turn] = []
         with self._guard:
-            queue = self._queues.get(turn.resource)
-            if queue is None or turn not in queue:
-                return
-            was_first = queue[0] is turn
-            queue.remove(turn)
-            following = queue[0] if queue else None
-            if not queue:
-                del self._queues[turn.resource]
-        if was_first and following is not None:
-            following.ready.fire()
+            for resource in turn.resources:
+                queue = self._queues.get(resource)
+                if queue is None or turn not in queue:
+                    continue
+                was_first = queue[0] is turn
+                queue.remove(turn)
+                if not queue:
+                    del self._queues[resource]
+                elif was_first and queue[0] not in following:
+                    following.append(queue[0])
+            ready = [waiting for waiting in following if self._first(waiting)]
+        for waiting in ready:
+            waiting.ready.fire()
 
 
 _HUBS: weakref.WeakSet[ReleaseNotices] = weakref.WeakSet()

@@ -18,7 +18,7 @@ from .admission import Full
 from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
 from .notices import Turn, Waiter
 from .protocol import Tally
-from .rounds import Answers, Reply
+from .rounds import Reply, RoundReplies
 from .steps import (
     AwaitNotice,
     AwaitTurn,
@@ -105,7 +105,7 @@ def attempt(
 ) -> Procedure[Granted | Lost]:
     """The paper's five steps, once.
 
-    1. Read the monotonic clock: ``Answers.began``, read by the round just before its first
+    1. Read the monotonic clock: ``RoundReplies.began``, read by the round just before its first
        request was written (after its turn among this process's rounds, ``admission``, and a
        busy loop tick), so that time spent queued here costs neither the validity nor the
        masters' node budget.
@@ -122,12 +122,23 @@ def attempt(
     # attempt: within admission.PATIENCE), else Overloaded.
     patience = deadline - now if want.wait > 0 else admission.PATIENCE
     ttl_ms = int(want.ttl * 1000)
-    if want.several:  # 2 (all or none on each master, in one script)
+    if waiter is None and want.several:  # 2 (all or none on each master, in one script)
         command = scripts.MULTI_ACQUIRE.evalsha(want.keys, (want.value, ttl_ms))
         request = Round(command, scripts.MULTI_ACQUIRE, patience=patience, enough=granted)
     elif waiter is None:
         command = ("SET", want.keys[0], want.value, "NX", "PX", ttl_ms)
         request = Round(command, patience=patience, enough=granted)
+    elif want.several:
+        wait_ms = max(int((deadline - now) * 1000), 1)
+        queues = tuple(map(masters.queue_key, want.resources))
+        # The notice it may send to pass a turn on: unique per attempt, so that a waiter woken
+        # by an earlier one hears it too (notices are told apart by their digest).
+        notice = protocol.notice_digest(f"{want.value}@{now}")
+        command = scripts.MULTI_ACQUIRE_WAITING.evalsha(
+            want.keys + queues,
+            (want.value, ttl_ms, queued_as(want, waiter), wait_ms, notice, masters.inbox_prefix),
+        )
+        request = Round(command, scripts.MULTI_ACQUIRE_WAITING, patience=patience, enough=granted)
     else:
         wait_ms = max(int((deadline - now) * 1000), 1)
         queue = masters.queue_key(want.resources[0])
@@ -136,7 +147,7 @@ def attempt(
         )
         request = Round(command, scripts.ACQUIRE_WAITING, patience=patience, enough=granted)
     try:
-        replies: Answers = yield request
+        replies: RoundReplies = yield request
     except Full as full:  # nothing was sent: nothing to undo
         raise overloaded(want, full) from None
     except BaseException:
@@ -158,7 +169,9 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
     """Attempt, and while ``want.wait`` lasts, wait for a turn and attempt again. Waiting:
     this process's waiters of one resource queue up locally, and only the first competes on
     the masters, as a queued waiter that a release wakes by name; it also wakes when the
-    holder's lease can have run out (the masters told its PTTL), or after a slow safety poll."""
+    holder's lease can have run out (the masters told its PTTL), or after a slow safety poll.
+    A lock over several resources waits the same way, in the queue of each of its resources
+    (see ``LocalQueues`` and ``scripts.MULTI_ACQUIRE_WAITING``)."""
     began = time.monotonic()
     deadline = began + want.wait
     attempts = 0
@@ -170,8 +183,8 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
         if want.wait > 0:
             # In line with this process's other waiters of the resource, before any I/O: only
             # the first of them competes on the masters, and they get it in arrival order.
-            turn = masters.queues.join(want.resource)
-            courtesy = masters.courtesy_until(want.resource) - began
+            turn = masters.queues.join(want.resources)
+            courtesy = max(map(masters.courtesy_until, want.resources)) - began
             if courtesy > 0:
                 # We just woke a waiter by releasing this lock: let it go first.
                 yield Pause(min(courtesy, want.wait))
@@ -180,7 +193,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
                 if not first:
                     raise not_acquired(masters, want, lost, attempts, time.monotonic() - began)
-                if waiter is None and lost is not None and not want.several:
+                if waiter is None and lost is not None:
                     # It lost once: a waiter from now on, that releases wake by name. (Then it
                     # tries again: that try queues it on the masters if it loses, and a release
                     # in between cannot be missed, since the next try then finds it free.)
@@ -188,21 +201,12 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             attempts += 1
             outcome = yield from attempt(masters, want, waiter, deadline)
             if isinstance(outcome, Granted):
-                queued_as = "" if waiter is None else waiter.id
-                return Won(outcome.valid_until, attempts, began, queued_as, outcome.failures)
+                queued = "" if waiter is None else queued_as(want, waiter)
+                return Won(outcome.valid_until, attempts, began, queued, outcome.failures)
             lost = outcome
             now = time.monotonic()
             if now >= deadline:
                 raise not_acquired(masters, want, lost, attempts, now - began)
-            if lost.result.contended and want.several:
-                # A lock over several resources is no queued waiter (each resource has its own
-                # queue): it looks again when the holders' leases can have run out, or soon.
-                sleep = protocol.retry_delay(masters.retry_delay, JITTER)
-                expiry = free_in(lost.replies, masters.quorum)
-                if expiry is not None:
-                    sleep = min(sleep, expiry + EXPIRY_MARGIN)
-                yield Pause(max(0.0, min(sleep, deadline - time.monotonic())))
-                continue
             if lost.result.contended and waiter is None:
                 continue  # become a waiter, then try again (above)
             if lost.result.contended and waiter is not None:
@@ -224,12 +228,19 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
         if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
             # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the masters' queues,
             # or the next release would wake a name that no one answers to any more.
-            queue = masters.queue_key(want.resources[0])
-            yield Round(("ZREM", queue, waiter.id), cleanup=True)
+            for resource in want.resources:
+                queue = masters.queue_key(resource)
+                yield Round(("ZREM", queue, queued_as(want, waiter)), cleanup=True)
         raise
     finally:
         if turn is not None:
             masters.queues.leave(turn)  # the next local waiter's turn
+
+
+def queued_as(want: Want, waiter: Waiter) -> str:
+    """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
+    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``)."""
+    return waiter.id + scripts.SEVERAL_MARK if want.several else waiter.id
 
 
 def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,14 +12,14 @@ from . import protocol, scripts
 from .admission import Admission
 from .connections import Node, NodeSpec
 from .drivers import afan_out, fan_out
-from .errors import LockLost
+from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .events import NullObserver, Observer
-from .leases import Lease
 from .lock import Lock
 from .locking import locking
 from .notices import LocalQueues, ReleaseNotices
+from .reentry import Holders
 from .rounds import Command, Reply
-from .values import Owner, UnreadableValue, fingerprint, parse_value
+from .values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
 
 DEFAULT_KEY_PREFIX = "redlock:"
@@ -30,7 +30,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass(frozen=True)
 class Holder:
     """Who holds a resource: the owner its value names (empty if the value is not one of ours),
-    on how many masters, and a short fingerprint of its token (never the token)."""
+    on how many masters, and a short fingerprint of its token (never the token); for a key of
+    another type than a string, which blocks acquisitions as a lock does, its type in angle
+    brackets (``"<hash>"``)."""
 
     resource: str
     owner: Owner
@@ -39,15 +41,45 @@ class Holder:
 
 
 def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder | None:
-    values = [r for r in replies if isinstance(r, bytes)]
-    for value in set(values):
-        if values.count(value) >= masters.quorum:
-            try:
-                print_, owner = parse_value(value)
-            except UnreadableValue:
-                print_, owner = fingerprint(value.partition(b":")[0]), Owner()
-            return Holder(resource, owner, values.count(value), print_)
+    """From each master's ``scripts.PEEK`` reply: the holder a quorum of masters agrees on, or
+    None when no one can hold ``resource`` on a quorum, even if every master that did not answer
+    held it. Raises ``QuorumUnavailable`` when those masters could make the difference: "cannot
+    tell" is never reported as "free"."""
+    occupants: Counter[tuple[int, bytes]] = Counter()
+    free = 0
+    for reply in replies:
+        if reply == 0:
+            free += 1
+        elif isinstance(reply, list) and len(reply) == 2:
+            occupants[(int(reply[0]), bytes(reply[1]))] += 1
+    unanswered = len(replies) - free - sum(occupants.values())
+    most = 0
+    if occupants:
+        (length, head), most = occupants.most_common(1)[0]
+        if most >= masters.quorum:
+            owner, print_ = _identify(length, head)
+            return Holder(resource, owner, most, print_)
+    if most + unanswered >= masters.quorum:
+        raise QuorumUnavailable(
+            resource,
+            f"cannot tell whether {resource!r} is held: {unanswered} of {len(replies)} masters "
+            f"did not answer, and the others agree on no holder ({masters.quorum} needed either "
+            f"way)",
+            [r for r in replies if isinstance(r, NodeFailure)],
+        )
     return None
+
+
+def _identify(length: int, head: bytes) -> tuple[Owner, str]:
+    """The owner and fingerprint of a value of ``length`` bytes whose start is ``head`` (-1: a
+    key of another type, ``head`` naming it)."""
+    if length < 0:
+        return Owner(), f"<{head.decode('ascii', 'replace')}>"
+    try:
+        print_, owner = parse_value(head, size=length)
+    except UnreadableValue:
+        return Owner(), fingerprint(head.partition(b":")[0])
+    return owner, print_
 
 
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
@@ -100,9 +132,8 @@ class Redlock:
         self.nodes = tuple(Node(spec, self.node_timeout) for spec in specs)
         self.quorum = protocol.quorum(len(self.nodes))
         self.watchdog = WATCHDOG
-        #: Leases held in this process, by key: how re-entry is recognized. Weak, so a dropped
-        #: handle does not leave a phantom holder behind.
-        self.holders: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        #: Leases held in this process, under each of their keys: how re-entry is recognized.
+        self.holders = Holders()
         # Made now (cheap: its listener threads start on the first wait), so that no lock is
         # needed to make it lazily; a lock a thread held at a fork() would stay held in the child.
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
@@ -155,25 +186,29 @@ class Redlock:
         return locking(lambda: self, resources, options)
 
     def holder(self, resource: str) -> Holder | None:
-        """Who holds ``resource`` now, as a quorum of masters says (one round); None if no
-        one holds it on a quorum."""
-        return holder_of(
-            self, resource, fan_out(self.nodes, self._get(resource), self.node_timeout)
-        )
+        """Who holds ``resource`` now, as a quorum of masters says (one round); None if no one
+        holds it on a quorum. Raises ``QuorumUnavailable`` when too few masters answered to
+        tell (a lock held on a bare quorum, one of whose masters is down, is neither). Values
+        are read capped at ``MAX_VALUE_BYTES``: another program's huge value costs no more than
+        ours."""
+        replies = fan_out(self.nodes, self._peek(resource), self.node_timeout, scripts.PEEK)
+        return holder_of(self, resource, replies)
 
     async def aholder(self, resource: str) -> Holder | None:
-        replies = await afan_out(self.nodes, self._get(resource), self.node_timeout)
+        replies = await afan_out(self.nodes, self._peek(resource), self.node_timeout, scripts.PEEK)
         return holder_of(self, resource, replies)
 
     def is_locked(self, resource: str) -> bool:
-        """Whether anyone holds ``resource`` on a quorum of masters (one round)."""
+        """Whether anyone holds ``resource`` on a quorum of masters (one round). Raises
+        ``QuorumUnavailable`` when too few masters answered to tell, rather than guess."""
         return self.holder(resource) is not None
 
     async def ais_locked(self, resource: str) -> bool:
         return await self.aholder(resource) is not None
 
-    def _get(self, resource: str) -> tuple[str, str]:
-        return ("GET", self.lock_key(protocol.check_resource(resource)))
+    def _peek(self, resource: str) -> Command:
+        key = self.lock_key(protocol.check_resource(resource))
+        return scripts.PEEK.evalsha((key,), (MAX_VALUE_BYTES,))
 
     def lock_key(self, resource: str) -> str:
         return f"{self.key_prefix}lock:{resource}"

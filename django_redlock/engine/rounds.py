@@ -32,6 +32,24 @@ Command = tuple[Any, ...]
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
 
 
+class RoundReplies(list[Reply]):
+    """One round's replies, one per master in order, and which of them answered a request *asked
+    again* (``asked_again``, by index): the first one went out and its connection broke before
+    the reply came, so the master may have applied the request already. A compare-and-delete
+    asked again that finds nothing then says nothing about whom the key belonged to.
+
+    And ``began``: the monotonic time read just before the first of its requests was written
+    (the earliest ``Slot.sent_at``: an async pipe stamps it when it writes, at the end of the
+    loop tick). Every master received its request later still, and started any TTL it set
+    later again: so a validity counted from ``began`` ends before the key does on every master
+    that granted it (less drift), however long the round waited in this process before its
+    requests left (its turn among our rounds, a loop tick busy with thousands of tasks) and
+    however late it read its replies."""
+
+    asked_again: frozenset[int] = frozenset()
+    began: float = 0.0
+
+
 def pack(command: Command) -> bytes:
     """RESP bytes of ``command``, by hiredis directly (our arguments are already str, bytes or
     numbers). A round sends the same bytes to every master: packed once, not once per master."""
@@ -102,23 +120,7 @@ class Replies:
 Decides = Callable[[object], bool]
 
 
-class Answers(list[Reply]):
-    """A round's replies, in the masters' order, and ``began``: the monotonic time read just
-    before the first of its requests was written (the earliest ``Slot.sent_at``: an async pipe
-    stamps it when it writes, at the end of the loop tick). Every master received its request
-    later still, and started any TTL it set later again: so a validity counted from ``began``
-    ends before the key does on every master that granted it (less drift), however long the
-    round waited in this process before its requests left (its turn among our rounds, a loop
-    tick busy with thousands of tasks) and however late it read its replies."""
-
-    __slots__ = ("began",)
-
-    def __init__(self, replies: list[Reply], began: float) -> None:
-        super().__init__(replies)
-        self.began = began
-
-
-Exchange = Generator[Connect | Replies, Any, Answers]
+Exchange = Generator[Connect | Replies, Any, RoundReplies]
 
 #: How a driver finds a master's open pipe for this round (threads' or the running loop's).
 PipeOf = Callable[[Node], Pipe | None]
@@ -143,7 +145,8 @@ def exchange(
     so to one that answers NOSCRIPT."""
     began = time.monotonic()
     requests = Requests(command, script)
-    replies: list[Reply] = [None] * len(nodes)
+    replies = RoundReplies([None] * len(nodes))
+    asked_again: set[int] = set()
     sent: list[tuple[int, Pipe, Slot]] = []
     may_leave_out = len(nodes) - quorum(len(nodes))
     unconnected = []
@@ -198,6 +201,8 @@ def exchange(
                 continue
             else:
                 replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
+                if _ask_again(pipe, slot, began):
+                    asked_again.add(i)  # _vote asked it once more, on a new connection
             if enough is not None and type(replies[i]) in ANSWERS and enough(replies[i]):
                 needed -= 1
         sent = later
@@ -205,7 +210,10 @@ def exchange(
             for i, pipe, slot in sent:
                 replies[i] = unawaited(nodes[i], pipe, slot)
             break
-    return Answers(replies, min((slot.sent_at for slot in written), default=began))
+    if asked_again:
+        replies.asked_again = frozenset(asked_again)
+    replies.began = min((slot.sent_at for slot in written), default=began)
+    return replies
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
@@ -248,7 +256,7 @@ def _vote(
     script is asked again with its source. Safe to repeat: our scripts are idempotent, and a
     repeated SET NX can only under-count our votes."""
     reply = _late(node, pipe, slot)
-    if isinstance(reply, Broken) and pipe.opened_at < began:
+    if _ask_again(pipe, slot, began):
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             return made
@@ -269,6 +277,12 @@ def _vote(
     if not isinstance(reply, NodeFailure):
         requests.answered(node)
     return reply
+
+
+def _ask_again(pipe: Pipe, slot: Slot, began: float) -> bool:
+    """Whether ``slot``'s pipe, opened before this round, broke before its reply: the request may
+    have gone into the void, or may have been applied with only the reply lost."""
+    return isinstance(slot.reply, Broken) and pipe.opened_at < began
 
 
 def _late(node: Node, pipe: Pipe, slot: Slot) -> Reply:

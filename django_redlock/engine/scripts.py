@@ -30,14 +30,17 @@ class Script:
 # time (ms) at which it stops waiting. Earliest deadline first: with equal waits that is first come,
 # first served; an entry past its deadline is a waiter that gave up (or died) and is skipped. Queues
 # on different masters may disagree on the order now and then: that only means two waiters wake
-# instead of one. Safety never depends on them; the quorum SET decides.
+# instead of one. Safety never depends on them; the quorum SET decides. A waiter for a lock over
+# several resources is named "<inbox>.<n>*" (SEVERAL_MARK) in the queue of each of them.
+
+SEVERAL_MARK = "*"
 
 # Shared by the release scripts: wake the waiter at the head of ``queue`` alone: PUBLISH
-# "<ARGV[3] digest> <waiter id>" to its process's inbox (ARGV[4] .. its inbox id), so that no one
-# else hears it. If no one hears it, that process is gone: the next waiter is tried. Returns the
-# number of subscribers notified.
+# "<notice> <waiter id>" to its process's inbox (``inboxes`` .. its inbox id), so that no one else
+# hears it; ``notice`` is a digest of the lease released (never the token). If no one hears it,
+# that process is gone: the next waiter is tried. Returns the number of subscribers notified.
 _WAKE = """
-local function wake(queue)
+local function wake(queue, notice, inboxes)
     local now_ms = nil
     while true do
         local head = redis.call('zpopmin', queue)
@@ -49,8 +52,8 @@ local function wake(queue)
             now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
         end
         if tonumber(head[2]) > now_ms then
-            local inbox = ARGV[4] .. string.match(head[1], '^[^.]*')
-            local heard = redis.call('publish', inbox, ARGV[3] .. ' ' .. head[1])
+            local inbox = inboxes .. string.match(head[1], '^[^.]*')
+            local heard = redis.call('publish', inbox, notice .. ' ' .. head[1])
             if heard > 0 then
                 return heard
             end
@@ -82,7 +85,7 @@ redis.call('del', KEYS[1])
 if ARGV[2] == '' then
     return 1
 end
-return 1 + wake(KEYS[2])
+return 1 + wake(KEYS[2], ARGV[3], ARGV[4])
 """,
 )
 
@@ -103,7 +106,7 @@ for i = 1, n do
         redis.call('del', KEYS[i])
         ours = ours + 1
         if ARGV[2] ~= '' then
-            wake(KEYS[n + i])
+            wake(KEYS[n + i], ARGV[3], ARGV[4])
         end
     end
 end
@@ -135,6 +138,84 @@ for _, key in ipairs(KEYS) do
     redis.call('set', key, ARGV[1], 'PX', ARGV[2])
 end
 return 1
+""",
+)
+
+# A waiting lock over several resources: MULTI_ACQUIRE, queued like ACQUIRE_WAITING on every
+# resource's queue, first come first served with the single waiters. KEYS[1..n] the lock keys,
+# KEYS[n+1..2n] their waiter queues. ARGV[1] our full value; ARGV[2] TTL in milliseconds; ARGV[3]
+# this waiter's id (ending in SEVERAL_MARK); ARGV[4] how many more milliseconds it will wait;
+# ARGV[5] a notice digest and ARGV[6] the inboxes' prefix (as RELEASE's ARGV[3] and ARGV[4]).
+# Sets every key iff none exists, and leaves the queues. Else it joins (or keeps its place in)
+# every queue and, for each key that is free here, passes the turn on: the first waiter for that
+# key alone is woken as a release would, since the release that woke us may have been meant for
+# it, and no one else would tell it the key is free. (Not a waiter over several resources: held
+# back by another of its keys, it would pass the turn back, and two such would wake each other
+# without end.) Nothing is held while waiting, so two such waiters queued in opposite orders
+# cannot deadlock. Returns 1 if set, else {0, the longest PTTL among the keys that exist}.
+MULTI_ACQUIRE_WAITING = Script(
+    "multi_acquire_waiting",
+    """
+local function pass_on(queue, now_ms)
+    -- ZPOPMIN and ZADD only (what an ACL user for the lock path is granted; see RELEASE's wake)
+    local lasts = redis.call('pttl', queue)
+    local skipped = {}
+    for _ = 1, 32 do
+        local head = redis.call('zpopmin', queue)
+        if head[1] == nil then
+            break
+        end
+        local alive = tonumber(head[2]) > now_ms
+        if string.sub(head[1], -1) == '*' then  -- SEVERAL_MARK: it keeps its place
+            if alive then
+                skipped[#skipped + 1] = head
+            end
+        elseif alive then
+            local inbox = ARGV[6] .. string.match(head[1], '^[^.]*')
+            if redis.call('publish', inbox, ARGV[5] .. ' ' .. head[1]) > 0 then
+                break
+            end
+        end
+    end
+    for _, entry in ipairs(skipped) do
+        redis.call('zadd', queue, entry[2], entry[1])
+    end
+    if #skipped > 0 and lasts > 0 then
+        redis.call('pexpire', queue, lasts)  -- emptied and made again: it still expires
+    end
+end
+
+local n = #KEYS / 2
+local free = {}
+local longest = -2
+for i = 1, n do
+    local ttl = redis.call('pttl', KEYS[i])
+    if ttl == -2 then
+        free[#free + 1] = i
+    elseif longest ~= -1 and (ttl == -1 or ttl > longest) then
+        longest = ttl  -- -1 (a key that never expires) stays
+    end
+end
+if #free == n then
+    for i = 1, n do
+        redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])
+        redis.call('zrem', KEYS[n + i], ARGV[3])
+    end
+    return 1
+end
+local now = redis.call('time')
+local wait_ms = tonumber(ARGV[4])
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+for i = 1, n do
+    redis.call('zadd', KEYS[n + i], 'NX', now_ms + wait_ms, ARGV[3])
+    if redis.call('pttl', KEYS[n + i]) < wait_ms then
+        redis.call('pexpire', KEYS[n + i], wait_ms)
+    end
+end
+for _, i in ipairs(free) do
+    pass_on(KEYS[n + i], now_ms)
+end
+return {0, longest}
 """,
 )
 
@@ -211,4 +292,32 @@ return current
 """,
 )
 
-ALL = (RELEASE, MULTI_RELEASE, ACQUIRE_WAITING, MULTI_ACQUIRE, EXTEND, HOLDS, FENCE_RAISE)
+# KEYS[1] a lock key; ARGV[1] the most bytes to read of its value. Reads it without trusting it
+# (another program's key, megabytes): returns 0 if there is no key; {its length, its first ARGV[1]
+# bytes} for a string; {-1, its type} for a key of another type, which blocks SET NX as a lock
+# does. Changes nothing.
+PEEK = Script(
+    "peek",
+    """
+local kind = redis.call('type', KEYS[1])['ok']
+if kind == 'none' then
+    return 0
+end
+if kind ~= 'string' then
+    return {-1, kind}
+end
+return {redis.call('strlen', KEYS[1]), redis.call('getrange', KEYS[1], 0, tonumber(ARGV[1]) - 1)}
+""",
+)
+
+ALL = (
+    RELEASE,
+    MULTI_RELEASE,
+    ACQUIRE_WAITING,
+    MULTI_ACQUIRE,
+    MULTI_ACQUIRE_WAITING,
+    EXTEND,
+    HOLDS,
+    FENCE_RAISE,
+    PEEK,
+)

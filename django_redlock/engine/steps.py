@@ -28,6 +28,7 @@ class Masters(Protocol):
     drift_factor: float
     retry_delay: float
     queues: LocalQueues
+    inbox_prefix: str
     admission: Admission
 
     @property

@@ -1,12 +1,29 @@
-"""One renewal thread per process for every auto-extended lease, sync or async.
+"""One renewal thread per process for every auto-extended lease, sync or async, and the expiry
+notice of every other lease someone listens to.
 
 Each lease is renewed at about a third of its TTL by a quorum extend. A failed round is retried
 soon, while validity lasts; when it runs out (or the masters say our key is gone) the lease is
-marked lost, which fires ``on_lost`` and the ``lost`` event at once, from this thread.
+marked lost, and ``on_lost`` and the ``lost`` event are told, on the callbacks' thread
+(``callbacks``): a slow callback never holds back a renewal.
 
-Why a thread for async locks too: renewal must not depend on the event loop being responsive
-(a loop blocked by CPU work is exactly when a lease would silently expire), and one renewal path
-is simpler to trust than two. The thread uses its own sync connections.
+How it scales: the thread runs an asyncio event loop of its own, and every lease that falls due
+is renewed by a task of its own through the async driver (``drivers.arun``), all at once, on
+that loop's pipelined connections (one per master): requests written in one loop tick leave in
+one write, and a master 40 ms away costs each renewal 40 ms, not each renewal after the one
+before it. Ten thousand leases due together cost one burst of requests per master, not ten
+thousand round trips end to end (as one thread renewing in turn did). A pool of threads would
+bound the renewals in flight by its size and cost a thread and a wait per round; tasks cost a
+few microseconds each, and the pipes are the ones ``aacquire()`` already uses.
+
+Why a thread of its own, for async locks too: renewal must not depend on the user's event loop
+being responsive (a loop blocked by CPU work is exactly when a lease would silently expire), nor
+on the user's threads; and one renewal path is simpler to trust than two. The loop is private:
+nothing but renewals and expiry looks runs on it.
+
+The schedule: an entry per look at a lease (its renewal, or its expiry notice), in a heap. Each
+lease has one live entry: an ``extend()`` by the holder reschedules it (``reschedule``: a
+renewal at a third of the new TTL, or the notice at the new deadline), and entries of an older
+schedule are dropped when they fall due (or swept earlier).
 
 The watchdog holds leases weakly: a released lease is skipped, a dropped one (its handle garbage-
 collected) vanishes. After ``fork()`` the child starts with an empty watchdog: it never renews the
@@ -15,6 +32,7 @@ parent's locks.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import os
@@ -23,13 +41,16 @@ import time
 import weakref
 
 from . import holding
-from .drivers import run
-from .errors import LockLost
+from .callbacks import DISPATCHER
+from .drivers import arun
+from .errors import ExtensionLimit, LockLost
 from .events import logger
 from .leases import Lease
-from .steps import Masters
 
-#: Renew when this fraction of the TTL has passed since the last renewal.
+#: Renew when this fraction of the TTL has passed since the last renewal (or the acquisition)
+#: began: counted from the lease's deadline, not from when the last round ended, so that rounds
+#: slowed by a crowd (ten thousand acquisitions at once, a wave of renewals) do not push the
+#: next renewal towards the end of the lease.
 RENEW_AT = 1 / 3
 
 #: Leases falling due within this much of each other are looked at in one wake-up (a renewal at a
@@ -41,8 +62,8 @@ SLACK = 0.005
 #: thousand short locks a second and a 30 s TTL, thirty thousand dead entries).
 SWEEP_AT = 1024
 
-#: One scheduled look at a lease: (when, order, lease, renew it?, max_extensions, max_hold).
-Entry = tuple[float, int, weakref.ref[Lease], bool, int | None, float | None]
+#: One scheduled look at a lease: (when, order, lease, the lease's schedule it belongs to).
+Entry = tuple[float, int, weakref.ref[Lease], int]
 
 
 class Watchdog:
@@ -55,38 +76,50 @@ class Watchdog:
         os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
-        self._cond = threading.Condition()
+        self._guard = threading.Lock()
         self._due: list[Entry] = []
         self._order = itertools.count()
         self._sweep_at = SWEEP_AT
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: What the loop sleeps on while nothing is due; None once a wake-up was asked for.
+        self._sleeping: asyncio.Future[None] | None = None
+        self._renewing: set[asyncio.Task[None]] = set()
 
-    def watch(self, lease: Lease, max_extensions: int | None, max_hold: float | None) -> None:
+    def watch(self, lease: Lease) -> None:
         """Renew ``lease`` until released, lost, dropped, or a cap is reached."""
-        self._schedule(
-            time.monotonic() + lease.ttl * RENEW_AT, lease, True, max_extensions, max_hold
-        )
+        lease.auto_extend = True
+        lease.watcher = self
+        self._push(_renewal_due(lease), lease, lease.schedule)
 
     def watch_expiry(self, lease: Lease) -> None:
         """Mark ``lease`` lost (and tell) when it runs out, unless released before."""
-        self._schedule(lease.valid_until, lease, False, None, None)
+        lease.watcher = self
+        self._push(lease.valid_until, lease, lease.schedule)
+
+    def reschedule(self, lease: Lease) -> None:
+        """The holder is extending ``lease`` (a new TTL may shorten it): renew it at a third of
+        its TTL from now, or look for its expiry at its deadline; earlier looks are dropped."""
+        with self._guard:
+            lease.schedule += 1
+        if lease.auto_extend:
+            when = time.monotonic() + lease.ttl * RENEW_AT
+        else:
+            when = lease.valid_until
+        self._push(when, lease, lease.schedule)
 
     @property
     def watching(self) -> int:
-        """How many leases are scheduled (some may be released and not yet swept)."""
-        with self._cond:
+        """How many looks are scheduled (some may be for released leases not yet swept)."""
+        with self._guard:
             return len(self._due)
 
-    def _schedule(
-        self,
-        when: float,
-        lease: Lease,
-        renew: bool,
-        max_extensions: int | None,
-        max_hold: float | None,
-    ) -> None:
-        entry = (when, next(self._order), weakref.ref(lease), renew, max_extensions, max_hold)
-        with self._cond:
+    def _push(self, when: float, lease: Lease, schedule: int) -> None:
+        """Schedule a look at ``lease`` at ``when``, if ``schedule`` is still its live one."""
+        entry = (when, next(self._order), weakref.ref(lease), schedule)
+        with self._guard:
+            if lease.schedule != schedule:
+                return  # rescheduled meanwhile: that look is the live one
             heapq.heappush(self._due, entry)
             if len(self._due) >= self._sweep_at:
                 self._due = [e for e in self._due if _pending(e)]
@@ -97,67 +130,114 @@ class Watchdog:
                     target=self._run, name="redlock-watchdog", daemon=True
                 )
                 self._thread.start()
-            if self._due[0] is entry:  # earlier than what the thread sleeps for
-                self._cond.notify()
+            elif self._due[0] is entry and self._sleeping is not None:
+                # Earlier than what the loop sleeps until: wake it (once).
+                sleeping, self._sleeping = self._sleeping, None
+                if threading.current_thread() is self._thread:
+                    _settle(sleeping)
+                else:
+                    assert self._loop is not None  # noqa: S101 (set before it sleeps)
+                    self._loop.call_soon_threadsafe(_settle, sleeping)
+
+    # --- the watchdog's thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        DISPATCHER.defer_here()
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        while True:  # a bug of ours must not end every renewal of the process for good
+            try:
+                loop.run_until_complete(self._serve(loop))
+            except Exception:  # noqa: BLE001
+                logger.exception("the watchdog's loop failed; restarting it")
+                time.sleep(SLACK)
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
-            with self._cond:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    timeout = self._due[0][0] - time.monotonic() + SLACK if self._due else None
-                    self._cond.wait(timeout)
+            with self._guard:
                 now = time.monotonic()
                 entries = []
                 while self._due and self._due[0][0] <= now + SLACK:
                     entries.append(heapq.heappop(self._due))
-            for _, _, ref, renew, max_extensions, max_hold in entries:
-                lease = ref()
-                if lease is None or lease.released or lease.lost:
-                    continue
-                if not renew:
-                    self._expire(lease)
-                    continue
-                next_at = self._renew(lease, max_extensions, max_hold)
-                if next_at is not None:
-                    self._schedule(next_at, lease, True, max_extensions, max_hold)
+                if not entries:
+                    sleeping = self._sleeping = loop.create_future()
+                    wait = self._due[0][0] - now + SLACK if self._due else None
+            if entries:
+                for entry in entries:
+                    try:
+                        self._look(loop, entry)
+                    except Exception:  # noqa: BLE001 (the watchdog must outlive any one lease)
+                        logger.exception("the watchdog failed to look at a lease")
+                continue
+            timer = None if wait is None else loop.call_later(wait, _settle, sleeping)
+            await sleeping
+            if timer is not None:
+                timer.cancel()
 
-    def _expire(self, lease: Lease) -> None:
-        if not lease.check_lost():  # extended meanwhile (by hand): look again when it runs out
-            self._schedule(lease.valid_until, lease, False, None, None)
+    def _look(self, loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
+        _, _, ref, schedule = entry
+        lease = ref()
+        if lease is None or lease.released or lease.lost or lease.schedule != schedule:
+            return
+        if not lease.auto_extend:
+            if not lease.check_lost():  # extended meanwhile: look again when it runs out
+                self._push(lease.valid_until, lease, schedule)
+            return
+        task = loop.create_task(self._renew(lease, schedule))
+        self._renewing.add(task)
+        task.add_done_callback(self._renewing.discard)
 
-    def _renew(
-        self, lease: Lease, max_extensions: int | None, max_hold: float | None
-    ) -> float | None:
-        """Renew once; return when to look at the lease next, or None to stop watching it."""
+    async def _renew(self, lease: Lease, schedule: int) -> None:
+        """Renew once, then schedule the next look (unless the holder rescheduled meanwhile)."""
         handle = lease.handle()
         if handle is None:
-            return None
-        masters: Masters = handle._redlock  # noqa: SLF001 (the engine's own handle)
-        capped = (max_extensions is not None and lease.extensions >= max_extensions) or (
-            max_hold is not None and time.monotonic() - lease.acquired_at >= max_hold
-        )
-        if capped:
-            # Stop renewing; look again when the lease runs out, to report it lost at once.
-            if not lease.check_lost():
-                self.watch_expiry(lease)
-            return None
+            return
+        masters = handle._redlock  # noqa: SLF001 (the engine's own handle)
+        del handle  # (not kept alive by a round in flight)
+        if lease.max_hold is not None and time.monotonic() - lease.acquired_at >= lease.max_hold:
+            self._stop_renewing(lease, schedule)
+            return
         try:
-            validity = run(masters, holding.extend(masters, lease, once=True))
+            validity = await arun(masters, holding.extend(masters, lease, once=True))
+        except ExtensionLimit:
+            self._stop_renewing(lease, schedule)
+            return
         except LockLost:
-            return None  # marked lost (event and on_lost fired) by the extend procedure
+            return  # marked lost (and told) by the extend procedure
         except Exception:  # noqa: BLE001 (the watchdog must outlive any one lease's bug)
             logger.exception("auto-extend of %r failed", lease.resource)
             validity = 0.0
         now = time.monotonic()
         if validity > 0:
-            return now + lease.ttl * RENEW_AT
-        # This round failed but the lease is still valid: try again soon, before it runs out.
-        return min(now + masters.retry_delay, lease.valid_until)
+            self._push(max(_renewal_due(lease), now + SLACK), lease, schedule)
+        else:
+            # This round failed but the lease is still valid: try again soon, before it runs out.
+            self._push(min(now + masters.retry_delay, lease.valid_until), lease, schedule)
+
+    def _stop_renewing(self, lease: Lease, schedule: int) -> None:
+        """A cap is reached: no more renewals; look again when the lease runs out, to report it
+        lost at once."""
+        lease.auto_extend = False
+        if not lease.check_lost():
+            self._push(lease.valid_until, lease, schedule)
+
+
+def _renewal_due(lease: Lease) -> float:
+    """When a third of the lease's TTL has passed since it began (it is ours until its start +
+    TTL - drift)."""
+    return lease.valid_until - lease.ttl * (1 - RENEW_AT)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _pending(entry: Entry) -> bool:
     lease = entry[2]()
-    return lease is not None and not lease.released and not lease.lost
+    return (
+        lease is not None and not lease.released and not lease.lost and lease.schedule == entry[3]
+    )
 
 
 #: The process's watchdog, shared by every Redlock.

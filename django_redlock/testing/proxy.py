@@ -11,6 +11,10 @@ a chunk keeps the delay in force when it was read.
 the bench's separate-hosts harness runs one inside a master's network namespace, listening on that
 host's address.
 
+``reset_next_reply()`` lets the next request through but, instead of forwarding the master's
+reply, resets the client's connection (a TCP RST): the master applied the request, the client
+never hears so ("connection reset after apply").
+
 ``blackhole()`` keeps accepting and holding connections but forwards nothing (bytes are read and
 discarded, as by a partitioned link). ``heal()`` forwards again and closes the connections that
 lost bytes, since their streams can no longer be parsed.
@@ -21,6 +25,8 @@ One asyncio event loop in a daemon thread serves every connection.
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 from collections.abc import Coroutine
 from types import TracebackType
@@ -69,6 +75,7 @@ class DelayProxy:
         self.accepted = 0
         self.port = listen_port
         self._blackholed = False
+        self._resets = 0
         self._links: set[_Link] = set()
         self._serving: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -132,6 +139,11 @@ class DelayProxy:
         """Forward nothing from now on; connections stay open and new ones are accepted."""
         self._blackholed = True
 
+    def reset_next_reply(self) -> None:
+        """The next reply from the master is dropped and its client's connection reset instead
+        (the request itself still reaches the master)."""
+        self._resets += 1
+
     def heal(self) -> None:
         """Forward again; close the connections whose bytes the blackhole discarded."""
         self._blackholed = False
@@ -169,14 +181,19 @@ class DelayProxy:
         try:
             await asyncio.gather(
                 self._pump(client_in, upstream_out, link),
-                self._pump(upstream_in, client_out, link),
+                self._pump(upstream_in, client_out, link, replies=True),
             )
         finally:
             self._links.discard(link)
             link.close()
 
     async def _pump(
-        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, link: _Link
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        link: _Link,
+        *,
+        replies: bool = False,
     ) -> None:
         """Copy ``source`` to ``sink``, each chunk ``delay`` seconds after it was read.
 
@@ -208,6 +225,11 @@ class DelayProxy:
                 if data and self._blackholed:
                     link.lost_bytes = True
                     continue
+                if data and replies and self._resets:
+                    self._resets -= 1
+                    _reset(sink)
+                    link.close()
+                    break
                 queue.put_nowait((loop.time() + self.delay, data))
                 if not data:
                     break
@@ -231,3 +253,11 @@ class DelayProxy:
             await asyncio.wait(set(self._serving), timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close ``writer``'s socket with a TCP RST rather than an orderly FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()

@@ -1,0 +1,109 @@
+"""Re-entry: the leases held in this process, by key, and which one a new acquisition by the same
+owner enters again.
+
+An owner re-enters (with ``reentrant=True``) a lease that covers every resource it asks for: the
+same ones, in any order, or fewer (``transfer()`` holding both accounts calls a helper that locks
+one), through the same handle or another. Holding only some of them, or all of them under
+different leases, it can neither re-enter (one handle speaks of one lease) nor acquire (it would
+wait for itself): that is refused at once, with the reason.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+from . import process
+from .errors import LockContended, LockLost
+from .leases import Lease, Owner, describe
+
+if TYPE_CHECKING:
+    from .lock import Lock
+
+
+class Holders:
+    """The live leases of this process, under each of their keys. Weak: a dropped handle does not
+    leave a phantom holder behind."""
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+
+    def __getitem__(self, key: str) -> Lease:
+        return self._by_key[key]
+
+    def add(self, lease: Lease) -> None:
+        for key in lease.keys:
+            self._by_key[key] = lease
+
+    def remove(self, lease: Lease) -> None:
+        for key in lease.keys:
+            if self._by_key.get(key) is lease:
+                del self._by_key[key]
+
+    def of(self, owner: Owner, keys: tuple[str, ...]) -> list[Lease | None]:
+        """Per key, the lease under which ``owner``, in this process, holds it (or None)."""
+        pid = process.pid()
+        leases: list[Lease | None] = []
+        for key in keys:
+            lease = self._by_key.get(key)
+            if lease is not None and (lease.owner is not owner or lease.pid != pid):
+                lease = None  # another's (or our parent's, if we are a forked child)
+            leases.append(None if lease is None or lease.released else lease)
+        return leases
+
+
+def reentered(lock: Lock, owner: Owner, mine: Lease | None, holders: Holders) -> Lease | None:
+    """The lease ``owner`` re-entered (one level deeper) to take ``lock``: ``mine`` (its lease
+    through that very handle) or one it holds every resource of ``lock`` under; None if it holds
+    none of them (or what it held ran out): acquire for real. ``LockContended`` at once if it
+    holds any of them and may not re-enter: waiting would be waiting for itself."""
+    if mine is not None and not lock.reentrant:
+        raise RuntimeError(
+            f"lock {lock.resource!r} is already acquired through this object by "
+            f"{describe(owner)}; use one Lock object per acquisition, or reentrant=True"
+        )
+    outer = mine or covering(lock, holders.of(owner, lock.keys))
+    if outer is None:
+        return None
+    if outer.check_lost() and not lock.reentrant:
+        return None  # its lease ran out: we do not hold it any more, so acquire for real
+    if not lock.reentrant:
+        raise LockContended(
+            lock.resource,
+            f"lock {lock.resource!r} is already held by this same thread/task: acquiring it "
+            f"again would wait for ourselves; pass reentrant=True to re-enter it",
+        )
+    if outer.check_lost():
+        raise LockLost(lock.resource, outer.lost_message())
+    outer.depth += 1
+    return outer
+
+
+def covering(lock: Lock, leases: list[Lease | None]) -> Lease | None:
+    """The one lease among ``leases`` (the owner's, per key of ``lock``) that covers them all;
+    None if there is none that still lives; ``LockContended`` if it holds only some of them."""
+    first = leases[0]
+    if first is not None and all(lease is first for lease in leases):
+        return first  # one lease covers them all (exactly these resources, or more)
+    live = {lease for lease in leases if lease is not None and not lease.check_lost()}
+    if not live:
+        return None
+    have = [r for r, lease in zip(lock.resources, leases, strict=True) if lease in live]
+    through = " and ".join(sorted(repr(lease.resource) for lease in live))
+    if len(have) < len(lock.resources):
+        lacking = [r for r in lock.resources if r not in have]
+        why = f"it holds {_names(have)} (through lock {through}) but not {_names(lacking)}"
+    else:
+        why = f"it holds {_names(have)} through different locks ({through})"
+    raise LockContended(
+        lock.resource,
+        f"lock {lock.resource!r} cannot be acquired by this same thread/task: {why}; acquiring "
+        f"would wait for ourselves, and re-entry needs one held lock that covers every resource "
+        f"asked for: take them together in the outer lock",
+    )
+
+
+def _names(resources: list[str]) -> str:
+    return " and ".join(repr(r) for r in resources)
