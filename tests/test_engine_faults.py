@@ -461,7 +461,10 @@ def test_an_extend_applied_but_unanswered_is_no_loss(masters, engine_of, proxies
         for front in fronts[:2]:
             front.reset_next_reply()
         assert lock.extend(ttl=20) > 19
-        assert [front.accepted for front in fronts] == [2, 2, 1]  # reset, asked again
+        # Reset, asked again: unless the round was decided (a quorum renewed) before its reset
+        # came, since a round returns at quorum.
+        assert sum(front.accepted for front in fronts[:2]) >= 3
+        assert fronts[2].accepted == 1
         assert not lock.lost
         assert all(m.call("PTTL", KEY) > 19_000 for m in three)
     assert keys_of(three) == [None, None, None]

@@ -107,27 +107,27 @@ def test_a_wait_that_the_local_queue_cannot_meet_is_refused_at_once(masters, red
 
     async def main() -> tuple[Overloaded, float, bool]:
         loop = asyncio.get_running_loop()
-        burst = [loop.create_task(engine.lock(f"q:{i}", ttl=10).aacquire()) for i in range(2000)]
+        burst = [loop.create_task(engine.lock(f"q:{i}", ttl=10).aacquire()) for i in range(3000)]
         gate = engine.admission.of(loop)
-        while not gate.pace.per_turn:  # its pace is measured once turns are given
+        while not gate.pace.per_turn or gate.queued() < 200:  # the pace is measured, a queue left
             assert not all(task.done() for task in burst), "the burst ended before"
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.005)
+        # A wait a quarter of what the queue ahead is expected to take (whatever this machine's
+        # pace): surely not met. (Nothing else runs until the call below reaches the queue.)
+        wait = round(gate.pace.expected(gate.queued()) / 4, 6)
         late = loop.create_task(engine.lock("late", ttl=10, wait=0).aacquire())
-        started = time.monotonic()
         with pytest.raises(Overloaded) as caught:
-            await engine.lock("impatient", ttl=10, wait=0.05).aacquire()
-        refused_after = time.monotonic() - started
+            await engine.lock("impatient", ttl=10, wait=wait).aacquire()
         for lock in [*await asyncio.gather(*burst), await late]:
             await lock.arelease()
-        return caught.value, refused_after, late.result().held is False
+        return caught.value, wait, late.result().held is False
 
-    error, refused_after, late_held = asyncio.run(main())
+    error, wait, late_held = asyncio.run(main())
     assert error.waited == 0.0  # refused at once: it did not wait
-    assert error.queued > 100
+    assert error.queued >= 200
     assert f"{error.queued} rounds were queued ahead of it locally" in str(error)
     assert "refused at once" in str(error)
-    assert "wait=0.05s" in str(error)
-    assert refused_after < 0.05
+    assert f"wait={wait}s" in str(error)
     assert late_held  # it acquired (then released: no longer held)
 
 
