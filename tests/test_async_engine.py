@@ -225,6 +225,12 @@ def test_cancelled_acquisition_leaves_no_stale_reply_and_no_key(
         cancelled_at = time.monotonic()
         # Every master now refuses "held": any granted vote would be a stale reply.
         async with other.lock("taken", ttl=ttl):
+            # Its acquisition returned at quorum: let its last SETs land everywhere first.
+            taken = other.lock_key("taken")
+            for _ in range(50):
+                if None not in keys_of(masters, taken):
+                    break
+                await asyncio.sleep(0.01)
             with pytest.raises(LockContended) as caught:
                 await engine.lock("taken", ttl=ttl).aacquire()
         assert [f.reason for f in caught.value.failures] == ["held"] * 5
