@@ -186,7 +186,7 @@ def draw(*, copy_to_docs: bool) -> None:
     if copy_to_docs:
         DOCS_PNG.parent.mkdir(exist_ok=True)
         shutil.copyfile(path, DOCS_PNG)
-        print(f"Copied to {DOCS_PNG} (the README's Performance section shows it).")
+        print(f"Copied to {DOCS_PNG} (docs/performance.md shows it).")
 
 
 def _alias(key: str) -> str:

@@ -13,7 +13,7 @@ here on first use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .engine import (
     ExtensionLimit,
@@ -29,7 +29,7 @@ from .engine.locking import locking
 if TYPE_CHECKING:
     from .commands import GuardedCommandMixin, guard_command
     from .decorators import lock_view
-    from .engine.redlock import Holder
+    from .engine.redlock import Holder, Redlock
     from .fencing import fenced_update
 
 __all__ = [
@@ -82,6 +82,8 @@ def redlock(
     max_hold: float | None = None,
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
+    db_guard: bool = True,
+    template: str | None = None,
 ) -> Lock:
     """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
     several (all of them or none, on each master: no deadlock whatever the order).
@@ -96,13 +98,26 @@ def redlock(
     ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
     it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
+
+    ``db_guard`` (on by default): once the lease is lost or its validity is over, the block's
+    next database query raises ``LockLost`` before it reaches the database, and open ``atomic``
+    blocks are marked for rollback (see ``django_redlock.dbguard``).
+
+    ``template``: the resource as written before formatting (``"invoice:{id}"``), the label of
+    the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
+    ``lock_view`` pass their templates, guarded commands their command's lock.
     """
     from .conf import get_redlock
+    from .locks import DjangoLock
 
-    return get_redlock().lock(
+    engine = get_redlock()
+    return DjangoLock(
+        engine,
         *resources,
-        ttl=ttl,
-        wait=wait,
+        db_guard=db_guard,
+        template=template,
+        ttl=engine.ttl if ttl is None else ttl,
+        wait=engine.wait if wait is None else wait,
         label=label,
         auto_extend=auto_extend,
         max_extensions=max_extensions,
@@ -120,14 +135,18 @@ def locked(*resources: str, **options: Any) -> Callable[[F], F]:
         @locked("report:{user_id}", ttl=60, wait=5)
         def build_report(user_id: int) -> None: ...
 
-    Settings are read at call time, never when the module is imported."""
+    Settings are read at call time, never when the module is imported. Takes the options of
+    ``redlock()``, ``db_guard`` included."""
+    if all(isinstance(r, str) for r in resources):
+        options.setdefault("template", " + ".join(resources))
+    # locking() only calls .lock() on what it is given: redlock() stands in for an engine's.
+    return locking(lambda: cast("Redlock", _DjangoLocks), resources, options)
 
-    def current() -> Any:
-        from .conf import get_redlock
 
-        return get_redlock()
+class _DjangoLocks:
+    """What ``locked()`` makes its locks with: ``redlock()`` (the settings' masters, guarded)."""
 
-    return locking(current, resources, options)
+    lock = staticmethod(redlock)
 
 
 def holder(resource: str) -> Holder | None:

@@ -11,5 +11,7 @@ class RedlockConfig(AppConfig):
 
         from . import conf  # noqa: F401 (connects the setting_changed receiver)
         from .checks import check_settings
+        from .dbguard import install_everywhere
 
         checks.register(check_settings)
+        install_everywhere()  # every connection opened from now on carries the DB guard

@@ -41,6 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from . import conf, redlock
+from .dbguard import QueryRefused
 from .display import printable
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
 from .keys import bounded_resource
@@ -96,7 +97,8 @@ def guard_command(
         out = stderr or sys.stderr
         out.write(
             f"WARNING: {name}: lost lock {resource!r} after {lost_after[0]:.1f}s: {error}. "
-            f"The command keeps running, but another process may now run it too.\n"
+            f"The command keeps running until its next database query (refused), but another "
+            f"process may now run it too.\n"
         )
         out.flush()
 
@@ -108,6 +110,7 @@ def guard_command(
         auto_extend=True,
         reentrant=True,
         on_lost=on_lost,
+        template=resource,  # bounded: one per command (or per key the command names)
     )
     try:
         with contextlib.ExitStack() as held:
@@ -128,6 +131,14 @@ def guard_command(
     except LockLost as error:
         if error.resource != resource or not lost_after:
             raise  # another lock of the command's own: not ours to report
+        if isinstance(error, QueryRefused):  # the DB guard stopped it at its next query
+            raise CommandError(
+                f"{name} stopped after {time.monotonic() - began:.1f}s: its lock {resource!r} "
+                f"was lost after {lost_after[0]:.1f}s, and its next database query was refused "
+                f"before reaching the database: {error}. Check whether another process ran "
+                f"{name} meanwhile.",
+                returncode=EXIT_LOST,
+            ) from error
         raise CommandError(
             f"{name} finished after {time.monotonic() - began:.1f}s, but its lock {resource!r} "
             f"was lost after {lost_after[0]:.1f}s: {error}. Exclusivity was not guaranteed for "

@@ -7,6 +7,7 @@ error, naming the bad value. Nothing here runs at import time.
 
 from __future__ import annotations
 
+import difflib
 import math
 import threading
 from collections.abc import Mapping
@@ -33,6 +34,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 CACHE_PREFIX = "cache:"
+
+NODES_HINT = (
+    'set REDLOCK = {"NODES": ["redis://host-a:6379/0", "redis://host-b:6379/0", '
+    '"redis://host-c:6379/0"]} (independent masters, not replicas of each other); '
+    'entries may also be "cache:<alias>" naming a django-redis cache'
+)
 
 
 @dataclass(frozen=True)
@@ -61,16 +68,32 @@ class Config:
 
 def raw_setting() -> dict[str, Any]:
     """The user's ``REDLOCK`` over the defaults (a copy: the user's dict is never changed)."""
-    user = getattr(settings, "REDLOCK", {})
+    if not hasattr(settings, "REDLOCK"):
+        raise Undefined(_undefined_message())
+    user = settings.REDLOCK
     if not isinstance(user, Mapping):
         raise ImproperlyConfigured(f"REDLOCK must be a dict, got {type(user).__name__} {user!r}")
     return {**DEFAULTS, **user}
+
+
+class Undefined(ImproperlyConfigured):
+    """``settings.REDLOCK`` does not exist (not even empty): often a misspelled name."""
+
+
+def _undefined_message() -> str:
+    names = [name for name in dir(settings) if name.isupper()]
+    near = difflib.get_close_matches("REDLOCK", names, n=1, cutoff=0.6)
+    return "settings.REDLOCK is not defined" + (
+        f" (there is a setting named {near[0]!r}: a misspelling?)" if near else ""
+    )
 
 
 def problems() -> list[Problem]:
     """Everything wrong with ``REDLOCK``, errors and warnings, without any network call."""
     try:
         raw = raw_setting()
+    except Undefined as exc:
+        return [Problem("E001", str(exc), hint=NODES_HINT)]
     except ImproperlyConfigured as exc:
         return [Problem("E002", str(exc))]
     found: list[Problem] = []
@@ -129,9 +152,7 @@ def _node_problems(nodes: object) -> list[Problem]:
             Problem(
                 "E001",
                 "REDLOCK['NODES'] is empty: there are no Redis masters to lock on",
-                hint='set REDLOCK = {"NODES": ["redis://host-a:6379/0", "redis://host-b:6379/0", '
-                '"redis://host-c:6379/0"]} (independent masters, not replicas of each other); '
-                'entries may also be "cache:<alias>" naming a django-redis cache',
+                hint=NODES_HINT,
             )
         ]
     found = []
@@ -152,6 +173,15 @@ def _node_problems(nodes: object) -> list[Problem]:
                 f"REDLOCK['NODES'] lists the same master more than once: {'; '.join(duplicates)}",
                 hint="a master listed twice (by any spelling, db number or cache alias) votes "
                 "twice, so a 'quorum' could be one real master",
+            )
+        )
+    if len(nodes) == 1:
+        found.append(
+            Problem(
+                "W002",
+                "REDLOCK['NODES'] has one master: no fault tolerance (fine for development)",
+                hint="a lock held on one master is lost with it; use 3 or 5 independent masters "
+                "in production",
             )
         )
     if len(nodes) % 2 == 0:

@@ -61,7 +61,13 @@ from django.views import View
 
 from . import redlock
 from .engine import Lock, LockContended, LockLost, LockNotAcquired, protocol
-from .keys import KeyTemplateError, bounded_resource, format_key, template_fields
+from .keys import (
+    KeyTemplateError,
+    bounded_resource,
+    check_view_fields,
+    format_key,
+    template_fields,
+)
 
 __all__ = ["CONTENDED_RETRY_AFTER", "UNAVAILABLE_RETRY_AFTER", "lock_view", "retry_after"]
 
@@ -118,6 +124,7 @@ def lock_view(
         on_unavailable=_check_handler("on_unavailable", on_unavailable),
         label=protocol.check_label(label),
         atomic=_check_atomic(atomic),
+        template=" + ".join(k if isinstance(k, str) else _callable_name(k) for k in keys),
     )
 
     def decorator(view: V) -> V:
@@ -127,6 +134,7 @@ def lock_view(
             return _decorate_class(view, options)  # type: ignore[return-value]
         if not callable(view):
             raise TypeError(f"lock_view can decorate a view or a View subclass, not {view!r}")
+        check_view_fields(view, keys)  # as early as the view allows: its signature
         return _decorate_function(view, options)  # type: ignore[return-value]
 
     return decorator
@@ -148,11 +156,16 @@ class _Options:
     on_unavailable: Handler | None
     label: str | None
     atomic: str | bool
+    template: str = ""  # the keys as written: the metrics' label (bounded, unlike resources)
 
     def guard(self, view: object) -> _ViewLock:
         name = getattr(view, "__qualname__", None) or type(view).__qualname__
         label = self.label or f"view {getattr(view, '__module__', '?')}.{name}"
         return _ViewLock(self, label)
+
+
+def _callable_name(key: object) -> str:
+    return getattr(key, "__qualname__", None) or type(key).__qualname__
 
 
 def _resource_function(key: Key) -> ResourceOf:
@@ -280,7 +293,14 @@ class _ViewLock:
     def lock(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
         o = self.options
         resources = [resource_of(request, args, kwargs) for resource_of in o.resources]
-        return redlock(*resources, ttl=o.ttl, wait=o.wait, label=self.label, auto_extend=True)
+        return redlock(
+            *resources,
+            ttl=o.ttl,
+            wait=o.wait,
+            label=self.label,
+            auto_extend=True,
+            template=o.template,
+        )
 
     def run_sync(
         self,

@@ -91,16 +91,26 @@ class Health:
         return self.spare >= 0
 
     @property
+    def single(self) -> bool:
+        """One master (development): it answers or not; there is nothing to degrade."""
+        return len(self.nodes) == 1
+
+    @property
     def verdict(self) -> str:
+        if self.single and self.spare == 0:
+            return OK
         return OK if self.spare > 0 else DEGRADED if self.spare == 0 else NO_QUORUM
 
     @property
     def summary(self) -> str:
-        consequence = {
-            OK: f"can lose {self.spare} more master{'s' if self.spare > 1 else ''}",
-            DEGRADED: "can lose no more masters: one more failure stops all locking",
-            NO_QUORUM: "locks can be neither acquired nor extended",
-        }[self.verdict]
+        if self.single and self.verdict == OK:
+            consequence = "single master, no fault tolerance"
+        else:
+            consequence = {
+                OK: f"can lose {self.spare} more master{'s' if self.spare > 1 else ''}",
+                DEGRADED: "can lose no more masters: one more failure stops all locking",
+                NO_QUORUM: "locks can be neither acquired nor extended",
+            }[self.verdict]
         return (
             f"{self.reachable} of {len(self.nodes)} masters reachable, quorum {self.quorum}: "
             f"{self.verdict} ({consequence})"
@@ -160,7 +170,7 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         config = _ask(client.config_get, "*") or {}  # one round trip; ACL may refuse CONFIG
         skew = _clock_skew(client)
     except (redis.RedisError, OSError) as exc:
-        return NodeHealth(node.label, reachable=False, error=f"{type(exc).__name__}: {exc}")
+        return NodeHealth(node.label, reachable=False, error=failure_text(exc))
     finally:
         client.close()
     info = info or {}
@@ -177,6 +187,25 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         clock_skew=skew,
     )
     return _with_warnings(health, node.timeout)
+
+
+def failure_text(exc: BaseException) -> str:
+    """Why a master could not be probed, in the words an operator acts on: a wrong password is
+    not an unreachable master, and a port that is not Redis gets a hint instead of a bare
+    protocol error."""
+    if isinstance(exc, redis.AuthenticationError) or (
+        isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    ):
+        return (
+            f"authentication failed: {exc} (check the user and password in this master's URL "
+            f"or cache settings)"
+        )
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        return (
+            f"not a Redis server? it answered outside the Redis protocol ({exc}): check the "
+            f"host and port of this master"
+        )
+    return f"unreachable: {type(exc).__name__}: {exc}"
 
 
 def admin_client(node: Node, timeout: float) -> redis.Redis:

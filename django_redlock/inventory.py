@@ -1,4 +1,4 @@
-"""Which locks are held right now, read from every master; and the admin's force release.
+"""Which locks are held right now, read from every master (the admin's page, ``redlock_status``).
 
 Listing: each master is SCANned (never KEYS) with MATCH on the glob-escaped key prefix, the
 resource names are merged across masters and sorted, and only the requested page is read back:
@@ -14,13 +14,13 @@ Reading is a snapshot, not atomic across masters: a lock being acquired or relea
 may show on fewer masters than it will a moment later.
 
 Tokens never leave this module: a copy is shown by the fingerprint of its token (a short sha256).
+What the copies of one lock say together is ``held``'s; the force release is ``force_release``'s.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -30,19 +30,12 @@ import redis
 
 from .engine import NodeFailure, Redlock, protocol
 from .engine.connections import Node
-from .engine.drivers import fan_out
 from .engine.rounds import failure
-from .engine.values import (
-    FINGERPRINT_LENGTH,
-    MAX_VALUE_BYTES,
-    Owner,
-    UnreadableValue,
-    fingerprint,
-    parse_value,
-)
+from .engine.values import MAX_VALUE_BYTES, UnreadableValue, parse_value
 from .health import admin_client
+from .held import HELD, Copy, HeldLock, UnreadableKey, summarize
 
-__all__ = ["Copy", "HeldLock", "Inventory", "Owner", "UnreadableKey", "fingerprint", "list_locks"]
+__all__ = ["Inventory", "glob_escape", "inspect", "list_locks"]
 
 T = TypeVar("T")
 
@@ -54,7 +47,6 @@ SCAN_COUNT = 1000
 #: Longest search string accepted (it becomes part of a MATCH pattern).
 MAX_SEARCH = 200
 MAX_PAGE_SIZE = 1000
-_FINGERPRINT = re.compile(rf"[0-9a-f]{{{FINGERPRINT_LENGTH}}}")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 #: How to count the elements of a key of another type than string (to say how big it is).
 _LENGTH_COMMAND = {
@@ -71,142 +63,6 @@ _MAX_FENCE_DIGITS = 20
 def glob_escape(text: str) -> str:
     """``text`` as a literal in a Redis MATCH pattern (escapes ``* ? [ ] \\``)."""
     return _GLOB_SPECIAL.sub(r"\\\1", text)
-
-
-@dataclass(frozen=True)
-class Copy:
-    """One master's copy of a lock key."""
-
-    node: str
-    fingerprint: str
-    ttl: float | None  # seconds left on this master; None: the key has no expiry (not ours)
-    owner: Owner
-
-
-@dataclass(frozen=True)
-class UnreadableKey:
-    """A key under the lock prefix on one master that is not a lock value we can read."""
-
-    node: str
-    resource: str  # the name after the prefix (bytes that are not UTF-8 kept as surrogates)
-    kind: str  # its Redis type ("string", "hash"...), or "unknown" when TYPE was refused
-    size: int | None  # bytes of a string, elements of another type; None: not known
-    reason: str
-
-    @property
-    def size_text(self) -> str:
-        if self.size is None:
-            return "size unknown"
-        unit = "byte" if self.kind == "string" else "element"
-        return f"{self.size} {unit}{'' if self.size == 1 else 's'}"
-
-
-#: What a lock's copies say about it. HELD: a quorum of masters has the holder's copy. UNKNOWN:
-#: not a quorum among the masters read, but the masters that could not be read could make one;
-#: nothing is called stale then. STALE: no quorum even if every unread master had a copy.
-HELD, UNKNOWN, STALE = "held", "unknown", "stale"
-
-
-@dataclass(frozen=True)
-class HeldLock:
-    """One resource across all masters. The holder is the token found on the most masters; when
-    it is HELD, copies with other tokens are stale; when STALE, every copy is."""
-
-    resource: str
-    node_count: int
-    quorum: int
-    fingerprint: str
-    owner: Owner
-    held_on: int
-    unread: int  # masters that could not be read: held_on is a lower bound
-    min_ttl: float | None
-    max_ttl: float | None
-    validity: float  # estimate: seconds until fewer than a quorum of the holder's copies remain
-    fence: int | None
-    stale: tuple[Copy, ...]
-    copies: tuple[Copy, ...]
-    #: A lock over several resources: all of them (this one included), one holder. Empty for a
-    #: lock over one resource.
-    resources: tuple[str, ...] = ()
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.resources or (self.resource,)
-
-    @property
-    def name(self) -> str:
-        """What to show: the resource, or the resources of a lock over several."""
-        return " + ".join(self.names)
-
-    @property
-    def has_quorum(self) -> bool:
-        return self.held_on >= self.quorum
-
-    @property
-    def state(self) -> str:
-        if self.has_quorum:
-            return HELD
-        return UNKNOWN if self.held_on + self.unread >= self.quorum else STALE
-
-    @property
-    def acquired_at(self) -> float | None:
-        return self.owner.since
-
-
-def summarize(
-    resource: str,
-    copies: Sequence[Copy],
-    *,
-    node_count: int,
-    unread: int = 0,
-    fence: int | None,
-    drift_factor: float,
-) -> HeldLock:
-    """Group one resource's copies by token fingerprint and name the holder."""
-    counts = Counter(c.fingerprint for c in copies)
-
-    def weight(fp: str) -> tuple[int, float, str]:  # most copies, then longest TTL, then stable
-        return counts[fp], max(_ttl_order(c.ttl) for c in copies if c.fingerprint == fp), fp
-
-    holder = max(counts, key=weight)
-    mine = [c for c in copies if c.fingerprint == holder]
-    quorum = protocol.quorum(node_count)
-    ttls = [c.ttl for c in mine if c.ttl is not None]
-    owner = mine[0].owner
-    validity = 0.0
-    if len(mine) >= quorum:
-        # The lease stays exclusive while a quorum of copies lives: until the quorum-th longest
-        # TTL runs out, less the holder's own drift allowance.
-        kth = sorted((_ttl_order(c.ttl) for c in mine), reverse=True)[quorum - 1]
-        lease = owner.ttl if owner.ttl is not None else (max(ttls) if ttls else 0.0)
-        validity = max(0.0, kth - protocol.drift(lease, drift_factor))
-        if math.isinf(validity):
-            validity = 0.0  # keys without expiry are not ours; claim no validity for them
-    if len(mine) >= quorum:
-        stale = tuple(c for c in copies if c.fingerprint != holder)
-    elif len(mine) + unread >= quorum:
-        stale = ()  # the unread masters may hold the rest of a live quorum: we cannot tell
-    else:
-        stale = tuple(copies)
-    return HeldLock(
-        resource=resource,
-        node_count=node_count,
-        quorum=quorum,
-        fingerprint=holder,
-        owner=owner,
-        held_on=len(mine),
-        unread=unread,
-        min_ttl=min(ttls) if ttls else None,
-        max_ttl=max(ttls) if ttls else None,
-        validity=validity,
-        fence=fence,
-        stale=stale,
-        copies=tuple(copies),
-    )
-
-
-def _ttl_order(ttl: float | None) -> float:
-    return math.inf if ttl is None else ttl
 
 
 @dataclass(frozen=True)
@@ -449,90 +305,3 @@ def _is_text(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-# --- force release ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReleaseOutcome:
-    node: str
-    released: bool
-    detail: str  # "released", "not held by this holder", or why the master failed
-
-
-@dataclass(frozen=True)
-class ForceRelease:
-    """What a force release did. ``owner`` is None when no master held that fingerprint: then
-    nothing was sent."""
-
-    resource: str
-    fingerprint: str
-    owner: Owner | None
-    outcomes: tuple[ReleaseOutcome, ...]
-
-    @property
-    def released_on(self) -> int:
-        return sum(o.released for o in self.outcomes)
-
-    def describe(self) -> str:
-        """One line for humans and the admin log (no token in it)."""
-        head = f"force release of {self.resource!r} holder {self.fingerprint}"
-        if self.owner is None:
-            return f"{head}: not held by that holder on any master, nothing released"
-        per_node = "; ".join(f"{o.node}: {o.detail}" for o in self.outcomes)
-        return (
-            f"{head} ({self.owner}): released on {self.released_on} of "
-            f"{len(self.outcomes)} masters [{per_node}]"
-        )
-
-
-def check_fingerprint(value: object) -> str:
-    if not isinstance(value, str) or not _FINGERPRINT.fullmatch(value):
-        raise ValueError(
-            f"fingerprint must be {FINGERPRINT_LENGTH} lowercase hex digits, got {value!r}"
-        )
-    return value
-
-
-def force_release(
-    redlock: Redlock, resource: str, fingerprint_: str, *, timeout: float = INVENTORY_TIMEOUT
-) -> ForceRelease:
-    """Delete the copies of ``resource`` held by the holder with this token fingerprint, and only
-    those: the current values are re-read, and the exact value whose token matches is removed
-    with the engine's compare-and-delete script on every master. A new holder that took the lock
-    since the fingerprint was shown keeps it."""
-    protocol.check_resource(resource)
-    check_fingerprint(fingerprint_)
-    key = redlock.lock_key(resource)
-    nodes = redlock.nodes
-    current = fan_out(nodes, ("GET", key), timeout)
-    values: list[bytes] = []
-    owner = None
-    for reply in current:
-        if isinstance(reply, bytes) and reply not in values:
-            try:
-                fp, found_owner = parse_value(reply)
-            except UnreadableValue:
-                continue  # not a lock value: never ours to delete
-            if fp == fingerprint_:
-                values.append(reply)
-                owner = found_owner
-    released = [False] * len(nodes)
-    details = ["not held by this holder"] * len(nodes)
-    for i, reply in enumerate(current):
-        if isinstance(reply, NodeFailure):
-            details[i] = f"{reply.reason}: {reply.detail}"
-    for value in values:  # one, unless a foreign writer reused the token with another owner
-        command, script = redlock.release_command((resource,), value)
-        replies = fan_out(nodes, command, timeout, script)
-        for i, reply in enumerate(replies):
-            if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
-                released[i] = True
-                details[i] = "released"
-            elif isinstance(reply, NodeFailure) and not released[i]:
-                details[i] = f"{reply.reason}: {reply.detail}"
-    outcomes = tuple(
-        ReleaseOutcome(node.label, released[i], details[i]) for i, node in enumerate(nodes)
-    )
-    return ForceRelease(resource, fingerprint_, owner, outcomes)

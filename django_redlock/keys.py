@@ -8,8 +8,10 @@ SHA-256 of the whole name, so two different long names still get different locks
 from __future__ import annotations
 
 import hashlib
+import inspect
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 #: Longest resource name we pass to the engine; longer names are hashed (see ``bounded_resource``).
 MAX_RESOURCE_LENGTH = 200
@@ -73,3 +75,29 @@ def format_key(template: str, kwargs: Mapping[str, object]) -> str:
             f"capture (URL kwargs: {have})"
         )
     return template.format_map({name: str(kwargs[name]) for name in template_fields(template)})
+
+
+def check_view_fields(view: Callable[..., Any], templates: tuple[object, ...]) -> None:
+    """``KeyTemplateError`` now, at decoration, when a template names a URL kwarg that ``view``
+    cannot receive: Django passes URL kwargs as keyword arguments, so a view that takes neither
+    that parameter nor ``**kwargs`` could never be called with it. A view whose signature cannot
+    be read, or that takes ``**kwargs``, is checked per request instead."""
+    try:
+        signature = inspect.signature(view)
+    except (TypeError, ValueError):
+        return
+    parameters = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    accepted = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    name = getattr(view, "__qualname__", repr(view))
+    for template in templates:
+        if not isinstance(template, str):
+            continue  # a callable key: it takes whatever the view takes
+        for field in template_fields(template):
+            if field not in accepted:
+                raise KeyTemplateError(
+                    f"key template {template!r} needs URL kwarg {field!r}, which view "
+                    f"{name}{signature} does not take: a URL that captures it would fail to call "
+                    f"the view, and one that does not fails the template"
+                )

@@ -20,7 +20,16 @@ redlock_contended_total         counter    acquisitions that failed, label ``rea
 redlock_lost_total              counter    leases lost while held
 redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
                                            label ``node``, ``reason`` = timeout|error
+redlock_template_wait_seconds   histogram  as ``redlock_acquire_wait_seconds``, by lock template:
+                                           labels ``template``, ``outcome``
+redlock_template_hold_seconds   histogram  as ``redlock_hold_seconds``, by lock template: label
+                                           ``template``
 ==============================  =========  =========================================================
+
+The ``template`` label is the resource as written before formatting: ``lock_view`` and
+``@locked`` give their key templates (``"order:{order_id}"``), guarded commands their lock
+(``command:<name>``), ``redlock(..., template="invoice:{id}")`` one of your own; any other lock
+counts as ``(untemplated)``. Never the formatted resource: one series per template, not per id.
 
 Node failures are counted from failed acquisitions only: the engine reports per-master detail on
 failure, not on success.
@@ -39,9 +48,15 @@ WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
+#: The template label of a lock made without one (the engine's own locks included).
+UNTEMPLATED = "(untemplated)"
+
+
 class _Collectors(NamedTuple):
     wait: Any
     hold: Any
+    template_wait: Any
+    template_hold: Any
     contended: Any
     lost: Any
     node_failures: Any
@@ -65,6 +80,18 @@ def _collectors() -> _Collectors | None:
             "Seconds a lock was held, from acquisition to release.",
             buckets=HOLD_BUCKETS,
         ),
+        template_wait=prom.Histogram(
+            "redlock_template_wait_seconds",
+            "Seconds from the first attempt to acquire a lock to the outcome, by lock template.",
+            ["template", "outcome"],
+            buckets=WAIT_BUCKETS,
+        ),
+        template_hold=prom.Histogram(
+            "redlock_template_hold_seconds",
+            "Seconds a lock was held, from acquisition to release, by lock template.",
+            ["template"],
+            buckets=HOLD_BUCKETS,
+        ),
         contended=prom.Counter(
             "redlock_contended",
             "Acquisitions that failed: held by another owner, or no quorum of masters.",
@@ -85,18 +112,20 @@ def enabled() -> bool:
     return _collectors() is not None
 
 
-def acquired(waited: float) -> None:
+def acquired(waited: float, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is not None:
         c.wait.labels(outcome="acquired").observe(waited)
+        c.template_wait.labels(template=template, outcome="acquired").observe(waited)
 
 
-def not_acquired(waited: float, error: LockNotAcquired) -> None:
+def not_acquired(waited: float, error: LockNotAcquired, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is None:
         return
     reason = "contended" if isinstance(error, LockContended) else "unavailable"
     c.wait.labels(outcome=reason).observe(waited)
+    c.template_wait.labels(template=template, outcome=reason).observe(waited)
     c.contended.labels(reason=reason).inc()
     for failure in error.failures:
         node_failure(failure)
@@ -110,10 +139,11 @@ def node_failure(failure: NodeFailure) -> None:
         c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
 
 
-def released(held: float) -> None:
+def released(held: float, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is not None:
         c.hold.observe(held)
+        c.template_hold.labels(template=template).observe(held)
 
 
 def lost() -> None:

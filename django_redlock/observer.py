@@ -1,4 +1,5 @@
-"""Turns engine events into Django signals, log records and Prometheus metrics.
+"""Turns engine events into Django signals, log records, Prometheus metrics and the attributes
+of OpenTelemetry spans (``otel.py``).
 
 Log records go to the ``django_redlock`` logger: DEBUG for acquired/released, INFO for a lock not
 acquired (contention is normal), ERROR for a lost lease (exclusivity may have been broken). They
@@ -11,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from . import metrics
+from . import metrics, otel
 from .engine import Lock, LockLost, LockNotAcquired, NodeFailure
 from .signals import lock_acquired, lock_contended, lock_lost, lock_released, masters_failed
 
@@ -22,30 +23,40 @@ def _name(lock: Lock) -> str:
     return f"{lock.resource!r}" + (f" ({lock.label})" if lock.label else "")
 
 
+def _template(lock: Lock) -> str:
+    """The lock's template (the Django layer's locks carry one), for bounded metric labels."""
+    template = getattr(lock, "template", None)
+    return template if isinstance(template, str) else metrics.UNTEMPLATED
+
+
 class DjangoObserver:
     def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None:
         logger.debug("acquired %s after %.3fs (%d attempts)", _name(lock), waited, attempts)
-        metrics.acquired(waited)
+        metrics.acquired(waited, _template(lock))
+        otel.acquired(waited, attempts)
         lock_acquired.send_robust(Lock, lock=lock, waited=waited, attempts=attempts)
 
     def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None:
         logger.info("not acquired %s after %.3fs: %s", _name(lock), waited, error)
-        metrics.not_acquired(waited, error)
+        metrics.not_acquired(waited, error, _template(lock))
+        otel.not_acquired(waited, error)
         lock_contended.send_robust(Lock, lock=lock, waited=waited, error=error)
 
     def released(self, lock: Lock, *, held: float) -> None:
         logger.debug("released %s after %.3fs", _name(lock), held)
-        metrics.released(held)
+        metrics.released(held, _template(lock))
         lock_released.send_robust(Lock, lock=lock, held=held)
 
     def lost(self, lock: Lock, *, error: LockLost) -> None:
         logger.error("LOST %s: %s", _name(lock), error)
         metrics.lost()
+        otel.lost(error.failures)
         lock_lost.send_robust(Lock, lock=lock, error=error)
 
     def masters_failed(self, lock: Lock, *, action: str, failures: Sequence[NodeFailure]) -> None:
         # The lock still works, but one more failure there may cost the quorum: warn, at most
         # once a minute per master, so that a master down for an hour is not a log flood.
+        otel.masters_failed(failures)
         now = time.monotonic()
         for failure in failures:
             metrics.node_failure(failure)

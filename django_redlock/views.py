@@ -15,7 +15,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -32,13 +32,27 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from . import conf, health, inventory
+from . import conf, force_release, health, inventory
 from .engine import protocol
-from .inventory import Copy, HeldLock, Owner
+from .held import Copy, HeldLock, Owner
 from .models import HeldLock as HeldLockModel
 
 if TYPE_CHECKING:
-    from .admin import HeldLockAdmin
+    from django.contrib.admin import AdminSite
+    from django.db.models.options import Options
+
+
+class HeldLockAdmin(Protocol):
+    """What these views need of the model admin that serves them (``admin.HeldLockAdmin``):
+    named here, so that admin imports views and never the other way round."""
+
+    admin_site: AdminSite
+    opts: Options[HeldLockModel]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool: ...
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool: ...
+
 
 PAGE_SIZE = 50
 
@@ -103,7 +117,7 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     try:
         # A lock over several resources is released as one: every resource, the same holder.
         resources = [resource_from_ref(ref) for ref in refs]
-        inventory.check_fingerprint(fingerprint)
+        force_release.check_fingerprint(fingerprint)
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
     resource = resources[0]
@@ -111,7 +125,7 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     changelist = reverse(f"{model_admin.admin_site.name}:django_redlock_heldlock_changelist")
     if request.method == "POST":
         for each in resources:
-            result = inventory.force_release(redlock, each, fingerprint)
+            result = force_release.force_release(redlock, each, fingerprint)
             if result.owner is None:
                 messages.warning(request, result.describe())
             else:
@@ -138,7 +152,7 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     return TemplateResponse(request, "admin/django_redlock/confirm_release.html", context)
 
 
-def _log(request: HttpRequest, result: inventory.ForceRelease) -> None:
+def _log(request: HttpRequest, result: force_release.ForceRelease) -> None:
     """An admin LogEntry (a deletion) on the placeholder model's content type: the resource is the
     object id, the per-master outcome the message. There is no row to point at, and the admin
     shows deletions without a link, which is right for a lock that no longer exists."""

@@ -66,5 +66,6 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_redlock": {"handlers": ["console"], "level": "INFO"}},
+    # WARNING: contention is normal (INFO), and a refused command already says so itself.
+    "loggers": {"django_redlock": {"handlers": ["console"], "level": "WARNING"}},
 }

@@ -57,6 +57,16 @@ def _shared_masters(
         yield started
 
 
+@pytest.fixture(scope="session")
+def postgres_port() -> Iterator[int]:
+    """A throwaway PostgreSQL cluster's port (tests/postgres.py: skips, or fails under CI,
+    without PostgreSQL)."""
+    from tests.postgres import throwaway_postgres
+
+    with throwaway_postgres() as port:
+        yield port
+
+
 @pytest.fixture
 def masters(_shared_masters: dict[int, list[LocalMaster]]) -> list[LocalMaster]:
     """Five empty, healthy masters (shared across tests, healed and flushed before each)."""

@@ -1,7 +1,11 @@
 """A holder in its own process, for fencing tests: acquire, report the fence, wait for the
 word "write" on stdin, then write through ``fenced_update`` and report what happened.
 
-    python -m tests.fenced_writer <ttl>    (REDLOCK_NODES, REDLOCK_TEST_DB in the environment)
+    python -m tests.fenced_writer <ttl> [unguarded]   (REDLOCK_NODES, REDLOCK_TEST_DB in the
+                                                       environment)
+
+``unguarded``: without the DB guard, so that the write reaches the database and the fence alone
+must refuse it.
 """
 
 import os
@@ -24,7 +28,8 @@ def main() -> None:
     call_command("migrate", run_syncdb=True, verbosity=0)
     Ledger.objects.get_or_create(name="ledger")
     try:
-        with redlock("ledger", ttl=float(sys.argv[1])) as lock:
+        guarded = sys.argv[2:] != ["unguarded"]
+        with redlock("ledger", ttl=float(sys.argv[1]), db_guard=guarded) as lock:
             print("HOLDING", lock.fence, flush=True)
             sys.stdin.readline()
             written = fenced_update(

@@ -18,6 +18,16 @@ DATABASES = {
         "NAME": os.environ.get("REDLOCK_TEST_DB", ":memory:"),
     }
 }
+if os.environ.get("REDLOCK_TEST_PG"):  # a child on the throwaway cluster of tests/postgres.py
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "postgres",
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": os.environ["REDLOCK_TEST_PG"],
+        }
+    }
 # Filled in by the ``redlock_settings`` fixture (or REDLOCK_NODES for child processes); empty
 # here, so a test that forgets it fails with E001 instead of touching a developer's local Redis.
 REDLOCK = {"NODES": [n for n in os.environ.get("REDLOCK_NODES", "").split(",") if n]}

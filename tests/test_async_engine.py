@@ -150,8 +150,10 @@ def test_async_lost_lease_raises_on_exit(masters, engine_of):
 
     async def main():
         with pytest.raises(LockLost):
-            async with engine.lock("job", ttl=0.05):
-                await asyncio.sleep(0.1)
+            # ttl 0.3: the acquisition has 0.3 s to win (0.05 was missed under load), and the
+            # block outlives it by 0.15 s.
+            async with engine.lock("job", ttl=0.3):
+                await asyncio.sleep(0.45)
 
     run(main)
 

@@ -1,6 +1,6 @@
 """The wall-clock hazard, on real masters: Redis keeps each expiry as an absolute time on the
 master's own wall clock, so stepping the clock of a majority forward ends a held lease early and
-lets a second owner in. The README says so; ``redlock_status`` and the admin warn about it.
+lets a second owner in. docs/guarantees.md says so; ``redlock_status`` and the admin warn about it.
 
 The clocks are stepped by ``django_redlock.testing.clock`` (an LD_PRELOAD shim built with the C
 compiler; without one these tests fail with the reason, they do not skip).

@@ -172,9 +172,10 @@ def test_redlock_run_reports_a_lock_lost_mid_run(redlock_settings: list) -> None
         wiper.join()
     assert raised.value.returncode == EXIT_LOST
     report = str(raised.value)
-    assert "nightly_report finished after" in report
+    assert "nightly_report stopped after" in report
     assert "was lost after" in report
-    assert "nightly report: done" in out.getvalue()  # it was not interrupted
+    assert "its next database query was refused" in report
+    assert "nightly report: done" not in out.getvalue()  # the DB guard stopped its query
     assert "WARNING: nightly_report: lost lock 'command:nightly_report'" in err.getvalue()
 
 
@@ -301,8 +302,8 @@ def test_subprocess_exits_70_with_a_report_when_the_lock_is_lost(
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_LOST, err
     assert "WARNING: nightly_report: lost lock 'command:nightly_report'" in err
-    assert "nightly_report finished after" in err
-    assert "nightly report: done" in out
+    assert "nightly_report stopped after" in err
+    assert "nightly report: done" not in out  # its query after the loss was refused
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,11 @@ E004_HINT = (
     "'quorum' could be one real master"
 )
 E006_HINT = "use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)"
+ONE_MASTER = Warning(
+    "REDLOCK['NODES'] has one master: no fault tolerance (fine for development)",
+    hint="a lock held on one master is lost with it; use 3 or 5 independent masters in production",
+    id="django_redlock.W002",
+)
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"
 DJANGO_REDIS = "django_redis.cache.RedisCache"
 
@@ -58,7 +63,14 @@ def test_valid_setting_has_no_messages(settings, urls):
     settings.REDLOCK = {"NODES": urls[:3]}
     assert ours() == []
     settings.REDLOCK = {"NODES": urls[:1]}
-    assert ours() == []
+    assert ours() == [ONE_MASTER]
+
+
+def test_one_master_is_development_said_once(settings, urls):
+    """One master works, but nothing survives its loss: a warning, not silence (redlock_status
+    says OK (single master, no fault tolerance) to match)."""
+    settings.REDLOCK = {"NODES": urls[:1]}
+    assert ours() == [ONE_MASTER]
 
 
 def test_no_nodes(settings):
@@ -67,8 +79,21 @@ def test_no_nodes(settings):
         error("REDLOCK['NODES'] is empty: there are no Redis masters to lock on", "E001", E001_HINT)
     ]
     assert ours() == expected
-    del settings.REDLOCK  # no setting at all: the same error, never a silent localhost
-    assert ours() == expected
+    del settings.REDLOCK  # no setting at all: an error, never a silent localhost
+    assert ours() == [error("settings.REDLOCK is not defined", "E001", E001_HINT)]
+
+
+def test_a_misspelled_setting_name_is_named(settings, urls):
+    """Was: "NODES is empty", for a setting that was there under another name."""
+    del settings.REDLOCK
+    settings.REDLOK = {"NODES": urls[:3]}
+    assert ours() == [
+        error(
+            "settings.REDLOCK is not defined (there is a setting named 'REDLOK': a misspelling?)",
+            "E001",
+            E001_HINT,
+        )
+    ]
 
 
 def test_setting_not_a_dict(settings, urls):

@@ -284,6 +284,23 @@ def test_format_key_names_the_missing_kwarg() -> None:
         format_key("order:{order_id}", {"pk": 1})
 
 
+def test_a_field_the_view_cannot_take_fails_when_decorating() -> None:
+    """Was: only at request time, while @locked checks at decoration."""
+    with pytest.raises(KeyTemplateError, match=r"needs URL kwarg 'order_id', which view .*pay"):
+
+        @lock_view("order:{order_id}")
+        def pay(request: object, pk: int) -> None: ...
+
+    @lock_view("order:{order_id}")  # a view taking **kwargs: checked per request, as before
+    def anything(request: object, **kwargs: object) -> None: ...
+
+    @lock_view("order:{order_id}", "account:{pk}", lambda request, **kw: "cart")
+    def fine(request: object, order_id: int, *, pk: int) -> None: ...
+
+    assert callable(anything)
+    assert callable(fine)
+
+
 @pytest.mark.parametrize(
     "template", ["x:{}", "x:{0}", "x:{a.b}", "x:{a[0]}", "x:{a!r}", "x:{a:>9}", "x:{", ""]
 )

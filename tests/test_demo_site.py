@@ -27,6 +27,7 @@ from django.test import Client
 
 from testproject.shop.models import Account, Show, Ticket
 from testproject.shop.views import DEMO_ACCOUNTS, ensure_accounts, ensure_shows
+from tests.conftest import manage_py
 from tests.test_admin_browser import browser_page
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,6 +208,7 @@ def test_kill_or_a_closed_terminal_stops_everything_the_demo_started(
     port. Now SIGTERM (kill) and SIGHUP (the terminal closed) stop it as Ctrl-C does. The signal
     goes to the demo process alone: the hardest case, nothing else is told."""
     from django_redlock.testing.masters import free_port
+    from testproject.shop.management.commands.demo import CHILDREN
 
     demo = Demo(tmp_path / "demo", free_port())
     try:
@@ -214,6 +216,8 @@ def test_kill_or_a_closed_terminal_stops_everything_the_demo_started(
         get_when_up(f"http://127.0.0.1:{demo.port}/")
         assert len(ports) == 3
         assert all(listening(p) for p in [*ports, demo.port])
+        # What a next demo would stop after a kill -9: 3 masters and runserver.
+        assert len((tmp_path / "demo" / CHILDREN).read_text().split()) == 4
     finally:
         code = demo.stop(sig, group=False)
     assert code == 0
@@ -265,6 +269,90 @@ def test_a_second_demo_refuses_and_the_printed_commands_work_as_pasted(tmp_path:
     assert pasted.returncode == 0, pasted.stderr
     assert "3 of 3 masters reachable, quorum 2: OK" in pasted.stdout
     assert "appendonly" not in pasted.stdout.split("Held locks")[0].replace("AOF", "")
+
+
+def test_the_demos_refused_nightly_report_says_so_once(
+    redlock_settings: list, tmp_path: Path
+) -> None:
+    """Was: the refusal twice, once as the demo's INFO log line of the contended lock."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "REDLOCK_NODES": ",".join(m.url for m in redlock_settings),
+        "REDLOCK_DEMO_DIR": str(tmp_path),
+    }
+    first = subprocess.Popen(  # noqa: S603
+        [sys.executable, str(ROOT / "manage.py"), "nightly_report", "--seconds", "30"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert first.stdout is not None
+        assert "working for" in first.stdout.readline()  # it holds the lock now
+        second = manage_py("nightly_report", "--seconds", "0", env=env)
+    finally:
+        first.kill()
+        first.communicate()
+    assert second.returncode == 75, second.stderr
+    assert "nightly_report not started" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+
+
+def test_a_port_left_in_time_wait_is_free_for_the_next_demo(tmp_path: Path) -> None:
+    """Was: "port 8000 is taken" right after a demo stopped, with only TIME-WAIT sockets left
+    (the probe bound without SO_REUSEADDR, which runserver uses)."""
+    from testproject.shop.management.commands.demo import refuse_if_in_use
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server closes first: its side goes to TIME-WAIT
+            client.recv(1)
+    assert f"127.0.0.1:{port} " in _time_wait_sockets()  # the state the probe met
+    refuse_if_in_use(port, tmp_path)  # no CommandError
+
+
+def _time_wait_sockets() -> str:
+    """Local addresses of this host's TCP sockets in TIME-WAIT (state 06 in /proc/net/tcp)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "06":
+            host, port = local.split(":")
+            found.append(f"{socket.inet_ntoa(bytes.fromhex(host)[::-1])}:{int(port, 16)} ")
+    return "".join(found)
+
+
+def test_what_a_killed_demo_left_running_is_stopped_by_the_next(tmp_path: Path) -> None:
+    """Was: ``kill -9`` of the demo left its redis-servers and runserver serving, and the next
+    demo started beside them. The demo notes its children's pids (see the test below); the next
+    one stops those that are still ours, and spares a pid now used by another program."""
+    from django_redlock.testing.masters import LocalMaster
+    from testproject.shop.management.commands.demo import CHILDREN, _alive, stop_leftovers
+
+    master = LocalMaster(tmp_path / "master").start()
+    runserver = subprocess.Popen(  # noqa: S603 (stands for the demo's runserver)
+        [sys.executable, "-c", "import time; time.sleep(60)", "runserver", "--noreload"]
+    )
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # noqa: S603
+    try:
+        assert master.proc is not None
+        pids = [master.proc.pid, runserver.pid, stranger.pid]
+        (tmp_path / CHILDREN).write_text("".join(f"{pid}\n" for pid in pids))
+        stopped = stop_leftovers(tmp_path)
+        assert runserver.wait(5) == -signal.SIGKILL
+        assert master.proc.wait(5) == -signal.SIGKILL
+        assert len(stopped) == 2
+        assert _alive(stranger.pid)  # not ours: left alone
+        assert not (tmp_path / CHILDREN).exists()
+    finally:
+        for proc in (runserver, stranger):
+            proc.kill()
+            proc.wait()
+        master.kill()
 
 
 @pytest.mark.django_db(transaction=True)

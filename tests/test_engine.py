@@ -188,8 +188,8 @@ def test_validity_is_within_ttl_and_decreases(masters, redlock_of):
 
 def test_expired_lock_cannot_be_extended(any_masters, redlock_of):
     engine = redlock_of(any_masters)
-    lock = engine.lock("job", ttl=0.05).acquire()
-    time.sleep(0.1)
+    lock = engine.lock("job", ttl=0.3).acquire()
+    time.sleep(0.45)
     assert lock.lost
     with pytest.raises(LockLost, match="was lost"):
         lock.extend()
@@ -200,8 +200,8 @@ def test_expired_lock_cannot_be_extended(any_masters, redlock_of):
 
 def test_expired_owner_cannot_delete_the_next_owners_key(any_masters, redlock_of):
     engine, other = redlock_of(any_masters), redlock_of(any_masters)
-    old = engine.lock("job", ttl=0.05).acquire()
-    time.sleep(0.1)
+    old = engine.lock("job", ttl=0.3).acquire()
+    time.sleep(0.45)
     new = other.lock("job", ttl=10).acquire()
     mine = keys_on(any_masters, engine.lock_key("job"))
     with pytest.raises(LockLost):
@@ -237,8 +237,8 @@ def test_an_expired_unreleased_lease_does_not_block_its_own_thread(masters, redl
     """Was a bug: the dead lease still counted as 'held by this same thread' (LockContended at
     once, no network) although every master was free."""
     engine = redlock_of(masters)
-    old = engine.lock("job", ttl=0.05).acquire()
-    time.sleep(0.1)
+    old = engine.lock("job", ttl=0.3).acquire()
+    time.sleep(0.45)
     assert old.lost
     assert keys_on(masters, engine.lock_key("job")) == [None] * 5
     with engine.lock("job", ttl=5) as new:
@@ -250,8 +250,8 @@ def test_an_expired_unreleased_lease_does_not_block_its_own_thread(masters, redl
 
 def test_leaving_the_block_after_expiry_raises_lock_lost(any_masters, redlock_of):
     engine = redlock_of(any_masters)
-    with pytest.raises(LockLost, match="ran out"), engine.lock("job", ttl=0.05):
-        time.sleep(0.1)
+    with pytest.raises(LockLost, match="ran out"), engine.lock("job", ttl=0.3):
+        time.sleep(0.45)
     # And the lock is free again for the next owner.
     with engine.lock("job", ttl=1) as lock:
         assert lock.held
@@ -261,8 +261,8 @@ def test_lost_lease_does_not_mask_the_blocks_own_error(masters, redlock_of):
     engine = redlock_of(masters)
 
     def outlive_the_lease_then_fail():
-        with engine.lock("job", ttl=0.05):
-            time.sleep(0.1)
+        with engine.lock("job", ttl=0.3):
+            time.sleep(0.45)
             raise KeyError("boom")
 
     with pytest.raises(KeyError, match="boom") as caught:

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import time
 
 import pytest
 
 from django_redlock import LockLost
 from django_redlock.engine import Redlock
-from django_redlock.engine.values import UnreadableValue, parse_value
-from django_redlock.inventory import (
-    fingerprint,
-    force_release,
-    glob_escape,
-    inspect,
-    list_locks,
-)
+from django_redlock.engine.values import UnreadableValue, fingerprint, parse_value
+from django_redlock.force_release import force_release
+from django_redlock.inventory import glob_escape, inspect, list_locks
 
 FOREIGN_TOKEN = "0123456789abcdef0123456789abcdef"
 
@@ -250,3 +246,27 @@ def test_describe_never_contains_a_token(masters, redlock_of):
     assert token not in text
     assert shown.fingerprint in text
     assert re.search(r"released on 5 of 5 masters", text)
+
+
+def test_after_a_forced_release_check_gives_the_watchdogs_reason(masters, redlock_of):
+    """One reason everywhere: was "its lease ran out" from ``check()`` while the watchdog (and
+    ``on_lost``) had said "released by force"."""
+    told: list[str] = []
+    noticed = threading.Event()
+
+    def on_lost(lock, error) -> None:
+        told.append(str(error))
+        noticed.set()
+
+    locks = redlock_of(masters)
+    lock = locks.lock("stuck", ttl=1.5, auto_extend=True, on_lost=on_lost).acquire()
+    seen = inspect(locks, "stuck")
+    assert seen is not None
+    force_release(locks, "stuck", seen.fingerprint)
+    assert noticed.wait(3)  # the watchdog's next renewal (every 0.5 s) finds it gone
+    assert "released by force" in told[0]
+    with pytest.raises(LockLost) as checked:
+        lock.check()
+    assert str(checked.value) == told[0]
+    with pytest.raises(LockLost):
+        lock.release()

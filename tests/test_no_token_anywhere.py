@@ -51,7 +51,7 @@ def test_the_debug_500_page_of_a_lost_lock_shows_no_token(redlock_settings, sett
 
 
 def test_no_repr_of_a_held_lock_or_what_the_operator_tools_return_has_a_token(redlock_settings):
-    from django_redlock import LockContended, conf, inventory
+    from django_redlock import LockContended, conf, force_release, inventory
 
     engine = conf.get_redlock()
     with pytest.raises(LockLost) as lost, redlock("repr:held", ttl=20, label="repr") as lock:  # noqa: PT012
@@ -68,7 +68,7 @@ def test_no_repr_of_a_held_lock_or_what_the_operator_tools_return_has_a_token(re
             repr(found),
             repr(held),
         ]
-        released = inventory.force_release(engine, "repr:held", held.fingerprint)
+        released = force_release.force_release(engine, "repr:held", held.fingerprint)
         shown += [repr(released), released.describe()]
     shown += [repr(lost.value), str(lost.value)]  # leaving: the lease was taken away
     assert [text for text in shown if token in text] == []

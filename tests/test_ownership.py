@@ -26,10 +26,10 @@ def test_async_queries_inside_gather_and_wait_for_speak_of_the_callers_lease(mas
     async def main() -> list[object]:
         async with lock, several:
             gathered = await asyncio.gather(
-                lock.alocked(), lock.aextend(), lock.afence(), several.afences()
+                lock.aowned(), lock.aextend(), lock.afence(), several.afences()
             )
             waited = [
-                await asyncio.wait_for(lock.alocked(), 5),
+                await asyncio.wait_for(lock.aowned(), 5),
                 await asyncio.wait_for(lock.aextend(ttl=8), 5),
                 await asyncio.wait_for(lock.afence(), 5),
             ]
@@ -55,7 +55,7 @@ def test_an_async_query_still_refuses_a_task_that_does_not_hold_it(masters, redl
                 try:
                     await lock.aextend()
                 except RuntimeError as error:
-                    return await lock.alocked(), str(error)
+                    return await lock.aowned(), str(error)
                 return True, "extended"
 
             return await asyncio.create_task(intruder())
@@ -101,15 +101,15 @@ def test_a_forked_child_sees_everywhere_that_it_does_not_hold_its_parents_lock(m
     lock = engine.lock("forked", ttl=10, wait=0)
     lock.acquire()
     parent_value = [m.call("GET", lock.key) for m in masters]
-    assert asyncio.run(lock.alocked())  # in the parent, the same probe finds it held
+    assert asyncio.run(lock.aowned())  # in the parent, the same probe finds it held
 
     def probe() -> dict[str, object]:
         return {
             "held": lock.held,
             "validity": lock.validity,
             "hold_count": lock.hold_count,
-            "locked()": lock.locked(),
-            "alocked()": asyncio.run(lock.alocked()),  # owner: this (main) thread, as it called
+            "owned()": lock.owned(),
+            "aowned()": asyncio.run(lock.aowned()),  # owner: this (main) thread, as it called
             "repr": repr(lock),
             "check()": _outcome(lock.check),
             "release()": _outcome(lock.release),
@@ -126,8 +126,8 @@ def test_a_forked_child_sees_everywhere_that_it_does_not_hold_its_parents_lock(m
         "held": False,
         "validity": 0.0,
         "hold_count": 0,
-        "locked()": False,
-        "alocked()": False,
+        "owned()": False,
+        "aowned()": False,
         "repr": "<Lock 'forked' unlocked>",
     }
     assert str(check).startswith("RuntimeError:")
@@ -220,7 +220,7 @@ def test_a_shared_reentrant_handle_reenters_sync_and_async(masters, redlock_of):
         async with payments:
             async with payments:
                 seen.append(payments.hold_count)
-            seen.append(await payments.alocked())
+            seen.append(await payments.aowned())
         seen.append(await engine.ais_locked("payments"))
         return seen
 

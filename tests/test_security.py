@@ -26,6 +26,7 @@ from django_redlock import (
     LockLost,
     QuorumUnavailable,
     conf,
+    force_release,
     inventory,
     redlock,
     views,
@@ -116,7 +117,7 @@ def test_no_log_record_carries_a_token(redlock_settings, caplog):
         secret |= tokens_on(masters, forced.key)
         shown = inventory.inspect(engine, "sec:forced")
         assert shown is not None
-        inventory.force_release(engine, "sec:forced", shown.fingerprint)
+        force_release.force_release(engine, "sec:forced", shown.fingerprint)
 
     messages = [r.getMessage() for r in caplog.records]
     for wanted in ("acquired 'sec:plain' (billing)", "released 'sec:plain'", "not acquired"):

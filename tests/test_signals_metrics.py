@@ -201,8 +201,8 @@ def test_metrics_count_waits_holds_contention_and_losses(redlock_settings: list)
         time.sleep(0.1)
         for _ in range(3):
             assert isinstance(contend("m:a"), LockContended)
-    with pytest.raises(LockLost), redlock("m:b", ttl=0.1):
-        time.sleep(0.2)
+    with pytest.raises(LockLost), redlock("m:b", ttl=0.3):
+        time.sleep(0.45)
     after = {
         "acquired": sample("redlock_acquire_wait_seconds_count", outcome="acquired"),
         "contended_wait": sample("redlock_acquire_wait_seconds_count", outcome="contended"),

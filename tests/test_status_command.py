@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import subprocess
+import threading
 import time
 from io import StringIO
 from pathlib import Path
@@ -84,8 +87,8 @@ def test_password_in_a_node_url_is_masked(settings, fresh_masters):
         client.close()
     settings.REDLOCK = {"NODES": [master.url.replace("redis://", "redis://:hunter2@")]}
     code, text = status_and_exit()
-    assert code == 1  # one master: it works, but can lose none
-    assert "1 of 1 masters reachable, quorum 1: DEGRADED" in text  # the password was used...
+    assert code == 0  # the password was used...
+    assert "1 of 1 masters reachable, quorum 1: OK" in text
     assert "redis://:***@127.0.0.1" in text
     assert "hunter2" not in text  # ...and never shown
 
@@ -150,8 +153,79 @@ def test_exit_status_of_the_real_command(fresh_masters, tmp_path):
     broken = run()
     assert broken.returncode == 2
     assert json.loads(broken.stdout)["verdict"] == "NO QUORUM"
-    assert "NO QUORUM" in broken.stderr
+    assert "NO QUORUM" in broken.stderr  # stdout is for machines: the human reads stderr
     assert "Traceback" not in broken.stderr
+    as_text = manage_py("redlock_status", env=env)
+    assert as_text.returncode == 2
+    assert as_text.stdout.count("NO QUORUM") == 1  # the verdict, said once
+    assert as_text.stderr == ""  # was: "CommandError: ... NO QUORUM ..." a second time
+
+
+def test_a_broken_setting_exits_3_and_says_error_under_json(settings):
+    """Not a verdict about the masters (they were never asked): 3, UNKNOWN to monitoring; was 1,
+    as for DEGRADED, and --json printed nothing."""
+    settings.REDLOCK = {"NODES": []}
+    out = StringIO()
+    with pytest.raises(CommandError, match=r"REDLOCK\['NODES'\] is empty") as raised:
+        call_command("redlock_status", "--json", stdout=out)
+    assert raised.value.returncode == 3
+    data = json.loads(out.getvalue())
+    assert data["verdict"] == "ERROR"
+    assert "REDLOCK['NODES'] is empty" in data["error"]
+    assert status_and_exit()[0] == 3
+
+
+def test_one_master_is_ok_without_fault_tolerance(settings, fresh_masters):
+    """Development's single master: it answers, so locking works; nothing to degrade. Was
+    DEGRADED (exit 1) while `manage.py check` said nothing."""
+    [master] = fresh_masters(1)
+    configure(settings, [master])
+    code, text = status_and_exit()
+    assert code == 0
+    assert "1 of 1 masters reachable, quorum 1: OK (single master, no fault tolerance)" in text
+    assert json.loads(status_and_exit("--json")[1])["verdict"] == "OK"
+    master.kill()
+    code, text = status_and_exit("--timeout", "0.3")
+    assert code == 2
+    assert "0 of 1 masters reachable, quorum 1: NO QUORUM" in text
+
+
+@pytest.fixture
+def not_redis():
+    """A TCP port that answers like a web server: it speaks, but not the Redis protocol."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_wrong_password_and_a_port_that_is_not_redis_say_so(settings, fresh_masters, not_redis):
+    """Was: both "unreachable", the second with a bare protocol error."""
+    masters = fresh_masters(2)
+    client = masters[0].client()
+    try:
+        client.config_set("requirepass", "right")
+    finally:
+        client.close()
+    wrong = masters[0].url.replace("redis://", "redis://:wrong@")
+    settings.REDLOCK = {"NODES": [wrong, masters[1].url, f"redis://127.0.0.1:{not_redis}/0"]}
+    code, text = status_and_exit("--wide", "--timeout", "0.5")
+    assert code == 2
+    assert "redis://:***@127.0.0.1" in text
+    assert re.search(r"redis://:\*\*\*@127\.0\.0\.1:\d+/0: authentication failed", text)
+    assert f"127.0.0.1:{not_redis}/0: not a Redis server? it answered outside the Redis" in text
+    assert "unreachable" not in text
 
 
 def test_bad_setting_is_a_clear_command_error(settings):

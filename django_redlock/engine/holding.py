@@ -32,7 +32,7 @@ def extend(
     renewed on the masters. A shorter TTL shortens the lease before its round leaves, and the
     last round sent decides (see ``Lease.begin_round`` and ``Lease.renewed``)."""
     if lease.check_lost():
-        raise LockLost(lease.resource, lease.lost_message())
+        raise lease.lost_error()
     if not lease.reserve_extension():
         raise ExtensionLimit(
             lease.resource,
@@ -52,7 +52,7 @@ def _extend_rounds(
     while True:
         start = time.monotonic()
         if lease.check_lost():
-            raise LockLost(lease.resource, lease.lost_message())
+            raise lease.lost_error()
         # Read at send time: a renewal sent after the holder's extend(ttl=) uses the new TTL.
         round_ttl = lease.ttl if ttl is None else ttl
         generation, until = lease.begin_round(round_ttl, start, masters.drift_factor)
@@ -226,7 +226,7 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
     if sum(not isinstance(r, NodeFailure) for r in replies) < masters.quorum:
         raise fence_unavailable(masters, lease, replies)
     if lease.check_lost():
-        raise LockLost(lease.resource, lease.lost_message())
+        raise lease.lost_error()
     lease.fences[resource] = token
     return token
 

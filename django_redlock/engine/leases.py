@@ -85,6 +85,8 @@ class Lease:
         "key",
         "keys",
         "lost",
+        "lost_failures",
+        "lost_reason",
         "max_extensions",
         "max_hold",
         "observer",
@@ -140,6 +142,10 @@ class Lease:
         self.depth = 1
         self.released = False
         self.lost = False
+        #: Why it was lost, as first found (a forced release, the masters gone...): every later
+        #: report (``check()``, the block's exit) gives that reason, not a generic one.
+        self.lost_reason = ""
+        self.lost_failures: tuple[NodeFailure, ...] = ()
         #: Fencing tokens, by resource, once read.
         self.fences: dict[str, int] = {}
         #: Extensions made or under way (reserved before their round: see ``reserve_extension``).
@@ -231,10 +237,16 @@ class Lease:
         return self.lost
 
     def lost_message(self) -> str:
+        if self.lost_reason:
+            return self.lost_reason
         return (
             f"lock {self.resource!r} was lost: its lease (ttl={self.ttl}s) ran out or was not "
             f"renewed in time; another owner may have held it since"
         )
+
+    def lost_error(self) -> LockLost:
+        """A fresh ``LockLost`` with the reason and per-master detail the loss was found with."""
+        return LockLost(self.resource, self.lost_message(), self.lost_failures)
 
     def mark_lost(self, message: str, failures: Sequence[NodeFailure] = ()) -> LockLost:
         """Mark the lease lost and tell (once: the observer's ``lost``, ``on_lost``); the error
@@ -243,6 +255,7 @@ class Lease:
         if self.lost:
             return error
         self.lost = True
+        self.lost_reason, self.lost_failures = message, error.failures
         handle = self.handle()
         if handle is not None:
             # At once, or (noticed by the watchdog) on the callbacks' thread: see ``callbacks``.

@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, process, protocol, reentry
+from . import holding, procedures, process, protocol, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
@@ -138,28 +138,30 @@ class Lock:
         lease, redlock = self._held_lease("fence", owner), self._redlock
         return {r: await arun(redlock, holding.fence(redlock, lease, r)) for r in self.resources}
 
-    def locked(self) -> bool:
-        """Ask the masters (one round): True only if a quorum still holds our lease and its
+    def owned(self) -> bool:
+        """Ask the masters (one round): True only if a quorum still holds *our* lease and its
         validity is not over. Finding it gone marks it lost (``lost``, ``on_lost``)."""
         lease = self._callers.get(current_owner())
         if lease is None:
             return False
         return run(self._redlock, holding.holds(self._redlock, lease))
 
-    def alocked(self) -> Coroutine[Any, Any, bool]:
-        return self._alocked(current_owner())
+    def aowned(self) -> Coroutine[Any, Any, bool]:
+        return self._aowned(current_owner())
 
-    async def _alocked(self, owner: Owner) -> bool:
+    async def _aowned(self, owner: Owner) -> bool:
         lease = self._callers.get(owner)
         if lease is None:
             return False
         return await arun(self._redlock, holding.holds(self._redlock, lease))
 
+    locked, alocked = renames.renamed("locked", owned), renames.renamed("alocked", aowned)
+
     def check(self) -> None:
         """Raise ``LockLost`` unless the lock is still held within its validity."""
         lease = self._held_lease("check", current_owner())
         if lease.check_lost():
-            raise LockLost(self.resource, lease.lost_message())
+            raise lease.lost_error()
 
     # --- sync API --------------------------------------------------------------------------------
 
@@ -222,8 +224,8 @@ class Lock:
 
     # --- async API -------------------------------------------------------------------------------
     # The owner is the task that *calls* an async method, bound before the coroutine runs (every
-    # one of them: ``aacquire``, ``arelease``, ``aextend``, ``alocked``, ``afence``,
-    # ``afences``): ``asyncio.gather(lock.alocked())`` runs it in a task of its own, and so does
+    # one of them: ``aacquire``, ``arelease``, ``aextend``, ``aowned``, ``afence``,
+    # ``afences``): ``asyncio.gather(lock.aowned())`` runs it in a task of its own, and so does
     # ``asyncio.wait_for(...)`` on Python 3.11, and the lease must still be the caller's.
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
@@ -383,7 +385,7 @@ class Lock:
         lease = self._callers.get(owner)
         if lease is None or not lease.check_lost():
             return None
-        return LockLost(lease.resource, lease.lost_message())
+        return lease.lost_error()
 
     def _held_lease(self, action: str, owner: Owner) -> Lease:
         return self._callers.held(owner, action)

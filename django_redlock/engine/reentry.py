@@ -14,7 +14,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from . import process
-from .errors import LockContended, LockLost
+from .errors import LockContended
 from .leases import Lease, Owner, describe
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def reentered(lock: Lock, owner: Owner, mine: Lease | None, holders: Holders) ->
             f"again would wait for ourselves; pass reentrant=True to re-enter it",
         )
     if outer.check_lost():
-        raise LockLost(lock.resource, outer.lost_message())
+        raise outer.lost_error()
     outer.depth += 1
     return outer
 

@@ -1,10 +1,12 @@
 """``manage.py redlock_status``: are the lock masters healthy, and which locks are held?
 
 A health check for monitoring and cron. The verdict is one of three, and so is the exit status
-(the Nagios convention): ``OK`` (0: one or more masters may still fail), ``DEGRADED`` (1: locking
-works, but one more failed master stops it), ``NO QUORUM`` (2: locks can be neither acquired nor
-extended). ``--json`` prints the same facts for machines. Tokens are never printed: a holder is
-named by the fingerprint of its token; every name is printed through ``display.printable``.
+(the Nagios convention): ``OK`` (0: one or more masters may still fail; or a single master, the
+development setup, which answers), ``DEGRADED`` (1: locking works, but one more failed master
+stops it), ``NO QUORUM`` (2: locks can be neither acquired nor extended). A broken ``REDLOCK``
+setting is no verdict: exit status 3 (UNKNOWN), and ``{"verdict": "ERROR", "error": ...}`` under
+``--json``, which otherwise prints the same facts as the text. Tokens are never printed: a holder
+is named by the fingerprint of its token; every name is printed through ``display.printable``.
 
 The text fits in 100 columns: a table too wide for that is printed as one block per row.
 ``--wide`` prints full tables.
@@ -13,6 +15,7 @@ The text fits in 100 columns: a table too wide for that is printed as one block 
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -24,10 +27,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import conf, health, inventory
 from ...display import printable
 from ...health import Health, NodeHealth
-from ...inventory import HeldLock, Inventory
+from ...held import HeldLock
+from ...inventory import Inventory
 
 #: Exit status per verdict.
 EXIT_STATUS = {health.OK: 0, health.DEGRADED: 1, health.NO_QUORUM: 2}
+#: Exit status when the REDLOCK setting is broken: no verdict (UNKNOWN, as monitoring plugins say).
+EXIT_ERROR = 3
 #: Columns the default output fits in.
 WIDTH = 100
 
@@ -36,7 +42,8 @@ class Command(BaseCommand):
     help = (
         "Show each Redis lock master's health (reachability, round trip, version, role, "
         "persistence, eviction policy, clock), the verdict and the locks held now. Exit status: "
-        "0 OK, 1 DEGRADED (one more failure stops locking), 2 NO QUORUM."
+        "0 OK, 1 DEGRADED (one more failure stops locking), 2 NO QUORUM, 3 the REDLOCK setting "
+        "is broken."
     )
     # A health check must not fail because of another app's check, and our own settings are
     # validated below with a clear message (get_config); so no system checks here.
@@ -64,7 +71,10 @@ class Command(BaseCommand):
             conf.get_config()
             redlock = conf.get_redlock()
         except ImproperlyConfigured as exc:
-            raise CommandError(f"REDLOCK setting: {exc}") from exc
+            # Not a verdict about the masters, which were never asked: UNKNOWN to monitoring.
+            if options["json"]:
+                self.stdout.write(json.dumps({"verdict": "ERROR", "error": str(exc)}, indent=2))
+            raise CommandError(f"REDLOCK setting: {exc}", returncode=EXIT_ERROR) from exc
         timeout = options["timeout"]
         if not timeout > 0:
             raise CommandError(f"--timeout must be a positive number of seconds, got {timeout!r}")
@@ -85,7 +95,14 @@ class Command(BaseCommand):
         else:
             self.stdout.write(render(status, found, warnings, wide=options["wide"]))
         if status.verdict != health.OK:
-            raise CommandError(status.summary, returncode=EXIT_STATUS[status.verdict])
+            code = EXIT_STATUS[status.verdict]
+            if getattr(self, "_called_from_command_line", False):
+                # From a shell the verdict is printed once: the text above already says it, and
+                # under --json (stdout for machines) stderr says it for the human.
+                if options["json"]:
+                    self.stderr.write(status.summary)
+                sys.exit(code)
+            raise CommandError(status.summary, returncode=code)
 
 
 def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, Any]:
@@ -131,7 +148,7 @@ def render(status: Health, found: Inventory, warnings: list[str], *, wide: bool 
     if errors:
         lines += ["", "Errors:"] + [f"  - {error}" for error in errors]
     notes = _grouped_warnings(status)
-    notes += [f"{node.node}: unreachable: {node.error}" for node in status.nodes if node.error]
+    notes += [f"{node.node}: {node.error}" for node in status.nodes if node.error]
     notes += [f"setting: {w}" for w in warnings]
     if notes:
         lines += ["", "Warnings:"] + [f"  - {note}" for note in notes]

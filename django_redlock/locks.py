@@ -1,0 +1,124 @@
+"""The lock the Django layer hands out (``redlock()``, ``@locked``, ``lock_view``, guarded
+commands): the engine's ``Lock``, plus the DB guard while it is held (``dbguard.py``) and
+OpenTelemetry spans around its operations (``otel.py``, when installed). The engine's own
+``Lock`` (``Redlock(...).lock()``) has neither: the engine stays Django-free."""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from . import dbguard, otel
+from .engine import Lock
+from .engine.leases import Owner, current_owner
+from .metrics import UNTEMPLATED
+
+if TYPE_CHECKING:
+    from .engine import Redlock
+
+
+class DjangoLock(Lock):
+    """A ``Lock`` guarded from acquisition to release (unless ``db_guard=False``): once its
+    lease is lost or its validity is over, the next query in the acquiring context raises
+    ``LockLost``; and whose acquire, extend and release are traced when OpenTelemetry is
+    installed.
+
+    It hooks the engine's ``acquire`` / ``aacquire`` (a ``with`` block's entry calls them, and
+    so does a locked generator) and ``_release`` / ``_arelease``: every release goes through
+    them (``release()``, a block's end, a locked generator's end, whichever thread ends it)."""
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        *resources: str,
+        db_guard: bool = True,
+        template: str | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(db_guard, bool):
+            raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
+        if template is not None and (not isinstance(template, str) or not template):
+            raise ValueError(f"template must be a non-empty str or None, got {template!r}")
+        super().__init__(redlock, *resources, **options)
+        self.db_guard = db_guard
+        #: The label of the per-template metrics (never the formatted resource: unbounded).
+        self.template = template or UNTEMPLATED
+
+    def _guard(self) -> None:
+        lease = self._callers.get(current_owner())
+        if self.db_guard and lease is not None:
+            dbguard.install_here()
+            dbguard.guard(lease)
+
+    # --- acquire: traced, then guarded ------------------------------------------------------------
+
+    def acquire(self) -> DjangoLock:
+        tracer = otel.tracer()
+        if tracer is None:
+            super().acquire()
+        else:
+            with otel.operation(tracer, "redlock.acquire", self):
+                super().acquire()
+        self._guard()
+        return self
+
+    def aacquire(self) -> Coroutine[Any, Any, Lock]:
+        # super().aacquire() binds the calling task as the owner now, as the engine's does.
+        return self._acquired(super().aacquire())
+
+    async def _acquired(self, acquiring: Coroutine[Any, Any, Lock]) -> DjangoLock:
+        tracer = otel.tracer()
+        if tracer is None:
+            await acquiring
+        else:
+            with otel.operation(tracer, "redlock.acquire", self):
+                await acquiring
+        self._guard()
+        return self
+
+    # --- extend: traced -------------------------------------------------------------------------
+
+    def extend(self, ttl: float | None = None) -> float:
+        tracer = otel.tracer()
+        if tracer is None:
+            return super().extend(ttl)
+        with otel.operation(tracer, "redlock.extend", self):
+            return super().extend(ttl)
+
+    def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
+        tracer = otel.tracer()
+        if tracer is None:
+            return super().aextend(ttl)
+        return self._traced(tracer, "redlock.extend", super().aextend(ttl))
+
+    async def _traced(self, tracer: Any, name: str, operation: Coroutine[Any, Any, Any]) -> Any:
+        with otel.operation(tracer, name, self):
+            return await operation
+
+    # --- release: traced, and unguarded ---------------------------------------------------------
+
+    def _release(self, owner: Owner) -> None:
+        lease = self._callers.get(owner)
+        try:
+            tracer = otel.tracer()
+            if tracer is None:
+                super()._release(owner)
+            else:
+                with otel.operation(tracer, "redlock.release", self):
+                    super()._release(owner)
+        finally:
+            if lease is not None:
+                dbguard.unguard(lease)
+
+    async def _arelease(self, owner: Owner) -> None:
+        lease = self._callers.get(owner)
+        try:
+            tracer = otel.tracer()
+            if tracer is None:
+                await super()._arelease(owner)
+            else:
+                with otel.operation(tracer, "redlock.release", self):
+                    await super()._arelease(owner)
+        finally:
+            if lease is not None:
+                dbguard.unguard(lease)

@@ -1,0 +1,89 @@
+"""Fenced models on SQLite (here) and PostgreSQL (a child process on a throwaway cluster): an
+older fence is refused in the UPDATE itself; bad fences are refused before any query."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from django_redlock import redlock
+from django_redlock.fencing import fence_token
+from tests import fence_checks
+from tests.conftest import ROOT
+from tests.fencedapp.models import Account
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("check", fence_checks.CHECKS, ids=lambda c: c.__name__)
+def test_on_sqlite(check, redlock_settings):
+    check()
+
+
+def test_on_postgresql(postgres_port, masters):
+    env = {
+        **os.environ,
+        "REDLOCK_NODES": ",".join(m.url for m in masters),
+        "REDLOCK_TEST_PG": str(postgres_port),
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "tests.fence_checks"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines[0] == "VENDOR postgresql"
+    assert [line for line in lines if line.startswith("OK ")] == [
+        f"OK {check.__name__}" for check in fence_checks.CHECKS
+    ]
+    assert "DONE" in lines
+
+
+@pytest.mark.parametrize("bad", [-1, 0, 1.5, "3", True, None])
+def test_a_fence_that_is_not_a_positive_int_is_a_value_error(bad):
+    with pytest.raises(ValueError, match=f"got {bad!r}"):
+        fence_token(bad)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_save_without_the_lock_held_is_a_clear_error(redlock_settings):
+    account = Account.objects.create(name="unheld")
+    lock = redlock("account:unheld")
+    with pytest.raises(RuntimeError, match="a fenced write needs a held lock"):
+        account.save(fence=lock)
+    with pytest.raises(RuntimeError, match="a fenced write needs a held lock"):
+        Account.objects.filter(pk=account.pk).update(balance=1, fence=lock)
+    assert Account.objects.get(pk=account.pk).fence == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_fence_is_refused_before_any_query(redlock_settings, django_assert_num_queries):
+    account = Account.objects.create(name="bad")
+    with django_assert_num_queries(0), pytest.raises(ValueError, match="got -3"):
+        account.save(fence=-3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_writes_read_the_fence_of_the_task_that_holds_the_lock(redlock_settings):
+    account = Account.objects.create(name="async")
+
+    async def write() -> int:
+        async with redlock("account:async") as lock:
+            account.balance = 4
+            await account.asave(fence=lock)
+            rows = Account.objects.filter(pk=account.pk)
+            assert await rows.aupdate(balance=5, fence=lock) == 1
+            return await lock.afence()
+
+    fence = async_to_sync(write)()
+    row = Account.objects.get(pk=account.pk)
+    assert (row.balance, row.fence) == (5, fence)

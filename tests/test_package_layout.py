@@ -1,0 +1,76 @@
+"""The Django layer's shape, as tests/test_engine_layout.py keeps the engine's: imports between the
+package's modules run one way, with no circle, annotations included (``if TYPE_CHECKING:``
+imports count here: a circle drawn only for types is still two files that need each other).
+
+Nodes are the package's top-level modules and subpackages; the engine is one node (its inside is
+test_engine_layout's). The package's ``__init__`` is left out: it is the façade that imports the
+Django surfaces lazily, on purpose (``from django_redlock import lock_view``), and modules reach
+``redlock()`` through it."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_redlock"
+
+
+def node_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).with_suffix("").parts[0]
+
+
+def _exists(parts: list[str]) -> bool:
+    target = PACKAGE.joinpath(*parts)
+    return target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()
+
+
+def imported_nodes(path: Path) -> set[str]:
+    """The package's nodes that ``path`` imports, anywhere in it (TYPE_CHECKING blocks too)."""
+    here = list(path.relative_to(PACKAGE).parts[:-1])  # the package path of ``path``
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[list[str]] = []
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = here[: len(here) - (node.level - 1)]
+            if node.module:
+                targets.append(base + node.module.split("."))
+            else:
+                targets += [base + [alias.name] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("django_redlock"):
+            targets.append(node.module.split(".")[1:])  # type: ignore[union-attr]
+        elif isinstance(node, ast.Import):
+            targets += [a.name.split(".")[1:] for a in node.names if a.name.startswith("django_")]
+        for parts in targets:
+            # ``from . import redlock``: a name of the façade, not a module.
+            if parts and _exists(parts[:1]):
+                found.add(parts[0])
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        node = node_of(path)
+        if node == "__init__":
+            continue
+        graph.setdefault(node, set()).update(imported_nodes(path) - {node, "__init__"})
+    return graph
+
+
+def test_the_django_layer_imports_run_one_way() -> None:
+    graph = import_graph()
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError if not
+    assert order.index("views") < order.index("admin")  # admin -> views, never views -> admin
+    assert order.index("engine") < order.index("conf") < order.index("views")
+    assert {"admin", "views", "inventory", "health", "management"} <= set(graph)
+
+
+def test_the_layout_check_catches_a_circle() -> None:
+    graph = import_graph()
+    graph["views"] = graph["views"] | {"admin"}  # the circle there was (annotations only)
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError:
+        return
+    raise AssertionError("a circle went unnoticed")
