@@ -82,6 +82,8 @@ def redlock(
     max_hold: float | None = None,
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
+    limit: int | None = None,
+    shared: bool = False,
     db_guard: bool = True,
     template: str | None = None,
 ) -> Lock:
@@ -99,6 +101,10 @@ def redlock(
     it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
 
+    ``limit=N`` makes it one of N permits of a semaphore (each an ordinary lease; see
+    docs/permits.md); ``shared=True`` a reader, beside other readers and excluded by a writer
+    (the plain lock on the same name).
+
     ``db_guard`` (on by default): once the lease is lost or its validity is over, the block's
     next database query raises ``LockLost`` before it reaches the database, and open ``atomic``
     blocks are marked for rollback (see ``django_redlock.dbguard``).
@@ -108,10 +114,12 @@ def redlock(
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
     from .conf import get_redlock
-    from .locks import DjangoLock
+    from .engine.modes import check_mode
+    from .locks import django_lock_class
 
+    mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
     engine = get_redlock()
-    return DjangoLock(
+    return django_lock_class(mode)(
         engine,
         *resources,
         db_guard=db_guard,
@@ -124,6 +132,7 @@ def redlock(
         max_hold=max_hold,
         reentrant=reentrant,
         on_lost=on_lost,
+        **({} if limit is None else {"limit": limit}),
     )
 
 

@@ -76,10 +76,12 @@ def guard_command(
     wait: float = 0.0,
     label: str | None = None,
     stderr: TextIO | None = None,
+    limit: int | None = None,
 ) -> Iterator[Lock]:
     """Hold the lock of command ``name`` (``key``, default ``command:<name>``; a tuple of names
     locks all of them, as one lock) around the block; see the module docstring for the errors
-    and exit statuses."""
+    and exit statuses. ``limit=N``: one of N permits instead (at most N runs at once; not
+    re-entrant)."""
     resources: tuple[str, ...]
     if key is None:
         resources = (command_resource(name),)
@@ -108,8 +110,9 @@ def guard_command(
         wait=wait,
         label=label or f"manage.py {name}",
         auto_extend=True,
-        reentrant=True,
+        reentrant=limit is None,
         on_lost=on_lost,
+        limit=limit,
         template=resource,  # bounded: one per command (or per key the command names)
     )
     try:
@@ -117,9 +120,13 @@ def guard_command(
             try:
                 held.enter_context(lock)
             except LockContended as error:
+                held_by = (
+                    f"all {limit} permits are held"
+                    if limit is not None
+                    else f"is held by another process ({_holder(resources[0])})"
+                )
                 raise CommandError(
-                    f"{name} not started: lock {resource!r} is held by another process "
-                    f"({_holder(resources[0])}); waited {wait:g}s",
+                    f"{name} not started: lock {resource!r} {held_by}; waited {wait:g}s: {error}",
                     returncode=EXIT_HELD,
                 ) from error
             except QuorumUnavailable as error:
@@ -174,13 +181,16 @@ class GuardedCommandMixin(_CommandBase):
 
     Set ``lock_key`` (default ``command:<name>``; a tuple of names locks all of them as one
     lock), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
-    auto-extended) and ``lock_wait`` (default 0: skip at once when another process runs it).
+    auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it) and
+    ``lock_limit`` (at most that many runs at once: a semaphore; default one).
     Defines no ``check()``: that would shadow Django's system checks.
     """
 
     lock_key: str | tuple[str, ...] | None = None
     lock_ttl: float | None = None
     lock_wait: float = 0.0
+    #: At most this many runs at once (a semaphore's permits) instead of one; None: one.
+    lock_limit: int | None = None
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         name = type(self).__module__.rpartition(".")[2]
@@ -197,5 +207,6 @@ class GuardedCommandMixin(_CommandBase):
             ttl=self.lock_ttl,
             wait=self.lock_wait,
             stderr=options.get("stderr"),
+            limit=self.lock_limit,
         ):
             return super().execute(*args, **options)

@@ -61,6 +61,7 @@ from django.views import View
 
 from . import redlock
 from .engine import Lock, LockContended, LockLost, LockNotAcquired, protocol
+from .engine.modes import check_mode
 from .keys import (
     KeyTemplateError,
     bounded_resource,
@@ -93,11 +94,13 @@ def lock_view(
     *keys: Key,
     ttl: float | None = None,
     wait: float = 0.0,
-    status: int = 423,
+    status: int | None = None,
     on_contended: Handler | None = None,
     on_unavailable: Handler | None = None,
     label: str | None = None,
     atomic: bool | str = False,
+    limit: int | None = None,
+    shared: bool = False,
 ) -> Callable[[V], V]:
     """Run the view while holding a Redlock on ``keys`` (see the module docstring for choices).
 
@@ -112,6 +115,9 @@ def lock_view(
     ``label``: shown as the holder in ``redlock_status`` and the admin (default: the view's name).
     ``atomic``: ``True`` or a database alias to run a sync view in ``transaction.atomic`` inside
     the lock, committed only if the lease is still held.
+    ``limit=N``: up to N requests at once (a semaphore's permits); when all are taken the
+    answer is ``429 Too Many Requests`` with ``Retry-After`` (unless ``status`` is given).
+    ``shared=True``: a reader; readers share, the same key without it is their writer.
     """
     if not keys:
         raise KeyTemplateError("lock_view needs at least one key: lock_view('order:{order_id}')")
@@ -119,13 +125,16 @@ def lock_view(
         resources=tuple(_resource_function(key) for key in keys),
         ttl=None if ttl is None else protocol.check_ttl(ttl),
         wait=protocol.check_seconds("wait", wait, allow_zero=True),
-        status=_check_status(status),
+        status=_check_status((423 if limit is None else 429) if status is None else status),
         on_contended=_check_handler("on_contended", on_contended),
         on_unavailable=_check_handler("on_unavailable", on_unavailable),
         label=protocol.check_label(label),
         atomic=_check_atomic(atomic),
+        limit=limit,
+        shared=shared,
         template=" + ".join(k if isinstance(k, str) else _callable_name(k) for k in keys),
     )
+    check_mode(limit, shared, reentrant=False)  # bad combinations fail at import, not per request
 
     def decorator(view: V) -> V:
         if isinstance(view, type):
@@ -156,6 +165,8 @@ class _Options:
     on_unavailable: Handler | None
     label: str | None
     atomic: str | bool
+    limit: int | None = None
+    shared: bool = False
     template: str = ""  # the keys as written: the metrics' label (bounded, unlike resources)
 
     def guard(self, view: object) -> _ViewLock:
@@ -299,6 +310,8 @@ class _ViewLock:
             wait=o.wait,
             label=self.label,
             auto_extend=True,
+            limit=o.limit,
+            shared=o.shared,
             template=o.template,
         )
 

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from .engine import NodeFailure, Redlock, protocol
 from .engine.drivers import fan_out
+from .engine.markers import limit_of
+from .engine.modes import release_command
 from .engine.values import FINGERPRINT_LENGTH, Owner, UnreadableValue, parse_value
-from .inventory import INVENTORY_TIMEOUT
+from .inventory import INVENTORY_TIMEOUT, MARKER_BYTES
 
 __all__ = ["ForceRelease", "ReleaseOutcome", "check_fingerprint", "force_release"]
 
@@ -69,6 +71,8 @@ def force_release(
     key = redlock.lock_key(resource)
     nodes = redlock.nodes
     current = fan_out(nodes, ("GET", key), timeout)
+    base = redlock.lock_key(resource.rpartition("#")[0]) if "#" in resource else None
+    marker = _marker_of(fan_out(nodes, ("GET", base), timeout)) if base else None
     values: list[bytes] = []
     owner = None
     for reply in current:
@@ -86,7 +90,9 @@ def force_release(
         if isinstance(reply, NodeFailure):
             details[i] = f"{reply.reason}: {reply.detail}"
     for value in values:  # one, unless a foreign writer reused the token with another owner
-        command, script = redlock.release_command((resource,), value)
+        # The script of the mode the key belongs to: a permit wakes its semaphore's waiter, a
+        # reader leaves the readers set (and may let the writer in).
+        command, script = release_command(redlock, resource, value, marker)
         replies = fan_out(nodes, command, timeout, script)
         for i, reply in enumerate(replies):
             if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
@@ -98,3 +104,13 @@ def force_release(
         ReleaseOutcome(node.label, released[i], details[i]) for i, node in enumerate(nodes)
     )
     return ForceRelease(resource, fingerprint_, owner, outcomes)
+
+
+def _marker_of(replies: list[object]) -> str | None:
+    """The semaphore marker a master holds under a slot's base name, if any does."""
+    for reply in replies:
+        if isinstance(reply, bytes) and len(reply) < MARKER_BYTES:
+            text = reply.decode("ascii", "replace")
+            if limit_of(text) is not None:
+                return text
+    return None

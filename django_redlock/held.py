@@ -71,6 +71,11 @@ class HeldLock:
     #: A lock over several resources: all of them (this one included), one holder. Empty for a
     #: lock over one resource.
     resources: tuple[str, ...] = ()
+    #: "permit" (one of a semaphore's), "reader", or "lock"; ``group`` the semaphore's or the
+    #: readers/writer lock's name, ``limit`` the semaphore's N.
+    mode: str = "lock"
+    group: str = ""
+    limit: int | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

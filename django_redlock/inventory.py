@@ -15,6 +15,11 @@ may show on fewer masters than it will a moment later.
 
 Tokens never leave this module: a copy is shown by the fingerprint of its token (a short sha256).
 What the copies of one lock say together is ``held``'s; the force release is ``force_release``'s.
+
+Semaphores and readers (``limit=N``, ``shared=True``): each permit (the slot key ``<name>#<i>``)
+and each reader (``<name>@reader:<id>``) is a holder row of its own, marked with its group; the
+name's own key holds a marker (``permits:<N>`` or ``readers``), which is no holder: it becomes
+the group's summary (``Inventory.groups``: permits in use out of N, readers).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import redis
 
 from .engine import NodeFailure, Redlock, protocol
 from .engine.connections import Node
+from .engine.markers import is_marker, limit_of
+from .engine.modes import member_of
 from .engine.rounds import failure
 from .engine.values import MAX_VALUE_BYTES, UnreadableValue, parse_value
 from .health import admin_client
@@ -56,6 +63,8 @@ _LENGTH_COMMAND = {
     "zset": "ZCARD",
     "stream": "XLEN",
 }
+#: Longer values are no mode's marker ("permits:10000" is the longest).
+MARKER_BYTES = 16
 #: Longest fencing counter we read as a number (a signed 64-bit integer has 19 digits).
 _MAX_FENCE_DIGITS = 20
 
@@ -63,6 +72,22 @@ _MAX_FENCE_DIGITS = 20
 def glob_escape(text: str) -> str:
     """``text`` as a literal in a Redis MATCH pattern (escapes ``* ? [ ] \\``)."""
     return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A semaphore or a readers/writer lock seen on this page: its name, "permits" or "readers",
+    the limit, and how many of its holders hold on a quorum (permits in use, readers)."""
+
+    name: str
+    mode: str
+    limit: int | None
+    in_use: int
+
+    def describe(self) -> str:
+        if self.mode == "permits":
+            return f"{self.name}: {self.in_use} of {self.limit} permits in use"
+        return f"{self.name}: {self.in_use} reader{'' if self.in_use == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,7 @@ class Inventory:
     search: str
     failures: tuple[NodeFailure, ...]  # masters that could not be read
     unreadable: tuple[UnreadableKey, ...] = ()  # keys of this page that are not lock values
+    groups: tuple[Group, ...] = ()  # semaphores and readers/writer locks on this page
 
     @property
     def pages(self) -> int:
@@ -124,7 +150,7 @@ def list_locks(
     pages = max(1, math.ceil(len(ordered) / page_size))
     page = min(page, pages)
     chunk = ordered[(page - 1) * page_size : page * page_size]
-    locks, unreadable, read_failures = _read(redlock, chunk, timeout)
+    locks, unreadable, read_failures, markers = _read(redlock, chunk, timeout)
     failures += [f for f in read_failures if f.node not in {g.node for g in failures}]
     return Inventory(
         _one_row_per_holder(locks),
@@ -134,7 +160,24 @@ def list_locks(
         search,
         tuple(failures),
         tuple(unreadable),
+        _groups(locks, markers),
     )
+
+
+def _groups(locks: Sequence[HeldLock], markers: dict[str, str]) -> tuple[Group, ...]:
+    """The semaphores and readers/writer locks whose marker or members are on this page."""
+    found: dict[str, Group] = {}
+    for name, marker in markers.items():
+        limit = limit_of(marker)
+        found[name] = Group(name, "readers" if limit is None else "permits", limit, 0)
+    for lock in locks:
+        if lock.mode == "lock":
+            continue
+        group = found.get(lock.group) or Group(
+            lock.group, "permits" if lock.mode == "permit" else "readers", lock.limit, 0
+        )
+        found[lock.group] = replace(group, in_use=group.in_use + (lock.state == HELD))
+    return tuple(found[name] for name in sorted(found))
 
 
 def _one_row_per_holder(locks: Sequence[HeldLock]) -> tuple[HeldLock, ...]:
@@ -160,7 +203,7 @@ def inspect(
 ) -> HeldLock | None:
     """``resource``'s copies on every master now, or None if no master has one."""
     protocol.check_resource(resource)
-    locks, _, _ = _read(redlock, [resource], timeout)
+    locks, _, _, _ = _read(redlock, [resource], timeout)
     return locks[0] if locks else None
 
 
@@ -198,10 +241,11 @@ def _raw_key(prefix: str, name: str) -> bytes:
 
 def _read(
     redlock: Redlock, resources: Sequence[str], timeout: float
-) -> tuple[list[HeldLock], list[UnreadableKey], list[NodeFailure]]:
-    """Every master's copy of each resource, grouped into held locks and unreadable keys."""
+) -> tuple[list[HeldLock], list[UnreadableKey], list[NodeFailure], dict[str, str]]:
+    """Every master's copy of each resource, grouped into held locks and unreadable keys; and
+    the markers of semaphores and readers/writer locks, by name."""
     if not resources:
-        return [], [], []
+        return [], [], [], {}
     lock_prefix, fence_prefix = redlock.lock_key(""), redlock.fence_key("")
     keys = [
         (_raw_key(lock_prefix, resource), _raw_key(fence_prefix, resource))
@@ -211,6 +255,7 @@ def _read(
     failures = [r for r in replies if isinstance(r, NodeFailure)]
     locks: list[HeldLock] = []
     unreadable: list[UnreadableKey] = []
+    markers: dict[str, str] = {}
     for i, resource in enumerate(resources):
         copies: list[Copy] = []
         fences: list[int] = []
@@ -220,7 +265,9 @@ def _read(
             found, fence = _copy(node.label, resource, reply[i])
             if fence is not None:
                 fences.append(fence)
-            if isinstance(found, UnreadableKey):
+            if isinstance(found, str):
+                markers[resource] = found
+            elif isinstance(found, UnreadableKey):
                 unreadable.append(found)
             elif found is not None:
                 copies.append(found)
@@ -235,7 +282,12 @@ def _read(
                     drift_factor=redlock.drift_factor,
                 )
             )
-    return locks, unreadable, failures
+    for n, lock in enumerate(locks):
+        base = lock.resource.rpartition("#")[0]
+        mode, group, limit = member_of(lock.resource, markers.get(base))
+        if mode != "lock":
+            locks[n] = replace(lock, mode=mode, group=group, limit=limit)
+    return locks, unreadable, failures, markers
 
 
 def _ask_keys(client: redis.Redis, keys: Sequence[tuple[bytes, bytes]]) -> list[list[Any]]:
@@ -263,7 +315,7 @@ def _ask_keys(client: redis.Redis, keys: Sequence[tuple[bytes, bytes]]) -> list[
 
 def _copy(
     node: str, resource: str, answer: list[Any]
-) -> tuple[Copy | UnreadableKey | None, int | None]:
+) -> tuple[Copy | UnreadableKey | str | None, int | None]:
     """One master's answers about one resource -> its copy (None: gone since the scan) or why it
     cannot be read, and the fencing counter if there is a readable one."""
     kind_reply, pttl, strlen, value, fence_reply, length = answer
@@ -285,6 +337,8 @@ def _copy(
         return unreadable(f"could not read it: {value}"), fence
     if not _is_text(resource):
         return unreadable("its name is not UTF-8 text"), fence
+    if len(value) < MARKER_BYTES and is_marker(value.decode("ascii", "replace")):
+        return value.decode("ascii"), fence
     try:
         fp, owner = parse_value(value, size=size)
     except UnreadableValue as exc:

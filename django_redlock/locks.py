@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from . import dbguard, otel
 from .engine import Lock
 from .engine.leases import Owner, current_owner
+from .engine.permit_lock import PermitLock
+from .engine.readers import ReaderLock
 from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:
@@ -122,3 +124,20 @@ class DjangoLock(Lock):
         finally:
             if lease is not None:
                 dbguard.unguard(lease)
+
+
+class DjangoPermitLock(DjangoLock, PermitLock):
+    """A semaphore's permit (``limit=N``), guarded and traced as a ``DjangoLock``."""
+
+
+class DjangoReaderLock(DjangoLock, ReaderLock):
+    """A reader (``shared=True``), guarded and traced as a ``DjangoLock``."""
+
+
+def django_lock_class(mode: type[Lock]) -> type[DjangoLock]:
+    """The Django layer's handle for the engine's handle class ``mode`` (``engine.modes``)."""
+    if issubclass(mode, PermitLock):
+        return DjangoPermitLock
+    if issubclass(mode, ReaderLock):
+        return DjangoReaderLock
+    return DjangoLock

@@ -6,8 +6,10 @@ project's existing ``/metrics`` endpoint exports them; call ``enabled()`` once (
 or ``AppConfig.ready``) to export them, at zero, before the first lock.
 
 No metric is labelled by resource: resource names carry ids from requests, and a label per id
-would grow without bound. The ``node`` label is the master's address with any password masked
-(bounded by the ``NODES`` setting).
+would grow without bound. The two permit gauges are the exception: a semaphore's name is one
+chosen in code ("exports"), and a name is exported only while this process holds or waits for
+one of its permits (read at scrape time, so it costs nothing per acquisition). The ``node``
+label is the master's address with any password masked (bounded by the ``NODES`` setting).
 
 ==============================  =========  =========================================================
 name                            type       meaning
@@ -20,6 +22,8 @@ redlock_contended_total         counter    acquisitions that failed, label ``rea
 redlock_lost_total              counter    leases lost while held
 redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
                                            label ``node``, ``reason`` = timeout|error
+redlock_permits_in_use          gauge      this process's permits held, per semaphore: ``name``
+redlock_permits_waiting         gauge      this process's callers waiting for a permit: ``name``
 redlock_template_wait_seconds   histogram  as ``redlock_acquire_wait_seconds``, by lock template:
                                            labels ``template``, ``outcome``
 redlock_template_hold_seconds   histogram  as ``redlock_hold_seconds``, by lock template: label
@@ -41,6 +45,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from .engine import LockContended, LockNotAcquired, NodeFailure
+from .engine.permit_lock import USAGE
 
 # Lock waits range from one round trip (sub-millisecond on a LAN) to a configured wait of seconds.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -59,6 +64,7 @@ class _Collectors(NamedTuple):
     template_hold: Any
     contended: Any
     lost: Any
+    permits: Any
     node_failures: Any
 
 
@@ -98,6 +104,7 @@ def _collectors() -> _Collectors | None:
             ["reason"],
         ),
         lost=prom.Counter("redlock_lost", "Leases lost while held (expired or released by force)."),
+        permits=_register_permits(prom),
         node_failures=prom.Counter(
             "redlock_node_failures",
             "Masters that failed a request of a lock (timeout or error), by master: during a "
@@ -105,6 +112,34 @@ def _collectors() -> _Collectors | None:
             ["node", "reason"],
         ),
     )
+
+
+class _Permits:
+    """A collector: permits in use and waiters per semaphore name, from ``engine.permit_lock``."""
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        in_use = GaugeMetricFamily(
+            "redlock_permits_in_use",
+            "Permits held by this process, per semaphore.",
+            labels=["name"],
+        )
+        waiting = GaugeMetricFamily(
+            "redlock_permits_waiting",
+            "Callers in this process waiting for a permit, per semaphore.",
+            labels=["name"],
+        )
+        for name, (held, waiters) in USAGE.snapshot().items():
+            in_use.add_metric([name], held)
+            waiting.add_metric([name], waiters)
+        return [in_use, waiting]
+
+
+def _register_permits(prom: Any) -> _Permits:
+    collector = _Permits()
+    prom.REGISTRY.register(collector)
+    return collector
 
 
 def enabled() -> bool:

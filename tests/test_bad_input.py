@@ -57,6 +57,15 @@ BAD_LOCK_ARGUMENTS = [
     ({"label": "x" * 4_000_000}, "label is 4000000 characters long, more than 200"),
     ({"label": "x" * 201}, "label is 201 characters long, more than 200"),
     ({"label": "la\udcffbel"}, "label has a lone surrogate at position 2"),
+    ({"limit": 0}, "limit must be an int from 1 to 10000, got 0"),
+    ({"limit": 10_001}, "limit must be an int from 1 to 10000, got 10001"),
+    ({"limit": -3}, "got -3"),
+    ({"limit": True}, "got True"),
+    ({"limit": 2.5}, "got 2.5"),
+    ({"limit": "3"}, "got '3'"),
+    ({"limit": 3, "shared": True}, "limit=3 with shared=True"),
+    ({"limit": 3, "reentrant": True}, "limit=3 with reentrant=True"),
+    ({"shared": "yes"}, "shared must be True or False, got 'yes'"),
 ]
 
 # (positional nodes / keyword arguments of Redlock(), text the error must contain)

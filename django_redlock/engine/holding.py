@@ -59,10 +59,14 @@ def _extend_rounds(
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)
         try:
-            replies: list[Reply] = yield Round(
-                scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
-                scripts.EXTEND,
-                enough=granted,  # decided by a quorum's renewals: returns then
+            replies: list[Reply] = yield (
+                Round(
+                    scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
+                    scripts.EXTEND,
+                    enough=granted,  # decided by a quorum's renewals: returns then
+                )
+                if lease.commands is None
+                else lease.commands.extend(lease, int(round_ttl * 1000))
             )
         finally:
             lease.settled(generation)
@@ -113,9 +117,12 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
     masters answered. A master asked again after a reset connection, that finds our lease
     already gone, confirms (the first request may have removed it)."""
-    round_ = release_round(
-        masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
-    )
+    if lease.commands is None:
+        round_ = release_round(
+            masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
+        )
+    else:
+        round_ = lease.commands.release(lease)
     try:
         answered: RoundReplies = yield round_
     except BaseException:
@@ -130,7 +137,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     replies: list[Reply] = [
         several if r == 0 and i in answered.asked_again else r for i, r in enumerate(answered)
     ]
-    if _worth_retrying(masters, lease, replies):
+    if lease.commands is None and _worth_retrying(masters, lease, replies):
         # Its keys must not block everyone until their TTL: retried in the background.
         yield Detach(_keep_releasing(masters, lease, round_, replies))
     if several > 1:

@@ -24,6 +24,7 @@ from .events import logger, notify
 if TYPE_CHECKING:
     from .events import Observer
     from .lock import Lock
+    from .steps import Round
 
 #: Who acts: the running asyncio task, else the current thread (the objects themselves).
 Owner = object
@@ -70,6 +71,14 @@ def describe(owner: Owner) -> str:
     return repr(owner)
 
 
+class LeaseCommands(Protocol):
+    """The requests that renew and release a lease whose keys are not a plain lock's (a
+    semaphore's permit, a reader): its mode's own scripts, still compare-and-act on our value."""
+
+    def extend(self, lease: Lease, ttl_ms: int) -> Round: ...
+    def release(self, lease: Lease, *, cleanup: bool = False) -> Round: ...
+
+
 class Lease:
     """What an acquired lock holds. Shared by the handles of a re-entrant owner."""
 
@@ -77,6 +86,7 @@ class Lease:
         "__weakref__",
         "acquired_at",
         "auto_extend",
+        "commands",
         "depth",
         "extensions",
         "fences",
@@ -123,6 +133,7 @@ class Lease:
         queued_as: str = "",
         max_extensions: int | None = None,
         max_hold: float | None = None,
+        commands: LeaseCommands | None = None,
     ) -> None:
         self.resource = resource  # the name (several: joined), for messages
         self.resources = resources
@@ -164,6 +175,9 @@ class Lease:
         self.schedule = 0
         #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
         self.queued_as = queued_as
+        #: How to renew and release it on the masters when that is not the plain lock's way
+        #: (a permit of a semaphore, a reader): None for a plain lock.
+        self.commands = commands
 
     def __repr__(self) -> str:
         # Never the value: error pages and trackers that capture locals would show the token.

@@ -17,10 +17,11 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, procedures, process, protocol, reentry, renames
+from . import holding, markers, procedures, protocol, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
+from .granting import granted
 from .leases import Callers, Lease, Owner, current_owner
 from .values import make_value
 
@@ -288,7 +289,7 @@ class Lock:
     def _outcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return run(self._redlock, procedures.acquire(self._redlock, want))
+            return run(self._redlock, markers.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -296,7 +297,7 @@ class Lock:
     async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return await arun(self._redlock, procedures.acquire(self._redlock, want))
+            return await arun(self._redlock, markers.acquire(self._redlock, want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -307,23 +308,7 @@ class Lock:
 
     def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> None:
         redlock = self._redlock
-        lease = Lease(
-            resource=self.resource,
-            resources=self.resources,
-            key=self.key,
-            keys=self.keys,
-            ttl=self.ttl,
-            value=want.value,
-            valid_until=won.valid_until,
-            owner=owner,
-            pid=process.pid(),
-            handle=self,
-            observer=redlock.observer,
-            on_lost=self.on_lost,
-            queued_as=won.queued_as,
-            max_extensions=self.max_extensions,
-            max_hold=self.max_hold,
-        )
+        lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
         redlock.holders.add(lease)
         if self.auto_extend:
@@ -333,6 +318,9 @@ class Lock:
         waited = lease.acquired_at - won.began
         notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
         lease.note_failures(won.failures, "acquire")
+
+    def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
+        return granted(self, owner, want.value, won, self._redlock.observer)
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must

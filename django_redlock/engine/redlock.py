@@ -5,20 +5,23 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from . import protocol, scripts
 from .admission import Admission
 from .connections import Node, NodeSpec
-from .drivers import afan_out, fan_out
+from .drivers import arun, run
 from .errors import LockLost, NodeFailure, QuorumUnavailable
 from .events import NullObserver, Observer
 from .lock import Lock
 from .locking import locking
+from .markers import is_marker, limit_of
+from .modes import check_mode
 from .notices import LocalQueues, ReleaseNotices
 from .reentry import Holders
 from .rounds import Command, Reply
+from .steps import Procedure, Round
 from .values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
 
@@ -38,13 +41,19 @@ class Holder:
     owner: Owner
     masters: int
     fingerprint: str
+    #: A name held as a semaphore ("permits", with its ``limit``) or by readers ("readers"):
+    #: each permit's or reader's own holder, in ``holders``; "lock" otherwise.
+    mode: str = "lock"
+    limit: int | None = None
+    holders: tuple[Holder, ...] = ()
 
 
-def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder | None:
+def holder_of(masters: Redlock, resource: str, replies: Sequence[Reply]) -> Holder | None:
     """From each master's ``scripts.PEEK`` reply: the holder a quorum of masters agrees on, or
     None when no one can hold ``resource`` on a quorum, even if every master that did not answer
     held it. Raises ``QuorumUnavailable`` when those masters could make the difference: "cannot
-    tell" is never reported as "free"."""
+    tell" is never reported as "free". A semaphore's or readers' marker: a ``Holder`` whose
+    ``mode`` says so (its permits or readers are read next, by ``Redlock.holder``)."""
     occupants: Counter[tuple[int, bytes]] = Counter()
     free = 0
     for reply in replies:
@@ -56,6 +65,10 @@ def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder |
     most = 0
     if occupants:
         (length, head), most = occupants.most_common(1)[0]
+        if most >= masters.quorum and is_marker(head.decode("latin-1")):
+            text = head.decode("latin-1")
+            mode = "readers" if limit_of(text) is None else "permits"
+            return Holder(resource, Owner(), most, "", mode, limit_of(text))
         if most >= masters.quorum:
             owner, print_ = _identify(length, head)
             return Holder(resource, owner, most, print_)
@@ -68,6 +81,13 @@ def holder_of(masters: Redlock, resource: str, replies: list[Reply]) -> Holder |
             [r for r in replies if isinstance(r, NodeFailure)],
         )
     return None
+
+
+def _as_peek(value: Reply) -> Reply:
+    """An MGET answer as ``scripts.PEEK`` gives it: 0 for no key, else [length, head]."""
+    if isinstance(value, bytes):
+        return [len(value), value[:MAX_VALUE_BYTES]]
+    return 0 if value is None else value
 
 
 def _identify(length: int, head: bytes) -> tuple[Owner, str]:
@@ -158,16 +178,22 @@ class Redlock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        limit: int | None = None,
+        shared: bool = False,
     ) -> Lock:
         """A lock on ``resources`` (not yet acquired: use it in ``with``/``async with``).
         Several resources make one lock: all of them or none, on each master, in one round.
+
+        ``limit=N``: one of N permits of a semaphore (``permits``); ``shared=True``: a reader
+        of a readers/writer lock, beside other readers (the plain lock is its writer).
 
         ``auto_extend``: a watchdog renews the lease at a third of its TTL until released
         (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
         ``reentrant``: the owning thread/task may acquire it again; it is released when the
         outermost block exits. ``on_lost(lock, error)`` is called (once, from the thread that
         noticed) when the lease is lost while held."""
-        return Lock(
+        mode = check_mode(limit, shared, reentrant)
+        return mode(
             self,
             *resources,
             ttl=self.ttl if ttl is None else ttl,
@@ -178,6 +204,7 @@ class Redlock:
             max_hold=max_hold,
             reentrant=reentrant,
             on_lost=on_lost,
+            **({} if limit is None else {"limit": limit}),
         )
 
     def locked(self, *resources: str, **options: Any) -> Callable[[F], F]:
@@ -190,13 +217,35 @@ class Redlock:
         holds it on a quorum. Raises ``QuorumUnavailable`` when too few masters answered to
         tell (a lock held on a bare quorum, one of whose masters is down, is neither). Values
         are read capped at ``MAX_VALUE_BYTES``: another program's huge value costs no more than
-        ours."""
-        replies = fan_out(self.nodes, self._peek(resource), self.node_timeout, scripts.PEEK)
-        return holder_of(self, resource, replies)
+        ours. A semaphore's or readers' name: its permits or readers too (``holders``; one or
+        two rounds more)."""
+        return run(self, self._holder(resource))
 
     async def aholder(self, resource: str) -> Holder | None:
-        replies = await afan_out(self.nodes, self._peek(resource), self.node_timeout, scripts.PEEK)
-        return holder_of(self, resource, replies)
+        return await arun(self, self._holder(resource))
+
+    def _holder(self, resource: str) -> Procedure[Holder | None]:
+        replies: list[Reply] = yield Round(self._peek(resource), scripts.PEEK)
+        held = holder_of(self, resource, replies)
+        if held is None or held.mode == "lock":
+            return held
+        if held.mode == "permits" and held.limit is not None:
+            names = [f"{resource}#{i}" for i in range(held.limit)]
+        else:  # the readers set on every master, each key read once
+            listed = yield Round(("ZRANGE", f"{self.key_prefix}readers:{resource}", 0, -1))
+            keys = {k.decode() for r in listed if isinstance(r, list) for k in r}
+            names = sorted(k.removeprefix(self.lock_key("")) for k in keys)
+        if not names:
+            return replace(held, holders=())
+        values = yield Round(("MGET", *map(self.lock_key, names)))
+        members = []
+        for i, name in enumerate(names):
+            peeked = [_as_peek(r[i]) if isinstance(r, list) else r for r in values]
+            try:
+                members.append(holder_of(self, name, peeked))
+            except QuorumUnavailable:
+                continue  # a member too few masters answered for: not listed
+        return replace(held, holders=tuple(m for m in members if m is not None))
 
     def is_locked(self, resource: str) -> bool:
         """Whether anyone holds ``resource`` on a quorum of masters (one round). Raises

@@ -1,11 +1,12 @@
-"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] -- <command> [args...]``
+"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] [--limit N] -- <command> [args...]``
 
 Runs any installed management command under a Redlock, as a cron line would use it on every host::
 
     */5 * * * * cd /srv/app && ./manage.py redlock_run -- clearsessions
 
 Exit status: the command's own; 75 (held elsewhere: not started), 69 (no quorum of masters: not
-started), 70 (the lock was lost while the command ran; it ran to its end). See
+started), 70 (the lock was lost while the command ran; it ran to its end). ``--limit N`` lets up
+to N runs go at once (a semaphore's permits; 75 when all N are taken). See
 ``django_redlock.commands`` for why.
 """
 
@@ -19,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...commands import guard_command
 from ...engine import protocol
+from ...engine.permit_scripts import check_limit
 
 
 def _seconds(name: str, allow_zero: bool) -> Any:
@@ -31,11 +33,18 @@ def _seconds(name: str, allow_zero: bool) -> Any:
     return parse
 
 
+def _limit(text: str) -> int:
+    try:
+        return check_limit(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--limit: {exc}") from None
+
+
 class Command(BaseCommand):
     help = (
         "Run another management command while holding a Redlock (default key "
         "'command:<name>'), renewed while it runs. Usage: redlock_run [--key K] [--wait S] "
-        "[--ttl T] -- <command> [args...]"
+        "[--ttl T] [--limit N] -- <command> [args...]"
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -51,6 +60,12 @@ class Command(BaseCommand):
             type=_seconds("--ttl", allow_zero=False),
             default=None,
             help="lease in seconds, renewed while the command runs (default REDLOCK['TTL'])",
+        )
+        parser.add_argument(
+            "--limit",
+            type=_limit,
+            default=None,
+            help="let up to N runs go at once (a semaphore of N permits; default: one run)",
         )
         parser.add_argument("command_name", metavar="command", help="the command to run")
         parser.add_argument(
@@ -77,5 +92,6 @@ class Command(BaseCommand):
             wait=options["wait"],
             label=f"manage.py redlock_run -- {name}",
             stderr=options.get("stderr"),
+            limit=options["limit"],
         ):
             call_command(command, *command_args, **streams)

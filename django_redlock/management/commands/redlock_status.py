@@ -124,6 +124,7 @@ def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, 
             "unread_masters": [str(f) for f in found.failures],
             "items": [_lock_json(lock) for lock in found.locks],
             "unreadable": [asdict(key) for key in found.unreadable],
+            "groups": [asdict(group) for group in found.groups],
         },
     }
 
@@ -162,6 +163,9 @@ def render(status: Health, found: Inventory, warnings: list[str], *, wide: bool 
             [_lock_row(lock) for lock in found.locks],
             width,
         )
+    if found.groups:
+        lines += ["", "Semaphores and readers/writer locks:"]
+        lines += [f"  - {printable(group.describe())}" for group in found.groups]
     if found.unreadable:
         lines += ["", f"Unreadable keys under the lock prefix: {len(found.unreadable)}"]
         lines += [
@@ -227,7 +231,7 @@ def _lock_row(lock: HeldLock) -> list[str]:
         for c in lock.stale
     )
     return [
-        printable(lock.name),
+        printable(lock.name + _member(lock)),
         lock.state,
         held,
         f"{lock.validity:.1f} s" if lock.has_quorum else "none",
@@ -238,6 +242,15 @@ def _lock_row(lock: HeldLock) -> list[str]:
         _utc(lock.owner.since),
         stale or "-",
     ]
+
+
+def _member(lock: HeldLock) -> str:
+    """What a semaphore's permit or a reader is a member of (empty for a lock)."""
+    if lock.mode == "permit":
+        return f" (permit of {lock.group}, limit {lock.limit})"
+    if lock.mode == "reader":
+        return f" (reader of {lock.group})"
+    return ""
 
 
 def _utc(unix_seconds: float | None) -> str:

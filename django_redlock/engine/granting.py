@@ -1,0 +1,45 @@
+"""The lease an acquisition won: what a handle records once the masters granted it (a mode with
+keys of its own, a semaphore's permit or a reader, gives its keys and commands)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import process
+from .leases import Lease, LeaseCommands, Owner
+
+if TYPE_CHECKING:
+    from .events import Observer
+    from .lock import Lock
+    from .procedures import Won
+
+
+def granted(
+    handle: Lock,
+    owner: Owner,
+    value: str,
+    won: Won,
+    observer: Observer,
+    keys: tuple[str, ...] | None = None,
+    commands: LeaseCommands | None = None,
+) -> Lease:
+    """The lease that acquisition ``won`` through ``handle`` holds for ``owner``; ``keys`` and
+    ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's."""
+    return Lease(
+        resource=handle.resource,
+        resources=handle.resources,
+        key=handle.key,
+        keys=handle.keys if keys is None else keys,
+        ttl=handle.ttl,
+        value=value,
+        valid_until=won.valid_until,
+        owner=owner,
+        pid=process.pid(),
+        handle=handle,
+        observer=observer,
+        on_lost=handle.on_lost,
+        queued_as=won.queued_as,
+        max_extensions=handle.max_extensions,
+        max_hold=handle.max_hold,
+        commands=commands,
+    )

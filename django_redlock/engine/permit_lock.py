@@ -1,0 +1,154 @@
+"""The handle of a semaphore's permit: a ``Lock`` whose lease is the mutex of the slot it won
+(see ``permits``), made by ``Redlock.lock(resource, limit=N)``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from .drivers import arun, run
+from .errors import LockNotAcquired
+from .granting import granted
+from .leases import Lease, Owner, current_owner
+from .lock import Lock
+from .markers import permits as marker
+from .permit_scripts import check_limit, slot_of
+from .permits import PermitCommands, PermitWant, PermitWon, acquire, remember_free
+from .procedures import Want, Won
+
+if TYPE_CHECKING:
+    from .redlock import Redlock
+
+
+class Usage:
+    """This process's permits in use and waiters for one, per semaphore name (read by the
+    metrics at scrape time; names drop out at zero, so the set stays as small as what is live)."""
+
+    def __init__(self) -> None:
+        self._new_process()
+        os.register_at_fork(after_in_child=self._new_process)  # the parent's are not ours
+
+    def _new_process(self) -> None:
+        self._guard = threading.Lock()
+        self.in_use: Counter[str] = Counter()
+        self.waiting: Counter[str] = Counter()
+
+    def add(self, counter: Counter[str], name: str, change: int) -> None:
+        with self._guard:
+            counter[name] += change
+            if counter[name] <= 0:
+                del counter[name]
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """{name: (permits in use, waiters)}."""
+        with self._guard:
+            names = set(self.in_use) | set(self.waiting)
+            return {n: (self.in_use[n], self.waiting[n]) for n in sorted(names)}
+
+
+USAGE = Usage()
+
+
+class PermitLock(Lock):
+    """One permit of the semaphore ``resource`` with ``limit`` permits: a ``Lock`` whose lease is
+    the mutex of whichever slot it won. Make one with ``Redlock.lock(resource, limit=N)``."""
+
+    def __init__(self, redlock: Redlock, *resources: str, limit: int, **options: Any) -> None:
+        limit = check_limit(limit)
+        if options.get("reentrant"):
+            raise ValueError(
+                f"limit={limit} with reentrant=True: a permit is not re-entered (a second "
+                f"acquisition takes a second permit); pass one or the other"
+            )
+        super().__init__(redlock, *resources, **options)
+        if len(self.resources) > 1:
+            raise ValueError(
+                f"limit={limit} with several resources {self.resources!r}: a semaphore is one name"
+            )
+        self.limit = limit
+        #: Permits are never re-entered: no holder of this handle's key is ever looked up.
+        self.key = f"{self.key}#permits"
+        self._marker = marker(limit)
+        self._commands = PermitCommands(
+            redlock.inbox_prefix,
+            redlock.lock_key(self.resource),
+            redlock.queue_key(self.resource),
+            self._marker,
+        )
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<Lock", f"<Permit of {self.limit}", 1)
+
+    @property
+    def slot(self) -> int | None:
+        """The slot (0 to limit-1) of the calling thread's or task's permit, None if none."""
+        lease = self._callers.get(current_owner())
+        return None if lease is None else slot_of(lease.keys[0])
+
+    def _reenter(self, owner: Owner) -> bool:
+        if self._callers.get(owner) is not None:
+            raise RuntimeError(
+                f"a permit of {self.resource!r} is already acquired through this object by "
+                f"this thread/task; use one object per permit"
+            )
+        return False
+
+    def _want(self, owner: Owner) -> PermitWant:
+        plain = super()._want(owner)
+        redlock = self._redlock
+        return PermitWant(
+            plain.resource,
+            plain.resources,
+            plain.keys,
+            plain.ttl,
+            plain.wait,
+            plain.value,
+            limit=self.limit,
+            marker_key=redlock.lock_key(self.resource),
+            slot_prefix=redlock.lock_key(f"{self.resource}#"),
+            queue_key=redlock.queue_key(self.resource),
+            marker=self._marker,
+        )
+
+    def _outcome(self, want: Want) -> Won:
+        assert isinstance(want, PermitWant)  # noqa: S101 (our own _want made it)
+        began = time.monotonic()
+        USAGE.add(USAGE.waiting, self.resource, 1)
+        try:
+            won = run(self._redlock, acquire(self._redlock, want))
+        except LockNotAcquired as error:
+            self._not_acquired(error, began)
+            raise
+        finally:
+            USAGE.add(USAGE.waiting, self.resource, -1)
+        USAGE.add(USAGE.in_use, self.resource, 1)
+        return won
+
+    async def _aoutcome(self, want: Want) -> Won:
+        assert isinstance(want, PermitWant)  # noqa: S101
+        began = time.monotonic()
+        USAGE.add(USAGE.waiting, self.resource, 1)
+        try:
+            won = await arun(self._redlock, acquire(self._redlock, want))
+        except LockNotAcquired as error:
+            self._not_acquired(error, began)
+            raise
+        finally:
+            USAGE.add(USAGE.waiting, self.resource, -1)
+        USAGE.add(USAGE.in_use, self.resource, 1)
+        return won
+
+    def _lease(self, owner: Owner, want: Want, won: Won) -> Lease:
+        assert isinstance(want, PermitWant)  # noqa: S101
+        assert isinstance(won, PermitWon)  # noqa: S101
+        keys = (want.slot_key(won.slot),)
+        return granted(self, owner, want.value, won, self._redlock.observer, keys, self._commands)
+
+    def _released(self, owner: Owner, lease: Lease) -> None:
+        prefix, _, slot = lease.keys[0].rpartition("#")
+        remember_free(f"{prefix}#", int(slot))
+        USAGE.add(USAGE.in_use, self.resource, -1)
+        super()._released(owner, lease)

@@ -1,0 +1,303 @@
+"""A semaphore: ``limit=N`` permits of one name, each an ordinary Redlock mutex on one of N slots.
+
+Why slots, and not a counter on each master. A counter that each master caps at N, with a permit
+valid once a majority admitted it, is not safe: N+1 permits need (N+1) * q admissions, and M
+masters hold M * N, so with q = M // 2 + 1 the N+1st permit fits as soon as (N+1) * q <= M * N
+(N=2 on 5 masters: 3 permits, each admitted by a different 3 of the 5). Safe counters need
+q > M*N/(N+1), a quorum that tolerates fewer failed masters the larger N is. Slots keep the lock's
+majority and every failure budget of it: permit ``i`` is the mutex ``<name>#i``, so two permits
+valid at once are on two different slots, and there are only N.
+
+Every permit is then an ordinary lease (its own token, TTL, extend, auto-extend, lost notice,
+fence, validity), held by the same procedures as a lock (``holding``). What is new is choosing a
+slot: each master takes the first free slot from a start the acquirer names (the slot this
+process released last, else a random one), so masters that agree on what is free take the same
+slot in one round; the acquirer counts the votes per slot, and wins iff a quorum took one slot
+(slots taken by a minority are undone; when masters disagree, it tries again from another start).
+Waiters queue FIFO on the semaphore's one waiter queue (not one per slot): a released permit wakes
+the head waiter, which then takes whichever slot is free.
+
+While any permit is held on a master, the name's plain lock key there holds a marker,
+``permits:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
+same name cannot be taken over it (its SET NX finds the key), and a semaphore with another limit,
+or one that finds a plain lock there, refuses with ``LockContended`` naming the mismatch: never a
+silent overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from . import protocol, scripts
+from .errors import LockContended
+from .leases import Lease
+from .markers import described
+from .notices import Turn, Waiter
+from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_UNDO
+from .procedures import (
+    EXPIRY_MARGIN,
+    JITTER,
+    Granted,
+    Lost,
+    Want,
+    Won,
+    not_acquired,
+    tally,
+    wait_turn,
+)
+from .rounds import Reply
+from .steps import AwaitTurn, Listen, Masters, Pause, Procedure, Round, failures, free_in
+
+#: Tries at once on a slot the masters said is free, before pausing (two acquirers that picked
+#: the same one split its votes; a pause with jitter lets them drift apart).
+SWITCHES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PermitWant(Want):
+    """One permit's request: the semaphore's name (``resource``), its limit, and its keys."""
+
+    limit: int = 1
+    marker_key: str = ""
+    slot_prefix: str = ""  # slot i's lock key is this + str(i)
+    queue_key: str = ""
+    marker: str = field(default="", repr=False)
+
+    def slot_key(self, slot: int) -> str:
+        return f"{self.slot_prefix}{slot}"
+
+
+@dataclass(frozen=True, slots=True)
+class PermitWon(Won):
+    """A won permit: which slot it holds."""
+
+    slot: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PermitCommands:
+    """How a permit is renewed (slot and marker) and released (the slot, waking the
+    semaphore's next waiter); see ``leases.LeaseCommands``."""
+
+    inbox_prefix: str
+    marker_key: str
+    queue_key: str
+    marker: str
+
+    def extend(self, lease: Lease, ttl_ms: int) -> Round:
+        keys = (lease.keys[0], self.marker_key)
+        command = PERMIT_EXTEND.evalsha(keys, (lease.value, ttl_ms, self.marker))
+        return Round(command, PERMIT_EXTEND)
+
+    def release(self, lease: Lease, *, cleanup: bool = False) -> Round:
+        return release_slot(
+            self.inbox_prefix,
+            lease.keys[0],
+            self.queue_key,
+            lease.value,
+            queued_as=lease.queued_as,
+            cleanup=cleanup,
+        )
+
+
+def release_slot(
+    inbox_prefix: str,
+    slot_key: str,
+    queue_key: str,
+    value: str,
+    *,
+    notify: bool = True,
+    queued_as: str = "",
+    cleanup: bool = False,
+) -> Round:
+    """Compare-and-delete one slot, then wake the head of the semaphore's queue: the plain
+    lock's release script, with the semaphore's queue instead of the slot's own. The marker is
+    left to expire (it outlives the permits; deleting it would need every slot read)."""
+    if notify:
+        args = (value, "1", protocol.notice_digest(value), inbox_prefix, queued_as)
+    else:
+        args = (value, "", "", "", queued_as)
+    return Round(scripts.RELEASE.evalsha((slot_key, queue_key), args), scripts.RELEASE, cleanup)
+
+
+# --- acquire ------------------------------------------------------------------------------------
+
+#: Per semaphore, the slot this process last released (likely free): the first slot tried, so
+#: that an uncontended acquisition is one round like a lock's. Bounded.
+_HINTS: dict[str, int] = {}
+
+
+def first_slot(want: PermitWant) -> int:
+    hint = _HINTS.get(want.slot_prefix)
+    return JITTER.randrange(want.limit) if hint is None or hint >= want.limit else hint
+
+
+def remember_free(slot_prefix: str, slot: int) -> None:
+    if len(_HINTS) > 10_000:
+        _HINTS.clear()
+    _HINTS[slot_prefix] = slot
+
+
+@dataclass(frozen=True, slots=True)
+class PermitGranted(Granted):
+    slot: int = 0
+
+
+def attempt(
+    masters: Masters, want: PermitWant, start_slot: int, waiter: Waiter | None, deadline: float
+) -> Procedure[PermitGranted | Lost]:
+    """The lock's five steps (``procedures.attempt``) for a permit: every master takes the first
+    free slot from ``start_slot`` on; won iff a quorum took the same slot, within validity. The
+    slots taken elsewhere (a minority, when masters disagree on which are free) are undone."""
+    start = time.monotonic()
+    command = PERMIT_ACQUIRE.evalsha(
+        (want.marker_key, want.queue_key),
+        (
+            want.value,
+            int(want.ttl * 1000),
+            want.marker,
+            "" if waiter is None else waiter.id,
+            0 if waiter is None else max(int((deadline - start) * 1000), 1),
+            want.slot_prefix,
+            want.limit,
+            start_slot,
+        ),
+    )
+    try:
+        replies: list[Reply] = yield Round(command, PERMIT_ACQUIRE)
+    except BaseException:
+        undo = PERMIT_UNDO.evalsha((), (want.value, want.slot_prefix, want.limit))
+        yield Round(undo, PERMIT_UNDO, cleanup=True)
+        raise
+    taken = Counter(r - 1 for r in replies if isinstance(r, int) and r >= 1)
+    slot, votes = taken.most_common(1)[0] if taken else (-1, 0)
+    # One slot's votes are the grants; another slot's are refusals of this one.
+    as_votes: list[Reply] = [
+        r if not isinstance(r, int) or r < 1 else (1 if r - 1 == slot else 0) for r in replies
+    ]
+    result = tally(masters, as_votes, want.ttl, start)
+    won = result.won and votes >= masters.quorum
+    for other in taken:
+        if other != slot or not won:
+            key = want.slot_key(other)
+            yield release_slot("", key, want.queue_key, want.value, notify=False)
+    if won:
+        valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
+        found = failures(masters, as_votes) if result.failed else []
+        return PermitGranted(valid_until, found, slot)
+    return Lost(result, replies)
+
+
+def mismatch(replies: Sequence[Reply]) -> str | None:
+    """What a master found under the name instead of this semaphore, if one did."""
+    for reply in replies:
+        if isinstance(reply, list) and reply and reply[0] == -1:
+            found = reply[1]
+            return found.decode(errors="replace") if isinstance(found, bytes) else str(found)
+    return None
+
+
+def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
+    """A permit: like ``procedures.acquire``, with a slot chosen from what the masters said.
+    One waiter queue for the semaphore, locally and on the masters, in arrival order."""
+    began = time.monotonic()
+    deadline = began + want.wait
+    attempts = switches = 0
+    start_slot = first_slot(want)
+    turn: Turn | None = None
+    waiter: Waiter | None = None
+    lost: Lost | None = None
+    split_retried = False
+    try:
+        if want.wait > 0:
+            turn = masters.queues.join((want.resource,))
+            courtesy = masters.courtesy_until(want.resource) - began
+            if courtesy > 0:
+                yield Pause(min(courtesy, want.wait))
+        while True:
+            if turn is not None:
+                first = yield AwaitTurn(turn, deadline - time.monotonic())
+                if not first:
+                    raise permit_not_acquired(masters, want, lost, attempts, began)
+                if waiter is None and lost is not None:
+                    waiter = yield Listen()
+            attempts += 1
+            outcome = yield from attempt(masters, want, start_slot, waiter, deadline)
+            if isinstance(outcome, PermitGranted):
+                queued_as = "" if waiter is None else waiter.id
+                slot = outcome.slot
+                return PermitWon(
+                    outcome.valid_until, attempts, began, queued_as, outcome.failures, slot
+                )
+            lost = outcome
+            found = mismatch(lost.replies)
+            if found is not None:
+                raise mismatch_error(want, found, lost, masters, attempts)
+            start_slot = JITTER.randrange(want.limit)
+            some_free = any(isinstance(r, int) and r >= 1 for r in lost.replies)
+            if some_free and switches < SWITCHES:
+                # Masters disagreed on the free slot (two acquirers at once): try again at once
+                # from another slot (a try, not a wait; also with wait=0, whose "one attempt"
+                # means "while a permit is free").
+                switches += 1
+                continue
+            switches = 0
+            now = time.monotonic()
+            if now >= deadline:
+                raise permit_not_acquired(masters, want, lost, attempts, began)
+            if some_free and not split_retried:
+                # Still split: try again shortly, with jitter, rather than sleep until a release.
+                split_retried = True
+                yield Pause(protocol.split_retry_delay(now - began, JITTER))
+                continue
+            if lost.result.contended and waiter is None and turn is not None:
+                continue  # become a waiter (above), then try again: that try queues it
+            if lost.result.contended and waiter is not None:
+                split_retried = False
+                yield from wait_turn(masters, waiter, lost, deadline)
+                continue
+            delay = protocol.retry_delay(masters.retry_delay, JITTER)
+            expiry = free_in(lost.replies, masters.quorum)
+            if expiry is not None:
+                delay = min(delay, expiry + EXPIRY_MARGIN)
+            if now + delay > deadline:
+                raise permit_not_acquired(masters, want, lost, attempts, began)
+            yield Pause(delay)
+    except BaseException as exc:
+        if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
+            yield Round(("ZREM", want.queue_key, waiter.id), cleanup=True)
+        raise
+    finally:
+        if turn is not None:
+            masters.queues.leave(turn)
+
+
+def permit_not_acquired(
+    masters: Masters, want: PermitWant, lost: Lost | None, attempts: int, began: float
+) -> Exception:
+    error = not_acquired(masters, want, lost, attempts, time.monotonic() - began)
+    if isinstance(error, LockContended) and lost is not None:
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        error = LockContended(
+            want.resource,
+            f"all {want.limit} permits of {want.resource!r} are held ({tries}, wait={want.wait}s)",
+            error.failures,
+            attempts=attempts,
+        )
+    return error
+
+
+def mismatch_error(
+    want: PermitWant, found: str, lost: Lost, masters: Masters, attempts: int
+) -> LockContended:
+    what = described(found) or repr(found)
+    return LockContended(
+        want.resource,
+        f"{want.resource!r} is asked for as a semaphore with limit={want.limit} and is held as "
+        f"{what}: one resource must be used one way",
+        failures(masters, lost.replies),
+        attempts=attempts,
+    )

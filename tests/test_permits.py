@@ -1,0 +1,178 @@
+"""``limit=N``: a semaphore of N permits on real masters. Each permit is an ordinary lease (its own
+token, TTL, extend, auto-extend, lost notice, fence); at most N at once; waiters are woken in
+turn; a resource used as a semaphore and as something else is refused with a message naming
+both."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from django_redlock.engine import LockContended, LockLost, QuorumUnavailable
+
+
+def test_at_most_limit_permits_each_on_its_own_slot(masters, redlock_of):
+    engine = redlock_of(masters)
+    permits = [engine.lock("exports", limit=3, ttl=5) for _ in range(3)]
+    for permit in permits:
+        permit.acquire()
+        assert permit.held
+        assert 4 < permit.validity <= 5
+    assert sorted(p.slot for p in permits) == [0, 1, 2]
+    with pytest.raises(LockContended, match="all 3 permits of 'exports' are held"):
+        engine.lock("exports", limit=3).acquire()
+    freed = permits[1].slot
+    permits[1].release()
+    with engine.lock("exports", limit=3) as again:
+        assert again.slot == freed
+    for permit in (permits[0], permits[2]):
+        permit.release()
+
+
+def test_each_permit_is_an_ordinary_lease(masters, redlock_of):
+    engine = redlock_of(masters)
+    with engine.lock("partner-api", limit=2, ttl=0.3, auto_extend=True) as renewed:
+        with engine.lock("partner-api", limit=2, ttl=2) as other:
+            first_fence, second_fence = renewed.fence, other.fence
+            assert second_fence > first_fence  # one fence sequence per semaphore
+            assert other.extend(ttl=3) > 2.5
+            assert other.owned()
+        time.sleep(0.8)  # past its TTL twice over: the watchdog renewed it
+        assert renewed.held
+        assert renewed.owned()
+    assert not renewed.held
+
+
+def test_a_permit_taken_away_is_lost_and_reported(masters, redlock_of):
+    engine = redlock_of(masters)
+    told: list[LockLost] = []
+    permit = engine.lock("imports", limit=2, ttl=5, on_lost=lambda lock, error: told.append(error))
+    permit.acquire()
+    slot_key = engine.lock_key(f"imports#{permit.slot}")
+    for m in masters:
+        m.call("DEL", slot_key)
+    assert not permit.owned()
+    assert permit.lost
+    assert told
+    with pytest.raises(LockLost):
+        permit.release()
+
+
+def test_a_waiter_is_woken_by_a_release_not_a_poll(masters, redlock_of):
+    """retry_delay of 5 s, safety poll of 1 s: only a release notice gets it there in time."""
+    engine = redlock_of(masters, retry_delay=5.0)
+    holders = [engine.lock("reports", limit=2, ttl=10).acquire() for _ in range(2)]
+    got: list[float] = []
+
+    def waiter() -> None:
+        with engine.lock("reports", limit=2, ttl=10, wait=10):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.4)  # it lost, queued on the masters, and sleeps
+    released = time.monotonic()
+    holders[0].release()
+    thread.join(10)
+    holders[1].release()
+    assert got
+    assert got[0] - released < 0.6
+
+
+def test_waiters_get_permits_in_arrival_order(masters, redlock_of):
+    engine = redlock_of(masters)
+    holders = [engine.lock("fifo", limit=2, ttl=10).acquire() for _ in range(2)]
+    order: list[int] = []
+    entered = threading.Event()
+    hold_on = threading.Event()
+
+    def waiter(n: int) -> None:
+        with engine.lock("fifo", limit=2, ttl=10, wait=10):
+            order.append(n)
+            entered.set()
+            hold_on.wait(10)
+
+    threads = []
+    for n in range(3):
+        threads.append(threading.Thread(target=waiter, args=(n,)))
+        threads[-1].start()
+        time.sleep(0.15)
+    for holder in holders:
+        entered.clear()
+        holder.release()
+        assert entered.wait(5)
+    assert order == [0, 1]
+    hold_on.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == [0, 1, 2]
+
+
+def test_permits_survive_a_minority_of_masters_down(masters, redlock_of):
+    engine = redlock_of(masters, node_timeout=0.05)
+    masters[0].kill()
+    masters[3].kill()
+    with engine.lock("minority", limit=2) as a, engine.lock("minority", limit=2) as b:
+        assert a.held
+        assert b.held
+        assert a.extend() > 0
+        with pytest.raises(LockContended):
+            engine.lock("minority", limit=2).acquire()
+
+
+def test_a_majority_down_is_quorum_unavailable(masters, redlock_of):
+    engine = redlock_of(masters, node_timeout=0.05)
+    for m in masters[:3]:
+        m.kill()
+    with pytest.raises(QuorumUnavailable):
+        engine.lock("majority", limit=2).acquire()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "message"),
+    [
+        ({}, {"limit": 2}, "held as a plain lock"),
+        (
+            {"limit": 2},
+            {},
+            "is held as a semaphore with limit=2, and was asked for as a plain lock",
+        ),
+        (
+            {"limit": 2},
+            {"limit": 3},
+            "asked for as a semaphore with limit=3 and is held as a semaphore with limit=2",
+        ),
+    ],
+)
+def test_one_resource_used_two_ways_is_refused_naming_both(
+    masters, redlock_of, first, second, message
+):
+    engine = redlock_of(masters)
+    with engine.lock("mixed", ttl=5, **first):
+        for wait in (0.0, 0.3):
+            began = time.monotonic()
+            with pytest.raises(LockContended, match=message):
+                engine.lock("mixed", wait=wait, **second).acquire()
+            assert time.monotonic() - began < 1.0  # said at once for a semaphore, or after wait
+
+
+def test_a_semaphore_over_several_resources_is_refused(masters, redlock_of):
+    engine = redlock_of(masters)
+    with pytest.raises(ValueError, match="limit=2 with several resources"):
+        engine.lock("a", "b", limit=2)
+
+
+def test_async_permits(masters, redlock_of):
+    engine = redlock_of(masters)
+
+    async def main() -> list[int | None]:
+        async with engine.lock("async", limit=2) as a, engine.lock("async", limit=2) as b:
+            with pytest.raises(LockContended):
+                await engine.lock("async", limit=2).aacquire()
+            assert await a.aowned()
+            return [a.slot, b.slot]
+
+    assert sorted(asyncio.run(main())) == [0, 1]  # type: ignore[type-var]

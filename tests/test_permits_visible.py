@@ -1,0 +1,145 @@
+"""A semaphore's permits and a readers/writer lock's readers, seen by operators: ``holder()``,
+the inventory (``redlock_status``, text and JSON, and the admin page) show each permit and reader
+as a holder row of its group, and the group's permits in use out of N; force release works per
+holder and wakes who waits. Real masters."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+
+from django_redlock import conf, holder
+from django_redlock.force_release import force_release
+from django_redlock.inventory import inspect, list_locks
+
+LIST_URL = "/admin/django_redlock/heldlock/"
+
+
+@pytest.fixture
+def engine(redlock_settings):
+    return conf.get_redlock()
+
+
+def test_holder_names_each_permit_and_reader(engine):
+    with engine.lock("exports", limit=3, label="export a"), engine.lock("exports", limit=3):
+        found = holder("exports")
+        assert found is not None
+        assert (found.mode, found.limit, found.masters) == ("permits", 3, 5)
+        assert len(found.holders) == 2
+        assert {h.resource.rpartition("#")[0] for h in found.holders} == {"exports"}
+        assert sum("label 'export a'" in str(h.owner) for h in found.holders) == 1
+    with engine.lock("prices", shared=True), engine.lock("prices", shared=True):
+        readers = holder("prices")
+        assert readers is not None
+        assert readers.mode == "readers"
+        assert len(readers.holders) == 2
+    with engine.lock("plain"):
+        plain = holder("plain")
+        assert plain is not None
+        assert (plain.mode, plain.holders) == ("lock", ())
+
+
+def test_inventory_groups_permits_and_readers(engine):
+    with (
+        engine.lock("exports", limit=3),
+        engine.lock("exports", limit=3),
+        engine.lock("prices", shared=True),
+    ):
+        found = list_locks(engine)
+    rows = {lock.resource: lock for lock in found.locks}
+    permits = [r for r in rows.values() if r.mode == "permit"]
+    readers = [r for r in rows.values() if r.mode == "reader"]
+    assert len(permits) == 2
+    assert {(p.group, p.limit) for p in permits} == {("exports", 3)}
+    assert [(r.group, r.mode) for r in readers] == [("prices", "reader")]
+    assert "exports" not in rows  # the marker is no holder...
+    assert found.unreadable == ()  # ...and no unreadable key either
+    assert [g.describe() for g in found.groups] == [
+        "exports: 2 of 3 permits in use",
+        "prices: 1 reader",
+    ]
+
+
+def test_redlock_status_shows_permits_in_use(engine):
+    with engine.lock("exports", limit=3), engine.lock("prices", shared=True):
+        text, data = io.StringIO(), io.StringIO()
+        call_command("redlock_status", "--wide", stdout=text)
+        call_command("redlock_status", "--json", stdout=data)
+    assert "exports: 1 of 3 permits in use" in text.getvalue()
+    assert "(permit of exports, limit 3)" in text.getvalue()
+    assert "(reader of prices)" in text.getvalue()
+    groups = json.loads(data.getvalue())["locks"]["groups"]
+    assert {(g["name"], g["mode"], g["limit"], g["in_use"]) for g in groups} == {
+        ("exports", "permits", 3, 1),
+        ("prices", "readers", None, 1),
+    }
+
+
+def test_admin_page_shows_groups(admin_client, engine):
+    with engine.lock("exports", limit=2):
+        html = admin_client.get(LIST_URL).content.decode()
+    assert "exports: 1 of 2 permits in use" in html
+    assert "permit of exports (limit 2)" in html
+
+
+def test_force_release_of_one_permit_wakes_the_semaphore_waiter(engine):
+    engine.retry_delay = 5.0  # only a notice can wake the waiter in time
+    holders = [engine.lock("jobs", limit=2, ttl=10).acquire() for _ in range(2)]
+    got: list[float] = []
+
+    def waiter() -> None:
+        with engine.lock("jobs", limit=2, ttl=10, wait=10):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.4)
+    slot = f"jobs#{holders[0].slot}"
+    shown = inspect(engine, slot)
+    assert shown is not None
+    released_at = time.monotonic()
+    outcome = force_release(engine, slot, shown.fingerprint)
+    thread.join(10)
+    assert outcome.released_on == 5
+    assert got
+    assert got[0] - released_at < 0.6
+    assert not holders[0].owned()
+    assert holders[1].owned()  # the other permit is untouched
+    holders[1].release()
+
+
+def test_force_release_of_a_reader_lets_the_writer_in(engine):
+    reader = engine.lock("menu", shared=True, ttl=10).acquire()
+    rows = [r for r in list_locks(engine).locks if r.mode == "reader"]
+    assert len(rows) == 1
+    force_release(engine, rows[0].resource, rows[0].fingerprint)
+    assert not reader.owned()
+    with engine.lock("menu") as writer:  # the marker went with the last reader
+        assert writer.held
+
+
+def test_metrics_count_permits_in_use_and_waiting(engine):
+    from prometheus_client import REGISTRY
+
+    from django_redlock import metrics
+
+    assert metrics.enabled()
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name, {"name": "reports"}) or 0.0
+
+    first = engine.lock("reports", limit=1, ttl=10).acquire()
+    waiting = threading.Thread(
+        target=lambda: engine.lock("reports", limit=1, ttl=10, wait=10).acquire().release()
+    )
+    waiting.start()
+    time.sleep(0.3)
+    assert (sample("redlock_permits_in_use"), sample("redlock_permits_waiting")) == (1, 1)
+    first.release()
+    waiting.join(10)
+    assert (sample("redlock_permits_in_use"), sample("redlock_permits_waiting")) == (0, 0)
