@@ -231,7 +231,7 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
     failed acquisition's release, or the holder's, goes later on this same pipe, and the
     master applies it after the request it follows."""
     pipe.abandon(slot)
-    pipe.took(time.monotonic() - slot.sent_at)  # at least this slow: a thread waits for it last
+    pipe.slower_than(time.monotonic() - slot.sent_at)  # a thread waits for it last next time
     return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
 
 
