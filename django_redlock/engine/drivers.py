@@ -138,12 +138,16 @@ def _wait_replies(wait: Replies) -> None:
         sent = sorted(sent, key=lambda sent: sent[0].latency)
     needed = wait.needed
     fresh = True  # the first reply of a round cannot be there yet
+    measured = False
     for pipe, slot in sent:
         if slot.reply is PENDING:
             pipe.wait(slot, wait.deadline, fresh=fresh)
-            # (No reply yet: what it was waited for is its latency so far, so that the next
-            # round waits for it last.)
-            pipe.took(time.monotonic() - slot.sent_at)
+            if not measured:
+                # Only the first pipe waited for is timed: a later one's reply may have sat
+                # unread while we waited for another (a sync pipe is read by whoever waits).
+                # No reply yet: what it was waited for counts, so it is waited for last.
+                pipe.took(time.monotonic() - slot.sent_at)
+                measured = True
         fresh = False
         if second_try(slot):
             break

@@ -285,11 +285,6 @@ class Pipe:
         """A reply came ``seconds`` after its request left."""
         self.latency += (seconds - self.latency) / 4
 
-    def slower_than(self, seconds: float) -> None:
-        """No reply yet ``seconds`` after its request left: a lower bound, never a measurement
-        (it may only raise the estimate)."""
-        self.latency = max(self.latency, seconds)
-
     # --- state -------------------------------------------------------------------------------
 
     @property

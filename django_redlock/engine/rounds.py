@@ -231,7 +231,6 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
     failed acquisition's release, or the holder's, goes later on this same pipe, and the
     master applies it after the request it follows."""
     pipe.abandon(slot)
-    pipe.slower_than(time.monotonic() - slot.sent_at)  # a thread waits for it last next time
     return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
 
 
