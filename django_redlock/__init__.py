@@ -21,6 +21,7 @@ from .engine import (
     LockContended,
     LockLost,
     LockNotAcquired,
+    NotLocked,
     Overloaded,
     QuorumUnavailable,
 )
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .decorators import lock_view
     from .engine.redlock import Holder, Redlock
     from .fencing import fenced_update
+    from .leadership import leader
 
 __all__ = [
     "ExtensionLimit",
@@ -38,11 +40,14 @@ __all__ = [
     "LockContended",
     "LockLost",
     "LockNotAcquired",
+    "NotLocked",
     "Overloaded",
     "QuorumUnavailable",
+    "assert_locked",
     "fenced_update",
     "guard_command",
     "holder",
+    "leader",
     "is_locked",
     "lock_view",
     "locked",
@@ -58,6 +63,7 @@ _LAZY = {
     "GuardedCommandMixin": "commands",
     "guard_command": "commands",
     "fenced_update": "fencing",
+    "leader": "leadership",
 }
 
 
@@ -82,6 +88,8 @@ def redlock(
     max_hold: float | None = None,
     reentrant: bool = False,
     on_lost: Callable[[Lock, LockLost], None] | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
     limit: int | None = None,
     shared: bool = False,
     db_guard: bool = True,
@@ -98,7 +106,9 @@ def redlock(
 
     ``auto_extend=True`` renews the lease in the background until the block ends (capped by
     ``max_extensions`` / ``max_hold``); ``reentrant=True`` lets the owning thread or task enter
-    it again; ``on_lost(lock, error)`` is called when the lease is lost while held. ``lock.fence``
+    it again; ``on_lost(lock, error)`` is called when the lease is lost while held;
+    ``at_least``/``at_most`` (seconds) keep a finished lock held until ``at_least`` after it was
+    taken, and never let it reach past ``at_most`` (see ``docs/jobs.md``). ``lock.fence``
     is a fencing token that strictly increases per resource (``lock.fences`` for several).
 
     ``limit=N`` makes it one of N permits of a semaphore (each an ordinary lease; see
@@ -115,9 +125,11 @@ def redlock(
     """
     from .conf import get_redlock
     from .engine.modes import check_mode
+    from .engine.redlock import check_bounds_for
     from .locks import django_lock_class
 
     mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
+    check_bounds_for(mode, at_least, at_most)
     engine = get_redlock()
     return django_lock_class(mode)(
         engine,
@@ -132,6 +144,8 @@ def redlock(
         max_hold=max_hold,
         reentrant=reentrant,
         on_lost=on_lost,
+        at_least=at_least,
+        at_most=at_most,
         **({} if limit is None else {"limit": limit}),
     )
 
@@ -156,6 +170,14 @@ class _DjangoLocks:
     """What ``locked()`` makes its locks with: ``redlock()`` (the settings' masters, guarded)."""
 
     lock = staticmethod(redlock)
+
+
+def assert_locked(resource: str) -> None:
+    """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now (``LockLost``
+    if its lease ran out): for code that must only ever run guarded. Local: no network call."""
+    from .conf import get_redlock
+
+    get_redlock().assert_locked(resource)
 
 
 def holder(resource: str) -> Holder | None:

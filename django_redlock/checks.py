@@ -1,8 +1,9 @@
 """System checks for the REDLOCK setting (no network: ``manage.py redlock_status`` probes masters).
 
 Ids: E001 no nodes, E002 malformed setting, E003 bad node entry, E004 duplicate node,
-E005 bad number, E006 NODE_TIMEOUT not small next to TTL, W001 even number of nodes,
-W002 one node (development: no fault tolerance).
+E005 bad number, E006 NODE_TIMEOUT not small next to TTL, E007 QUARANTINE without MAX_TTL,
+W001 even number of nodes, W002 one node (development: no fault tolerance), W003 Sentinel
+members without quarantine.
 """
 
 from __future__ import annotations

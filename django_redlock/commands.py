@@ -12,6 +12,10 @@ Both use ``guard_command``, which:
 - when another process holds it, raises ``CommandError`` (exit status ``EXIT_HELD`` = 75,
   EX_TEMPFAIL) naming the holder, before the command starts; ``EXIT_UNAVAILABLE`` = 69 when no
   quorum of masters answers. A cron wrapper can tell "skipped" from "failed" by the status;
+- with ``at_least``, a run that ends sooner leaves the lock held, unrenewed, until ``at_least``
+  after it was taken: the same cron line on a host whose clock is up to that late finds it
+  taken and skips. With ``at_most``, renewal stops then (a hung run frees the slot), which is
+  reported as a lost lease (below);
 - when the lease is lost mid-run (a master flushed, a force release, a pause longer than the
   lease), writes a warning to stderr at once and, after the command finishes, raises
   ``CommandError`` with a report (exit status ``EXIT_LOST`` = 70). The command is not interrupted:
@@ -40,7 +44,7 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from . import conf, redlock
+from . import conf, metrics, redlock
 from .dbguard import QueryRefused
 from .display import printable
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
@@ -76,12 +80,16 @@ def guard_command(
     wait: float = 0.0,
     label: str | None = None,
     stderr: TextIO | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
     limit: int | None = None,
 ) -> Iterator[Lock]:
     """Hold the lock of command ``name`` (``key``, default ``command:<name>``; a tuple of names
     locks all of them, as one lock) around the block; see the module docstring for the errors
-    and exit statuses. ``limit=N``: one of N permits instead (at most N runs at once; not
-    re-entrant)."""
+    and exit statuses. ``at_least`` (seconds): a run that ends sooner keeps the lock, unrenewed,
+    until then, so that the same cron line on a host whose clock is late skips (75);
+    ``at_most``: renewal stops then, the lock is free, and the run is told (70). ``limit=N``:
+    one of N permits instead (at most N runs at once; not re-entrant)."""
     resources: tuple[str, ...]
     if key is None:
         resources = (command_resource(name),)
@@ -92,6 +100,7 @@ def guard_command(
     resource = " + ".join(resources)
     began = time.monotonic()
     lost_after: list[float] = []
+    ran: list[float] = []  # how long it ran, once it has (metrics)
 
     def on_lost(lock: Lock, error: LockLost) -> None:
         # Called from the renewal thread: say it now, the command may run for hours yet.
@@ -112,6 +121,8 @@ def guard_command(
         auto_extend=True,
         reentrant=limit is None,
         on_lost=on_lost,
+        at_least=at_least,
+        at_most=at_most,
         limit=limit,
         template=resource,  # bounded: one per command (or per key the command names)
     )
@@ -120,6 +131,7 @@ def guard_command(
             try:
                 held.enter_context(lock)
             except LockContended as error:
+                metrics.job(name, "skipped")
                 held_by = (
                     f"all {limit} permits are held"
                     if limit is not None
@@ -130,14 +142,18 @@ def guard_command(
                     returncode=EXIT_HELD,
                 ) from error
             except QuorumUnavailable as error:
+                metrics.job(name, "unavailable")
                 raise CommandError(
                     f"{name} not started: no quorum of lock masters for {resource!r}: {error}",
                     returncode=EXIT_UNAVAILABLE,
                 ) from error
+            if lock.hold_count == 1:  # re-entered by an inner guard: counted by the outer one
+                held.callback(lambda: ran.append(time.monotonic() - began))
             yield lock
     except LockLost as error:
         if error.resource != resource or not lost_after:
             raise  # another lock of the command's own: not ours to report
+        metrics.job(name, "lost", time.monotonic() - began)
         if isinstance(error, QueryRefused):  # the DB guard stopped it at its next query
             raise CommandError(
                 f"{name} stopped after {time.monotonic() - began:.1f}s: its lock {resource!r} "
@@ -152,6 +168,9 @@ def guard_command(
             f"the rest of the run: check whether another process ran {name} meanwhile.",
             returncode=EXIT_LOST,
         ) from error
+    finally:
+        if ran and not lost_after:
+            metrics.job(name, "ran", ran[0])
 
 
 def _holder(resource: str) -> str:
@@ -181,14 +200,17 @@ class GuardedCommandMixin(_CommandBase):
 
     Set ``lock_key`` (default ``command:<name>``; a tuple of names locks all of them as one
     lock), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
-    auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it) and
-    ``lock_limit`` (at most that many runs at once: a semaphore; default one).
+    auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it),
+    ``lock_limit`` (at most that many runs at once: a semaphore; default one) and
+    ``lock_at_least`` / ``lock_at_most`` (seconds; see ``guard_command``).
     Defines no ``check()``: that would shadow Django's system checks.
     """
 
     lock_key: str | tuple[str, ...] | None = None
     lock_ttl: float | None = None
     lock_wait: float = 0.0
+    lock_at_least: float | None = None
+    lock_at_most: float | None = None
     #: At most this many runs at once (a semaphore's permits) instead of one; None: one.
     lock_limit: int | None = None
 
@@ -207,6 +229,8 @@ class GuardedCommandMixin(_CommandBase):
             ttl=self.lock_ttl,
             wait=self.lock_wait,
             stderr=options.get("stderr"),
+            at_least=self.lock_at_least,
+            at_most=self.lock_at_most,
             limit=self.lock_limit,
         ):
             return super().execute(*args, **options)

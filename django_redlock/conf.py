@@ -21,7 +21,9 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .engine import Redlock, protocol
-from .engine.connections import NodeSpec, check_url, mask_url
+from .engine.connections import NodeSpec
+from .engine.sentinel import is_sentinel_url
+from .engine.urls import check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],
@@ -31,6 +33,13 @@ DEFAULTS: dict[str, Any] = {
     "NODE_TIMEOUT": 0.05,  # seconds: per-master budget for one request
     "CLOCK_DRIFT_FACTOR": 0.01,
     "RETRY_DELAY": 0.1,  # seconds: mean pause between attempts (jittered)
+    # seconds: the longest TTL any lock or extension may have (None: no cap). Needed by:
+    "MAX_TTL": None,
+    # Restart and failover quarantine: a member that restarted, failed over or has been up less
+    # than MAX_TTL abstains until leases it may have lost have run out. Off by default: a
+    # freshly started Redis (development, CI) would refuse every lock for MAX_TTL; see
+    # docs/deployment.md for production.
+    "QUARANTINE": False,
 }
 
 CACHE_PREFIX = "cache:"
@@ -64,6 +73,8 @@ class Config:
     node_timeout: float
     drift_factor: float
     retry_delay: float
+    max_ttl: float | None = None
+    quarantine: bool = False
 
 
 def raw_setting() -> dict[str, Any]:
@@ -122,6 +133,19 @@ def problems() -> list[Problem]:
         found.append(
             Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
         )
+    found += _quarantine_problems(raw)
+    nodes = raw["NODES"] if isinstance(raw["NODES"], list | tuple) else []
+    sentinels = [n for n in nodes if isinstance(n, str) and is_sentinel_url(n) and _valid(n)]
+    if sentinels and raw["QUARANTINE"] is not True:
+        found.append(
+            Problem(
+                "W003",
+                f"REDLOCK['NODES'] has Sentinel members ({', '.join(map(mask_url, sentinels))}) "
+                f"without REDLOCK['QUARANTINE']: a failover to a replica that missed a lock's key "
+                f"can grant that lock again while it is held",
+                hint="set QUARANTINE = True and MAX_TTL (see docs/deployment.md)",
+            )
+        )
     ttl, timeout, factor = raw["TTL"], raw["NODE_TIMEOUT"], raw["CLOCK_DRIFT_FACTOR"]
     if _finite(ttl) and 0 < ttl < 0.01:
         found.append(Problem("E005", f"REDLOCK['TTL'] must be at least 0.01 seconds, got {ttl!r}"))
@@ -137,6 +161,39 @@ def problems() -> list[Problem]:
         except ValueError as exc:
             hint = "use a NODE_TIMEOUT of a few milliseconds to a few tens (0.05 by default)"
             found.append(Problem("E006", str(exc), hint=hint))
+    return found
+
+
+def _valid(url: str) -> bool:
+    try:
+        check_url(url)
+    except ValueError:
+        return False  # (E003 says so)
+    return True
+
+
+def _quarantine_problems(raw: dict[str, Any]) -> list[Problem]:
+    max_ttl, ttl, quarantine = raw["MAX_TTL"], raw["TTL"], raw["QUARANTINE"]
+    found = []
+    if not isinstance(quarantine, bool):
+        found.append(Problem("E005", f"REDLOCK['QUARANTINE'] must be True or False, got "
+                                     f"{quarantine!r}"))  # fmt: skip
+    if max_ttl is None:
+        if quarantine is True:
+            found.append(Problem(
+                "E007", "REDLOCK['QUARANTINE'] needs REDLOCK['MAX_TTL']: how long a member that "
+                "may have lost keys must abstain",
+                hint="set MAX_TTL to the longest TTL any lock may have (TTL, or more)",
+            ))  # fmt: skip
+        return found
+    try:
+        protocol.check_ttl(protocol.check_seconds("REDLOCK['MAX_TTL']", max_ttl, allow_zero=False))
+    except ValueError as exc:
+        return [*found, Problem("E005", str(exc).replace("ttl", "REDLOCK['MAX_TTL']", 1))]
+    if _finite(ttl) and ttl > max_ttl:
+        found.append(
+            Problem("E005", f"REDLOCK['TTL'] ({ttl!r}) is over REDLOCK['MAX_TTL'] ({max_ttl!r})")
+        )
     return found
 
 
@@ -162,10 +219,7 @@ def _node_problems(nodes: object) -> list[Problem]:
             specs.append(node_spec(entry))
         except (ValueError, ImproperlyConfigured) as exc:
             found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
-    # protocol's identity, not yet NodeSpec.identity: it knows the spellings of loopback.
-    duplicates = protocol.duplicate_servers(
-        [(spec.label, protocol.server_identity(spec.connection_kwargs)) for spec in specs]
-    )
+    duplicates = protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
     if duplicates:
         found.append(
             Problem(
@@ -243,6 +297,8 @@ def get_config() -> Config:
         node_timeout=float(raw["NODE_TIMEOUT"]),
         drift_factor=float(raw["CLOCK_DRIFT_FACTOR"]),
         retry_delay=float(raw["RETRY_DELAY"]),
+        max_ttl=None if raw["MAX_TTL"] is None else float(raw["MAX_TTL"]),
+        quarantine=raw["QUARANTINE"],
     )
 
 
@@ -273,6 +329,8 @@ def _build_redlock() -> Redlock:
         node_timeout=config.node_timeout,
         drift_factor=config.drift_factor,
         retry_delay=config.retry_delay,
+        max_ttl=config.max_ttl,
+        quarantine=config.quarantine,
         observer=DjangoObserver(),
     )
     return _engine

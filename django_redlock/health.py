@@ -62,6 +62,8 @@ class NodeHealth:
     clock_skew: float | None = None
     run_id: str | None = None  # the redis-server process: two entries with one are one server
     warnings: tuple[str, ...] = ()
+    #: Quarantine (when on): why this master's votes do not count now, and for how long.
+    abstains: str | None = None
 
     @property
     def rtt_ms(self) -> float | None:
@@ -82,9 +84,14 @@ class Health:
         return len({n.run_id or n.node for n in answered})
 
     @property
+    def abstaining(self) -> int:
+        """Reachable masters whose votes do not count now (quarantine)."""
+        return sum(1 for n in self.nodes if n.reachable and n.abstains)
+
+    @property
     def spare(self) -> int:
         """How many more masters may fail before locking stops (negative: it has stopped)."""
-        return self.reachable - self.quorum
+        return self.reachable - self.abstaining - self.quorum
 
     @property
     def has_quorum(self) -> bool:
@@ -111,9 +118,10 @@ class Health:
                 DEGRADED: "can lose no more masters: one more failure stops all locking",
                 NO_QUORUM: "locks can be neither acquired nor extended",
             }[self.verdict]
+        abstaining = f" ({self.abstaining} abstaining)" if self.abstaining else ""
         return (
-            f"{self.reachable} of {len(self.nodes)} masters reachable, quorum {self.quorum}: "
-            f"{self.verdict} ({consequence})"
+            f"{self.reachable} of {len(self.nodes)} masters reachable{abstaining}, quorum "
+            f"{self.quorum}: {self.verdict} ({consequence})"
         )
 
     @property
@@ -158,6 +166,24 @@ def probe_all(redlock: Redlock, *, timeout: float = PROBE_TIMEOUT) -> Health:
     return Health(results, redlock.quorum)
 
 
+def abstention(node: Node, info: dict[str, Any]) -> str | None:
+    """Why ``node`` abstains now under quarantine (None: it votes, or quarantine is off): what
+    this process's engine decided on its connections, or else what its uptime says now."""
+    watch = node.watch
+    if watch is None:
+        return None
+    now = time.monotonic()
+    if watch.abstaining(now):
+        return f"{watch.reason}; abstains {watch.until - now:.1f} s more"
+    uptime = info.get("uptime_in_seconds")
+    if isinstance(uptime, int) and uptime < watch.max_ttl:
+        return f"up only {uptime} s; abstains {watch.max_ttl - uptime:.1f} s more"
+    role = info.get("role")
+    if role not in (None, "master"):
+        return f"not a primary (role {role})"
+    return None
+
+
 def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
     """Probe one master; never raises for a master's failure (it is reported instead)."""
     client = admin_client(node, timeout)
@@ -185,6 +211,7 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         appendfsync=_setting(config, "appendfsync", UNKNOWN),
         maxmemory_policy=_setting(config, "maxmemory-policy", info.get("maxmemory_policy")),
         clock_skew=skew,
+        abstains=abstention(node, info),
     )
     return _with_warnings(health, node.timeout)
 

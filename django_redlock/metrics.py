@@ -21,19 +21,27 @@ redlock_contended_total         counter    acquisitions that failed, label ``rea
                                            contended|unavailable
 redlock_lost_total              counter    leases lost while held
 redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
-                                           label ``node``, ``reason`` = timeout|error
+                                           label ``node``, ``reason`` =
+                                           timeout|error|quarantine
 redlock_permits_in_use          gauge      this process's permits held, per semaphore: ``name``
 redlock_permits_waiting         gauge      this process's callers waiting for a permit: ``name``
 redlock_template_wait_seconds   histogram  as ``redlock_acquire_wait_seconds``, by lock template:
                                            labels ``template``, ``outcome``
 redlock_template_hold_seconds   histogram  as ``redlock_hold_seconds``, by lock template: label
                                            ``template``
+redlock_job_runs_total          counter    guarded jobs (commands, Celery tasks, leaders), label
+                                           ``job`` = the command/task/leader name, ``outcome`` =
+                                           ran|skipped|lost|unavailable
+redlock_job_seconds             histogram  how long a guarded job ran (outcome ran or lost),
+                                           label ``job``
 ==============================  =========  =========================================================
 
 The ``template`` label is the resource as written before formatting: ``lock_view`` and
 ``@locked`` give their key templates (``"order:{order_id}"``), guarded commands their lock
 (``command:<name>``), ``redlock(..., template="invoice:{id}")`` one of your own; any other lock
 counts as ``(untemplated)``. Never the formatted resource: one series per template, not per id.
+Jobs are labelled by the name of the command, task or leader (a bounded set, written in code),
+never by the formatted key (``report:42``), which carries ids.
 
 Node failures are counted from failed acquisitions only: the engine reports per-master detail on
 failure, not on success.
@@ -66,6 +74,8 @@ class _Collectors(NamedTuple):
     lost: Any
     permits: Any
     node_failures: Any
+    job_runs: Any
+    job_seconds: Any
 
 
 @cache
@@ -110,6 +120,18 @@ def _collectors() -> _Collectors | None:
             "Masters that failed a request of a lock (timeout or error), by master: during a "
             "failed acquisition, or one that succeeded without them (acquire, extend, release).",
             ["node", "reason"],
+        ),
+        job_runs=prom.Counter(
+            "redlock_job_runs",
+            "Guarded jobs (commands, Celery tasks, leaders) by name and outcome: ran, skipped "
+            "(held elsewhere), lost (its lock was lost while it ran), unavailable (no quorum).",
+            ["job", "outcome"],
+        ),
+        job_seconds=prom.Histogram(
+            "redlock_job_seconds",
+            "Seconds a guarded job ran, by name.",
+            ["job"],
+            buckets=HOLD_BUCKETS,
         ),
     )
 
@@ -170,7 +192,7 @@ def node_failure(failure: NodeFailure) -> None:
     """A master failed a request (a timeout or an error; "held" is another owner's lock, and
     "gone" our expired one: not faults of the master)."""
     c = _collectors()
-    if c is not None and failure.reason in ("timeout", "error"):
+    if c is not None and failure.reason in ("timeout", "error", "quarantine"):
         c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
 
 
@@ -185,3 +207,20 @@ def lost() -> None:
     c = _collectors()
     if c is not None:
         c.lost.inc()
+
+
+#: The outcomes of a guarded job.
+JOB_OUTCOMES = ("ran", "skipped", "lost", "unavailable")
+
+
+def job(name: str, outcome: str, seconds: float | None = None) -> None:
+    """A guarded job ``name`` (a command, task or leader name: never a formatted key) ended with
+    ``outcome``; ``seconds``: how long it ran, if it ran."""
+    if outcome not in JOB_OUTCOMES:
+        raise ValueError(f"job outcome must be one of {JOB_OUTCOMES}, got {outcome!r}")
+    c = _collectors()
+    if c is None:
+        return
+    c.job_runs.labels(job=name, outcome=outcome).inc()
+    if seconds is not None:
+        c.job_seconds.labels(job=name).observe(seconds)

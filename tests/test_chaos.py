@@ -1,7 +1,7 @@
 """The fault-injection suite at CI size: 3 client processes x 20 critical sections per scenario,
 on real redis-server masters with real faults (see bench/chaos/). Every scenario must keep every
-guarantee, except three that exist to fail: the restart-empty and clock-step hazards must be
-*detected*, and the checker self-test (a quorum of 1) must trip every checker.
+guarantee, except four that exist to fail: the restart-empty, Sentinel-failover and clock-step
+hazards must be *detected*, and the checker self-test (a quorum of 1) must trip every checker.
 ``python -m bench.chaos`` runs the same scenarios at full size (8 x 250)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from bench.chaos.scenarios import CI, SCENARIOS, Result, Size, soak
 
 pytestmark = pytest.mark.slow
 
-MUST_TRIP = {"restart-empty-hazard", "clock-step-hazard", "self-test"}
+MUST_TRIP = {"restart-empty-hazard", "clock-step-hazard", "sentinel-failover-hazard", "self-test"}
 
 
 def explain(result: Result) -> str:
@@ -40,6 +40,16 @@ def test_a_master_restarted_empty_within_the_ttl_is_caught_by_the_checkers(tmp_p
     """The documented hazard: a holder's majority loses a member that comes back empty at once,
     and the next client wins a majority with it. Two holders at once: the sweep sees it."""
     result = SCENARIOS["restart-empty-hazard"].run(CI, tmp_path)
+    assert result.failed_checks() == [], explain(result)
+    assert result.outcome.verdict.overlaps > 0, explain(result)
+    assert result.ok
+
+
+def test_a_sentinel_failover_to_a_lagging_replica_under_a_bare_quorum_is_caught(tmp_path):
+    """Without quarantine: a holder on a bare quorum that included a Sentinel member's primary,
+    which fails over to a replica that never received the key; the next client wins with it.
+    (``sentinel-failover-quarantined``, the same with quarantine, keeps every guarantee.)"""
+    result = SCENARIOS["sentinel-failover-hazard"].run(CI, tmp_path)
     assert result.failed_checks() == [], explain(result)
     assert result.outcome.verdict.overlaps > 0, explain(result)
     assert result.ok

@@ -108,7 +108,7 @@ def test_unknown_key(settings, urls):
             "REDLOCK has unknown keys: 'NODE', 'TIMEOUT'",
             "E002",
             hint="known keys: NODES, KEY_PREFIX, TTL, WAIT, NODE_TIMEOUT, CLOCK_DRIFT_FACTOR, "
-            "RETRY_DELAY",
+            "RETRY_DELAY, MAX_TTL, QUARANTINE",
         )
     ]
 
@@ -122,11 +122,48 @@ def test_bad_url(settings, urls):
     settings.REDLOCK = {"NODES": [urls[0], "http://127.0.0.1:1/0", urls[1]]}
     assert ours() == [
         error(
-            "REDLOCK['NODES'] entry: node 'http://127.0.0.1:1/0' is not a redis://, rediss:// or "
-            "unix:// URL",
+            "REDLOCK['NODES'] entry: node 'http://127.0.0.1:1/0' is not a redis://, rediss://, "
+            "unix:// or redis+sentinel:// URL",
             "E003",
         )
     ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("redis+sentinel://127.0.0.1:26379/", "names no Sentinel service"),
+        ("redis+cluster://127.0.0.1:7000/", "is not a redis://, rediss://, unix:// or redis+s"),
+        ("rediss+sentinel+redis://127.0.0.1:7000/m", "is not a redis://"),
+    ],
+)
+def test_bad_sentinel_or_unknown_scheme_is_an_error_naming_the_entry(
+    settings, urls, entry, message
+):
+    settings.REDLOCK = {"NODES": [urls[0], entry, urls[1]]}
+    (problem,) = ours()
+    assert problem.id == "django_redlock.E003"
+    assert f"node {entry!r}" in problem.msg
+    assert message in problem.msg
+
+
+def test_sentinel_members_without_quarantine_are_warned_about(settings, urls):
+    sentinel = "redis+sentinel://:secret@127.0.0.1:26379/mymaster/0"
+    settings.REDLOCK = {"NODES": [sentinel, urls[0], urls[1]]}
+    (warning,) = ours()
+    assert warning.id == "django_redlock.W003"
+    assert "redis+sentinel://:***@127.0.0.1:26379/mymaster/0" in warning.msg
+    assert "secret" not in warning.msg
+    settings.REDLOCK = {"NODES": [sentinel, *urls[:2]], "QUARANTINE": True, "MAX_TTL": 30}
+    assert ours() == []
+
+
+def test_two_entries_for_one_sentinel_service_are_the_duplicate_error(settings, urls):
+    one = "redis+sentinel://127.0.0.1:26379,localhost:26380/mymaster/0"
+    other = "redis+sentinel://localhost:26380,127.0.0.1:26379/mymaster/3"
+    settings.REDLOCK = {"NODES": [one, other, urls[0]], "QUARANTINE": True, "MAX_TTL": 30}
+    assert [p.id for p in ours()] == ["django_redlock.E004"]
+    assert f"{other} (the same redis-server as {one})" in ours()[0].msg
 
 
 def test_bad_url_password_is_masked(settings, urls):

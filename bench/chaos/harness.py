@@ -92,6 +92,7 @@ class Plan:
     fork_every: int = 0  # fork a child inside every n-th section (0: never)
     hold: Hold | None = None
     broken_quorum: bool = False  # the checker self-test: a quorum of 1 in the clients
+    quarantine: bool = False  # restart and failover quarantine, with MAX_TTL = ``ttl``
     #: While the file ``long_flag`` exists, sections hold the lock ``long_work`` seconds instead
     #: of ``work`` (the controller makes long holds only while a fault is in force).
     long_work: float = 0.0
@@ -199,6 +200,8 @@ class Client:
             wait=plan.wait,
             node_timeout=plan.node_timeout,
             retry_delay=plan.retry_delay,
+            max_ttl=max(plan.ttl, 4 * plan.node_timeout) if plan.quarantine else None,
+            quarantine=plan.quarantine,
         )
         self.store = Store(plan.counter_url)
         self.journal = Journal(Path(plan.journal_dir) / f"{index}.jsonl")

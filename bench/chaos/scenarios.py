@@ -473,12 +473,16 @@ def holder_terminated(size: Size, workdir: Path) -> Result:
         )  # fmt: skip
 
 
-def restarted_master(size: Size, workdir: Path, *, delayed: bool) -> Result:
+def restarted_master(
+    size: Size, workdir: Path, *, delayed: bool, quarantine: bool = False
+) -> Result:
     """Masters 3 and 4 crash; a client holds the lock (so on masters 0, 1, 2 only) for 1 s of
     its 1.5 s lease; master 2 crashes too. ``delayed=False``: 2, 3, 4 come back empty at once,
     and the next client wins a majority on them while the first still holds it: the documented
     hazard, which the checkers must report. ``delayed=True``: each crashed master stays down
-    until the TTL has passed since its crash, and nothing is violated."""
+    until the TTL has passed since its crash, and nothing is violated. ``quarantine=True``: they
+    come back at once, but the clients run with quarantine (MAX_TTL = the TTL): the restarted
+    masters abstain until no lease they lost can be valid, and nothing is violated."""
     ttl = 1.5
     hold = Hold(0, size.sections // 2, "sleep", seconds=1.0)
     with Cluster(workdir) as cluster:
@@ -504,18 +508,77 @@ def restarted_master(size: Size, workdir: Path, *, delayed: bool) -> Result:
         # Clients poll (a short wait, tried again and again) rather than sleep in the queues:
         # masters that come back empty send no release notice, so a queued waiter would sleep
         # past the window in which the hazard shows.
-        plan = plan_for(cluster, workdir, size, ttl=ttl, hold=hold, wait=0.05)
-        outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
-        name = "restart-delayed" if delayed else "restart-empty-hazard"
-        notes = (
-            ["crashed masters rejoined only after the TTL: safe"]
-            if delayed
-            else ["HAZARD shown: a master rejoined empty within the TTL; detected as expected"]
+        plan = plan_for(
+            cluster, workdir, size, ttl=ttl, hold=hold, wait=0.05, quarantine=quarantine
         )
+        outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
+        if quarantine:
+            name = "restart-quarantined"
+            notes = ["masters rejoined empty at once; quarantined for MAX_TTL: safe"]
+        elif delayed:
+            name = "restart-delayed"
+            notes = ["crashed masters rejoined only after the TTL: safe"]
+        else:
+            name = "restart-empty-hazard"
+            notes = ["HAZARD shown: a master rejoined empty within the TTL; detected as expected"]
         notes += held_notes(outcome, hold)
         return finish(
             name, cluster, outcome, plan, expected_done=size.total,
-            notes=notes, expect_violations=not delayed,
+            notes=notes, expect_violations=not (delayed or quarantine),
+        )  # fmt: skip
+
+
+def sentinel_failover(size: Size, workdir: Path, *, quarantine: bool) -> Result:
+    """Three members: masters B (behind a proxy) and A, and a Sentinel member S (a primary and a
+    replica whose replication link is behind a proxy too). At a third of the run B is cut off and
+    the replica falls far behind (replication is asynchronous); once keys from before have
+    expired, the next section holds the lock 1.8 s of its 2 s lease, on A and S only (a bare
+    quorum). B comes back, and Sentinel promotes S's replica, which never received that key.
+    Without quarantine another client wins B and the new primary while the first still holds
+    the lock; with it (MAX_TTL = the TTL) the promoted replica, a new replication id, abstains,
+    and nothing is violated."""
+    from django_redlock.testing.sentinels import sentinel_group
+
+    ttl, long_work = 2.0, 1.8
+    flag = workdir / "long"
+    with (
+        Cluster(workdir, masters=2, proxied=1) as cluster,
+        sentinel_group(workdir / "sentinel", lag=True) as group,
+    ):
+        replication = group.replication
+        assert replication is not None  # noqa: S101
+
+        def faults(clients: Clients) -> None:
+            clients.wait_progress(1 / 3)
+            cluster.proxies[0].blackhole()
+            replication.delay = 60.0
+            clients.note("B cut off; the Sentinel member's replica far behind")
+            time.sleep(ttl + 0.2)  # (keys B and the replica kept from before: expired)
+            flag.touch()
+            time.sleep(0.2)  # a section acquires, and holds the lock 1.8 s
+            flag.unlink()
+            clients.note("a section holds the lock on A and S only")
+            cluster.proxies[0].heal()
+            new = group.failover()
+            clients.note(f"B back; Sentinel promoted the lagging replica (:{new.port})")
+            replication.delay = 0.0
+
+        plan = plan_for(
+            cluster, workdir, size, ttl=ttl, wait=0.05, quarantine=quarantine,
+            long_work=long_work, long_flag=str(flag),
+            work=max(0.005, 6.0 / size.total),  # (a run that lasts past the faults, any size)
+        )  # fmt: skip
+        plan = replace(plan, nodes=(*plan.nodes, group.url))
+        outcome = run(cluster, plan, size.processes, faults, budget=budget_for(size))
+        if quarantine:
+            name = "sentinel-failover-quarantined"
+            notes = ["the promoted replica abstained for MAX_TTL: safe"]
+        else:
+            name = "sentinel-failover-hazard"
+            notes = ["HAZARD shown: a promoted replica lacked a bare-quorum lock; detected"]
+        return finish(
+            name, cluster, outcome, plan, expected_done=size.total,
+            notes=notes, expect_violations=not quarantine,
         )  # fmt: skip
 
 
@@ -645,6 +708,21 @@ SCENARIOS: dict[str, Scenario] = {
             "restart-delayed",
             "the same, restarts delayed past the TTL",
             lambda size, workdir: restarted_master(size, workdir, delayed=True),
+        ),
+        Scenario(
+            "restart-quarantined",
+            "the same, restarts at once, clients with quarantine (MAX_TTL = the TTL)",
+            lambda size, workdir: restarted_master(size, workdir, delayed=False, quarantine=True),
+        ),
+        Scenario(
+            "sentinel-failover-hazard",
+            "a Sentinel member fails over to a lagging replica under a bare-quorum holder",
+            lambda size, workdir: sentinel_failover(size, workdir, quarantine=False),
+        ),
+        Scenario(
+            "sentinel-failover-quarantined",
+            "the same, clients with quarantine (MAX_TTL = the TTL)",
+            lambda size, workdir: sentinel_failover(size, workdir, quarantine=True),
         ),
         Scenario(
             "clock-step-hazard",

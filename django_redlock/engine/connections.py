@@ -10,6 +10,7 @@ share a connection instead of each taking one from a pool that grows with the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import weakref
@@ -17,51 +18,18 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import protocol
+from . import protocol, sentinel
 from .pipes import Flusher, Pipe
+from .quarantine import Watch, read_identity
+from .urls import check_url, mask_url, sentinel_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
-
-SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-
-
-def check_url(url: object) -> str:
-    """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"a node must be a redis://, rediss:// or unix:// URL, got {url!r}")
-    parts = urlsplit(url)
-    if parts.scheme not in SUPPORTED_SCHEMES:
-        raise ValueError(f"node {mask_url(url)!r} is not a redis://, rediss:// or unix:// URL")
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ValueError(f"node {mask_url(url)!r} has no host")
-    if parts.scheme == "unix" and not parts.path:
-        raise ValueError(f"node {mask_url(url)!r} has no socket path")
-    try:
-        parts.port  # noqa: B018 (urlsplit checks the port lazily)
-        redis.connection.parse_url(url)
-    except ValueError as exc:
-        raise ValueError(f"node {mask_url(url)!r} is not a valid Redis URL: {exc}") from None
-    return url
 
 
 @dataclass(frozen=True)
@@ -75,10 +43,17 @@ class NodeSpec:
     label: str
     connection_class: type[redis.connection.AbstractConnection]
     connection_kwargs: Mapping[str, Any]
+    #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
+    service: sentinel.Service | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        pool = redis.ConnectionPool.from_url(check_url(url))
+        if sentinel.is_sentinel_url(check_url(url)):
+            service, plain = sentinel.parse(url, mask_url(url))
+            pool = redis.ConnectionPool.from_url(plain)
+            connection_class = sentinel.sentinel_connection(pool.connection_class, service)
+            return cls(mask_url(url), connection_class, dict(pool.connection_kwargs), service)
+        pool = redis.ConnectionPool.from_url(url)
         return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
 
     @classmethod
@@ -91,7 +66,9 @@ class NodeSpec:
         """Which redis-server this is, whatever the spelling: host and port (or socket path),
         loopback however written, not the db number. Two entries with one identity are one
         failure domain and must not vote twice. (Other names are compared as written: no DNS
-        lookup at configuration time.)"""
+        lookup at configuration time.) A Sentinel member: its service name and Sentinels."""
+        if self.service is not None:
+            return sentinel_identity(self.service)
         return protocol.server_identity(self.connection_kwargs)
 
 
@@ -116,7 +93,7 @@ def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
 class Node:
     """One master: its spec, budget, and the pipes of this process to it."""
 
-    def __init__(self, spec: NodeSpec, timeout: float) -> None:
+    def __init__(self, spec: NodeSpec, timeout: float, *, max_ttl: float | None = None) -> None:
         self.spec = spec
         self.label = spec.label
         self.timeout = timeout
@@ -127,6 +104,9 @@ class Node:
         self.warm: set[str] = set()
         #: Monotonic time until which rounds leave this master out (see rounds.SKIP_SILENT_FOR).
         self.silent_until = 0.0
+        #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
+        #: TTL any lock may have, and so how long a member that may have lost keys abstains.
+        self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
         self._forget()
         _ALL_NODES.add(self)
 
@@ -249,7 +229,41 @@ class Node:
         conn = self.spec.connection_class(**self._kwargs)
         conn.socket_connect_timeout = conn.socket_timeout = budget
         conn.connect()
+        if self.spec.service is not None:
+            sentinel.follow_switches(self.spec.service, self)
+        if self.watch is not None:
+            self._identify(conn)
         return conn
+
+    def _identify(self, conn: redis.connection.AbstractConnection) -> None:
+        """Quarantine: read who the member is on its new connection (one round trip, before any
+        round uses it) and let the watch judge it. A member that will not tell (INFO refused by
+        an ACL or renamed) is judged as changed: we cannot know it did not restart."""
+        assert self.watch is not None  # noqa: S101
+        try:
+            identity = read_identity(conn)
+        except (redis.ResponseError, ValueError) as exc:
+            self.watch.cannot_tell(f"{type(exc).__name__}: {exc}")
+            return
+        except (redis.RedisError, OSError):
+            conn.disconnect()
+            raise
+        self.watch.judge(identity)
+
+    def primary_moved(self) -> None:
+        """A Sentinel member's primary moved (``+switch-master``, told on the Sentinel listener's
+        thread): close our pipes to the old one, each on its own loop, so that the next round
+        connects to the new one; requests in flight are asked again there."""
+        moved = redis.ConnectionError("the primary moved (+switch-master)")
+        with self._guard:
+            pipe, loop_pipes = self.pipe, list(self._loop_pipes.values())
+        if pipe is not None:
+            pipe.close(moved)
+        for each in loop_pipes:
+            loop = each.loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # (closed meanwhile)
+                    loop.call_soon_threadsafe(each.close, moved)
 
     def close(self) -> None:
         with self._guard:

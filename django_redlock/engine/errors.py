@@ -109,3 +109,12 @@ class ExtensionLimit(RedlockError):
     def __init__(self, resource: str, message: str) -> None:
         self.resource = resource
         super().__init__(message)
+
+
+class NotLocked(RedlockError):
+    """``assert_locked()``: the calling thread or task does not hold the lock (code that must
+    only ever run guarded was called unguarded)."""
+
+    def __init__(self, resource: str, message: str) -> None:
+        self.resource = resource
+        super().__init__(message)

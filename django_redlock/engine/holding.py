@@ -1,14 +1,16 @@
 """What a holder does with its lease, each written once as a procedure (see ``procedures``):
 renew it (``extend``), ask the masters whether it is still ours (``holds``), give it back
-(``release``, which tells the truth when it could not), and read its fencing tokens (``fence``).
+(``release``, which tells the truth when it could not), leave it to lapse at a time of its own
+(``finish``, for ``at_least``), and read its fencing tokens (``fence``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
-from . import protocol, scripts
+from . import protocol, scripts, values
 from .errors import ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, confirms, release_round, tally
@@ -214,6 +216,55 @@ def _merge(lease: Lease, before: list[Reply], after: list[Reply]) -> list[Reply]
         else:
             merged.append(new)
     return merged
+
+
+def let_go(masters: Masters, lease: Lease, at_least: float | None) -> Procedure[None]:
+    """``release``, or, before ``at_least`` has passed since the acquisition, ``finish``: keep
+    the key until then (plus the drift allowance: the masters' clocks may run fast)."""
+    if at_least is not None and not lease.lost:
+        keep = lease.acquired_at + at_least - time.monotonic()
+        if keep > 0:
+            keep += protocol.drift(at_least, masters.drift_factor)
+            return (yield from finish(masters, lease, keep))
+    return (yield from release(masters, lease))
+
+
+def finish(masters: Masters, lease: Lease, keep: float) -> Procedure[None]:
+    """Instead of releasing: keep our key on every master for ``keep`` more seconds, unrenewed,
+    marked finished (compare-and-set: only where it still holds our value), then let it lapse
+    by itself. Nothing of ours runs after this. Raises ``LockLost`` as ``release`` does when a
+    quorum did not confirm it: then where it remains, it lapses within its TTL."""
+    keep_ms = max(1, math.ceil(keep * 1000))
+    finished = values.finished_value(lease.value, time.time() + keep)
+    queues = tuple(masters.queue_key(r) for r in lease.resources)
+    command = scripts.FINISH.evalsha(
+        lease.keys + queues, (lease.value, keep_ms, finished, lease.queued_as)
+    )
+    try:
+        replies: list[Reply] = yield Round(command, scripts.FINISH)
+    except BaseException:
+        yield Round(command, scripts.FINISH, cleanup=True)  # as release: never left half done
+        raise
+    confirmed = sum(r == 1 for r in replies)
+    if confirmed >= masters.quorum:
+        if any(isinstance(r, NodeFailure) for r in replies):
+            lease.note_failures(failures(masters, replies), "finish")
+        return
+    detail = gone(masters, replies)
+    if (
+        time.monotonic() >= lease.valid_until
+        or sum(f.reason == "gone" for f in detail) > len(replies) - masters.quorum
+    ):
+        raise lease.mark_lost(lease.lost_message(), detail)
+    lease.note_failures(detail, "finish")
+    raise LockLost(
+        lease.resource,
+        f"finishing lock {lease.resource!r} (kept until its at_least) not confirmed: only "
+        f"{confirmed} of {len(replies)} masters confirmed it ({masters.quorum} needed); where "
+        f"it remains it lapses within its TTL ({lease.ttl}s)",
+        detail,
+        unconfirmed=True,
+    )
 
 
 def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:

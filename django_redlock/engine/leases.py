@@ -287,7 +287,7 @@ class Lease:
     def note_failures(self, failures: Sequence[NodeFailure], action: str) -> None:
         """An action that succeeded although some masters failed: say which, and why (one more
         failure there may cost the quorum)."""
-        failed = [f for f in failures if f.reason in ("timeout", "error")]
+        failed = [f for f in failures if f.reason in ("timeout", "error", "quarantine")]
         handle = self.handle()
         if failed and handle is not None:
             DISPATCHER.call(

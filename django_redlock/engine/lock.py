@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 
 
 class Lock:
-    """A lock on ``resource`` over the masters of a ``Redlock``; make one with
-    ``Redlock.lock()`` (or ``django_redlock.redlock()``)."""
+    """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``."""
 
     def __init__(
         self,
@@ -45,6 +44,8 @@ class Lock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        at_least: float | None = None,
+        at_most: float | None = None,
     ) -> None:
         self._redlock = redlock
         self.resources = protocol.check_resources(resources)
@@ -58,16 +59,13 @@ class Lock:
             self.resource = " + ".join(self.resources)
             self.keys = tuple(map(redlock.lock_key, self.resources))
             self.key = " + ".join(self.keys)
-        self.ttl = protocol.check_ttl(ttl)
+        self.ttl = redlock.check_ttl(ttl)  # (within max_ttl, if set)
+        self.at_least, self.at_most = protocol.check_hold_bounds(at_least, at_most)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.label = protocol.check_label(label)
         self.auto_extend = bool(auto_extend)
         self.max_extensions = protocol.check_count("max_extensions", max_extensions)
-        self.max_hold = (
-            None
-            if max_hold is None
-            else protocol.check_seconds("max_hold", max_hold, allow_zero=False)
-        )
+        self.ttl, self.max_hold = protocol.capped_by(self.at_most, self.ttl, max_hold)
         if on_lost is not None and not callable(on_lost):
             raise ValueError(f"on_lost must be callable, got {on_lost!r}")
         self.reentrant = bool(reentrant)
@@ -196,7 +194,7 @@ class Lock:
         lease = self._detach(owner)
         if lease is not None:
             try:
-                run(self._redlock, holding.release(self._redlock, lease))
+                run(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
             finally:
                 self._released(owner, lease)
 
@@ -253,7 +251,7 @@ class Lock:
         lease = self._detach(owner)
         if lease is not None:
             try:
-                await arun(self._redlock, holding.release(self._redlock, lease))
+                await arun(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
             finally:
                 self._released(owner, lease)
 
@@ -355,7 +353,7 @@ class Lock:
     def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
         lease = self._held_lease("extend", owner)
         if ttl is not None:
-            ttl = protocol.check_ttl(ttl)
+            ttl = self._redlock.check_ttl(ttl)  # (within max_ttl, if set)
         # (``max_extensions`` is checked by the extend procedure itself, atomically with the
         # watchdog's renewals: ``Lease.reserve_extension``.)
         return lease, ttl

@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .leases import current_owner
+from .protocol import check_hold_bounds
 
 if TYPE_CHECKING:
     from .lock import Lock
@@ -30,9 +31,11 @@ def locking(
     thread or task closes it."""
     if not templates:
         raise ValueError("locked() needs at least one resource (a name or a template)")
+    # Checked now, not at the first call: a bad bound is a bug in the decorated module.
+    check_hold_bounds(options.get("at_least"), options.get("at_most"))
 
     def decorate(func: F) -> F:
-        resources = _resources_of(func, templates)
+        resources = resources_of(func, templates)
 
         def lock_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
             return locks().lock(*resources(args, kwargs), **options)
@@ -144,13 +147,15 @@ class _AsyncDelegation:
         await self.inner.aclose()
 
 
-def _resources_of(
-    func: Callable[..., Any], templates: tuple[str, ...]
+def resources_of(
+    func: Callable[..., Any],
+    templates: tuple[str, ...],
+    signature: inspect.Signature | None = None,
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, ...]]:
     """How to make the resources of one call; checks now (at decoration) that every field of
-    every template names a parameter of ``func``, so that a typo fails at import, not at the
-    first call."""
-    signature = inspect.signature(func)
+    every template names a parameter of ``func`` (of ``signature``, if given: a bound task's
+    without its first), so that a typo fails at import, not at the first call."""
+    signature = signature or inspect.signature(func)
     # The ``**`` parameter, whatever its name (``**kwargs``, ``**options``): a field may name
     # any keyword it receives.
     var_keyword = next(

@@ -169,6 +169,25 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     return seconds
 
 
+def check_hold_bounds(at_least: object, at_most: object) -> tuple[float | None, float | None]:
+    """``at_least`` and ``at_most`` (each None or seconds), or ``ValueError`` naming them: a lock
+    kept at least longer than it may be held at most is a contradiction, not a lock."""
+    least = None if at_least is None else check_seconds("at_least", at_least, allow_zero=False)
+    most = None if at_most is None else check_seconds("at_most", at_most, allow_zero=False)
+    if least is not None and most is not None and least > most:
+        raise ValueError(f"at_least ({at_least!r}) must not exceed at_most ({at_most!r})")
+    return least, most
+
+
+def capped_by(at_most: float | None, ttl: float, max_hold: object) -> tuple[float, float | None]:
+    """A lock's TTL and ``max_hold`` (checked), under ``at_most``: its lease never reaches past
+    it (the first lease is cut to it, renewal stops there)."""
+    hold = None if max_hold is None else check_seconds("max_hold", max_hold, allow_zero=False)
+    if at_most is None:
+        return ttl, hold
+    return min(ttl, check_ttl(at_most)), min(hold or at_most, at_most)
+
+
 def check_ttl(value: object) -> float:
     ttl = check_seconds("ttl", value, allow_zero=False)
     # Redis expiries are whole milliseconds: anything shorter would be rounded to no lease at all.

@@ -12,8 +12,9 @@ from . import protocol, scripts
 from .admission import Admission
 from .connections import Node, NodeSpec
 from .drivers import arun, run
-from .errors import LockLost, NodeFailure, QuorumUnavailable
+from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
 from .events import NullObserver, Observer
+from .leases import current_owner, describe
 from .lock import Lock
 from .locking import locking
 from .markers import is_marker, limit_of
@@ -102,6 +103,16 @@ def _identify(length: int, head: bytes) -> tuple[Owner, str]:
     return owner, print_
 
 
+def check_bounds_for(mode: type[Lock], at_least: object, at_most: object) -> None:
+    """``at_least``/``at_most`` keep or cut one holder's lock: a plain lock (``check_mode``'s
+    ``Lock``), not permits or readers; ``ValueError`` naming them otherwise."""
+    if mode is not Lock and (at_least is not None or at_most is not None):
+        raise ValueError(
+            f"at_least={at_least!r}/at_most={at_most!r} keep or cut one holder's lock: they "
+            f"do not apply to limit= or shared=True"
+        )
+
+
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
     """The entries that name a redis-server already named (by host and port or socket path,
     loopback however spelled, whatever the db number)."""
@@ -127,7 +138,13 @@ class Redlock:
         drift_factor: float = 0.01,
         retry_delay: float = 0.1,
         observer: Observer | None = None,
+        max_ttl: float | None = None,
+        quarantine: bool = False,
     ) -> None:
+        """``max_ttl``: the longest TTL any lock (or extension) may have; a longer one is a
+        ``ValueError``. ``quarantine`` (needs ``max_ttl``): a member that restarted, failed over,
+        or has been up less than ``max_ttl`` abstains from votes until every lease it may have
+        lost has run out (see ``quarantine``)."""
         if isinstance(nodes, str | bytes) or not nodes:
             raise ValueError(f"nodes must be a non-empty list of URLs, got {nodes!r}")
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_url(n) for n in nodes]
@@ -140,7 +157,12 @@ class Redlock:
         self.key_prefix = key_prefix
         #: Each process's waiters are woken by name on its channel ``<this><inbox id>``.
         self.inbox_prefix = f"{key_prefix}wake:"
-        self.ttl = protocol.check_ttl(ttl)
+        self.max_ttl = None if max_ttl is None else protocol.check_ttl(max_ttl)
+        if quarantine and self.max_ttl is None:
+            raise ValueError("quarantine needs max_ttl: how long a member that may have lost "
+                             "keys must abstain")  # fmt: skip
+        self.quarantine = bool(quarantine)
+        self.ttl = self.check_ttl(ttl)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.node_timeout = protocol.check_seconds("node_timeout", node_timeout, allow_zero=False)
         protocol.check_node_timeout(self.node_timeout, self.ttl)
@@ -149,7 +171,8 @@ class Redlock:
             raise ValueError(f"drift_factor must be below 1, got {drift_factor!r}")
         self.retry_delay = protocol.check_seconds("retry_delay", retry_delay, allow_zero=False)
         self.observer: Observer = observer or NullObserver()
-        self.nodes = tuple(Node(spec, self.node_timeout) for spec in specs)
+        watch = self.max_ttl if self.quarantine else None
+        self.nodes = tuple(Node(spec, self.node_timeout, max_ttl=watch) for spec in specs)
         self.quorum = protocol.quorum(len(self.nodes))
         self.watchdog = WATCHDOG
         #: Leases held in this process, under each of their keys: how re-entry is recognized.
@@ -167,6 +190,13 @@ class Redlock:
     def __repr__(self) -> str:
         return f"<Redlock {len(self.nodes)} masters, quorum {self.quorum}>"
 
+    def check_ttl(self, ttl: object) -> float:
+        """``ttl`` if it is a valid lease length within ``max_ttl``, else ``ValueError``."""
+        checked = protocol.check_ttl(ttl)
+        if self.max_ttl is not None and checked > self.max_ttl:
+            raise ValueError(f"ttl {ttl!r} is over max_ttl={self.max_ttl!r}")
+        return checked
+
     def lock(
         self,
         *resources: str,
@@ -178,6 +208,8 @@ class Redlock:
         max_hold: float | None = None,
         reentrant: bool = False,
         on_lost: Callable[[Lock, LockLost], None] | None = None,
+        at_least: float | None = None,
+        at_most: float | None = None,
         limit: int | None = None,
         shared: bool = False,
     ) -> Lock:
@@ -191,8 +223,13 @@ class Redlock:
         (optionally at most ``max_extensions`` times, or for ``max_hold`` seconds in all).
         ``reentrant``: the owning thread/task may acquire it again; it is released when the
         outermost block exits. ``on_lost(lock, error)`` is called (once, from the thread that
-        noticed) when the lease is lost while held."""
+        noticed) when the lease is lost while held. ``at_least`` (seconds): a block that ends
+        sooner leaves the lock held, unrenewed, until then, so that a copy of the job on a host
+        whose clock is late finds it taken; ``at_most``: the lease never reaches past it (a hung
+        holder frees the lock then, and is told: ``on_lost``, ``LockLost``); both for an
+        exclusive lock only."""
         mode = check_mode(limit, shared, reentrant)
+        check_bounds_for(mode, at_least, at_most)
         return mode(
             self,
             *resources,
@@ -204,6 +241,8 @@ class Redlock:
             max_hold=max_hold,
             reentrant=reentrant,
             on_lost=on_lost,
+            at_least=at_least,
+            at_most=at_most,
             **({} if limit is None else {"limit": limit}),
         )
 
@@ -211,6 +250,20 @@ class Redlock:
         """A decorator: run the function holding ``lock(*resources, **options)``, each
         resource formatted from the call's arguments (``"report:{user_id}"``); sync or async."""
         return locking(lambda: self, resources, options)
+
+    def assert_locked(self, resource: str) -> None:
+        """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now
+        (``LockLost`` if its lease ran out). Local, no request to the masters: for code that
+        must only ever run guarded (ShedLock's ``LockAssert``)."""
+        resource = protocol.check_resource(resource)
+        owner = current_owner()
+        (lease,) = self.holders.of(owner, (self.lock_key(resource),))
+        if lease is None:
+            raise NotLocked(
+                resource, f"lock {resource!r} is not held by {describe(owner)}, which needs it"
+            )
+        if lease.check_lost():
+            raise LockLost(resource, lease.lost_message())
 
     def holder(self, resource: str) -> Holder | None:
         """Who holds ``resource`` now, as a quorum of masters says (one round); None if no one

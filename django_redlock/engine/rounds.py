@@ -12,7 +12,7 @@ from typing import Any
 
 import hiredis
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ReadOnlyError
 
 from .connections import Node
 from .errors import NodeFailure
@@ -203,7 +203,12 @@ def exchange(
                 replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
-            if enough is not None and type(replies[i]) in ANSWERS and enough(replies[i]):
+            if (
+                enough is not None
+                and type(replies[i]) in ANSWERS
+                and enough(replies[i])
+                and not _abstains(nodes[i])  # (its grants do not count: see ``abstain``)
+            ):
                 needed -= 1
         sent = later
         if enough is not None and needed <= 0:
@@ -212,8 +217,29 @@ def exchange(
             break
     if asked_again:
         replies.asked_again = frozenset(asked_again)
+    abstain(nodes, replies)
     replies.began = min((slot.sent_at for slot in written), default=began)
     return replies
+
+
+def abstain(nodes: Sequence[Node], replies: list[Reply]) -> None:
+    """Quarantine (see ``quarantine``): the answer of a member that abstains now counts as a
+    failed vote, whatever it said. Its request was still sent and applied: a release cleans it
+    as any other member; only its grants do not count."""
+    now = 0.0
+    for i, node in enumerate(nodes):
+        watch = node.watch
+        if watch is None or not watch.until or isinstance(replies[i], NodeFailure):
+            continue
+        now = now or time.monotonic()
+        abstention = watch.failure(node.label, now)
+        if abstention is not None:
+            replies[i] = abstention
+
+
+def _abstains(node: Node) -> bool:
+    watch = node.watch
+    return watch is not None and watch.abstaining()
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
@@ -271,7 +297,9 @@ def _vote(
         # maps LOADING, NOAUTH, "max number of clients" to classes that are not
         # ResponseErrors, and none of them is a grant. After a ConnectionError one (the
         # master is closing on us) the pipe is not kept.
-        if isinstance(reply, redis.ConnectionError):
+        if isinstance(reply, redis.ConnectionError | ReadOnlyError):
+            # (READONLY: the member was demoted to a replica. A new connection is where its
+            # new identity is read, and a Sentinel member finds its new primary.)
             pipe.close(reply)
         return failure(node, reply)
     if not isinstance(reply, NodeFailure):

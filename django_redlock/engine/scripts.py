@@ -276,6 +276,35 @@ return 1
 """,
 )
 
+# A holder whose body ended before its ``at_least``. KEYS[1..n] the lock keys, KEYS[n+1..2n] their
+# waiter queues; ARGV[1] our full value; ARGV[2] milliseconds to keep the lock from now; ARGV[3]
+# the value to keep it under (same token, marked finished); ARGV[4] the id the holder had queued
+# under as a waiter, or '' (removed first, as RELEASE does). Only if every key still holds our
+# value (or already the finished one: a request asked again after a broken connection): rewrites
+# each with the finished value and that expiry, and wakes no one (the lock is not free: it lapses
+# by itself). Returns 1 if done, else 0.
+FINISH = Script(
+    "finish",
+    """
+local n = #KEYS / 2
+if ARGV[4] ~= '' then
+    for i = 1, n do
+        redis.call('zrem', KEYS[n + i], ARGV[4])
+    end
+end
+for i = 1, n do
+    local value = redis.call('get', KEYS[i])
+    if value ~= ARGV[1] and value ~= ARGV[3] then
+        return 0
+    end
+end
+for i = 1, n do
+    redis.call('set', KEYS[i], ARGV[3], 'PX', ARGV[2])
+end
+return 1
+""",
+)
+
 # KEYS[1] fence counter key; ARGV[1] a token just chosen from a quorum's counters.
 # Raises the counter to ARGV[1] unless it is already higher (a max-register: never goes down).
 # Returns the counter's value afterwards.
@@ -318,6 +347,7 @@ ALL = (
     MULTI_ACQUIRE_WAITING,
     EXTEND,
     HOLDS,
+    FINISH,
     FENCE_RAISE,
     PEEK,
 )

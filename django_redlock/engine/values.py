@@ -3,6 +3,9 @@ written (``make_value``) and read back (``parse_value``) here only.
 
 ``<32 hex token>:{"host":..,"pid":..,"thread":..,"task":..,"label":..,"ttl":..,"since":<unix>}``
 
+A lock whose body ended before its ``at_least`` is kept under the same token with one more field,
+``"until":<unix>`` (``finished_value``): it is finished, and held until then by nobody's renewal.
+
 The token (16 bytes from ``secrets``) is what compare-and-delete and compare-and-extend check; the
 JSON after it is for humans (the admin page, ``redlock_status``) and names the thread, and the
 asyncio task if any, that holds the lock now.
@@ -25,6 +28,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from . import process
@@ -68,6 +72,12 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     return f'{secrets.token_hex(16)}:{owner_json},"since":{since}}}'
 
 
+def finished_value(value: str, until: float) -> str:
+    """``value`` (ours, as ``make_value`` wrote it) marked finished: kept, unrenewed, until the
+    unix wall-clock time ``until`` (for display: the masters' expiry is what frees it)."""
+    return f'{value[:-1]},"until":{until:.3f}}}'
+
+
 T = TypeVar("T")
 
 
@@ -92,6 +102,9 @@ class Owner:
     label: str | None = None
     since: float | None = None  # unix wall-clock seconds at acquisition
     ttl: float | None = None  # the lease the holder asked for, seconds
+    #: Set when the holder's body ended before its ``at_least``: unix seconds until which the
+    #: masters keep the lock, unrenewed (``finished_value``).
+    until: float | None = None
 
     def __str__(self) -> str:
         parts = [self.host or "?", f"pid {self.pid if self.pid is not None else '?'}"]
@@ -101,6 +114,8 @@ class Owner:
             parts.append(f"task {self.task}")
         if self.label:
             parts.append(f"label {self.label!r}")
+        if self.until is not None:
+            parts.append(f"(finished, held until {_utc(self.until)})")
         return " ".join(parts)
 
 
@@ -134,8 +149,17 @@ def parse_value(value: bytes, *, size: int | None = None) -> tuple[str, Owner]:
         label=_typed(data.get("label"), str),
         since=_number(data.get("since")),
         ttl=_number(data.get("ttl")),
+        until=_number(data.get("until")),
     )
     return fingerprint(token), owner
+
+
+def _utc(unix_seconds: float) -> str:
+    try:
+        moment = datetime.fromtimestamp(unix_seconds, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # not a time we can show
+        return "?"
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _nested(text: str) -> bool:

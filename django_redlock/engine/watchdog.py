@@ -194,9 +194,21 @@ class Watchdog:
             return
         masters = handle._redlock  # noqa: SLF001 (the engine's own handle)
         del handle  # (not kept alive by a round in flight)
-        if lease.max_hold is not None and time.monotonic() - lease.acquired_at >= lease.max_hold:
-            self._stop_renewing(lease, schedule)
-            return
+        if lease.max_hold is not None:
+            left = lease.acquired_at + lease.max_hold - time.monotonic()
+            if left <= lease.ttl:
+                if left > lease.validity + SLACK:
+                    # The last renewal reaches the cap exactly (``at_most``), not a TTL past it.
+                    try:
+                        await arun(masters, holding.extend(masters, lease, once=True, ttl=left))
+                    except LockLost:
+                        return  # marked lost (and told) by the extend procedure
+                    except ExtensionLimit:
+                        pass
+                    except Exception:  # noqa: BLE001 (as below)
+                        logger.exception("auto-extend of %r failed", lease.resource)
+                self._stop_renewing(lease, schedule)
+                return
         try:
             validity = await arun(masters, holding.extend(masters, lease, once=True))
         except ExtensionLimit:

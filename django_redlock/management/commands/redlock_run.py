@@ -1,4 +1,5 @@
-"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] [--limit N] -- <command> [args...]``
+"""``manage.py redlock_run [--key K] [--wait S] [--ttl T] [--limit N] [--at-least S] [--at-most S]
+[--leader] -- <command> [args...]``
 
 Runs any installed management command under a Redlock, as a cron line would use it on every host::
 
@@ -8,19 +9,28 @@ Exit status: the command's own; 75 (held elsewhere: not started), 69 (no quorum 
 started), 70 (the lock was lost while the command ran; it ran to its end). ``--limit N`` lets up
 to N runs go at once (a semaphore's permits; 75 when all N are taken). See
 ``django_redlock.commands`` for why.
+
+``--leader``: the one leader across hosts (``django_redlock.leadership``): every host runs the same
+line, one runs the command, the others wait queued and take over when it exits or dies; a leader
+that loses its lease stops the command before its validity ends and exits 70 (run it under a
+supervisor that starts it again, as a standby).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...commands import guard_command
-from ...engine import protocol
+from ...commands import EXIT_LOST, guard_command
+from ...engine import LockLost, protocol
 from ...engine.permit_scripts import check_limit
+from ...leadership import run_as_leader
 
 
 def _seconds(name: str, allow_zero: bool) -> Any:
@@ -67,6 +77,29 @@ class Command(BaseCommand):
             default=None,
             help="let up to N runs go at once (a semaphore of N permits; default: one run)",
         )
+        parser.add_argument(
+            "--at-least",
+            dest="at_least",
+            type=_seconds("--at-least", allow_zero=False),
+            default=None,
+            help="keep the lock (unrenewed) until this many seconds after it was taken, even if "
+            "the command ends sooner: a copy on a host whose clock is late skips",
+        )
+        parser.add_argument(
+            "--at-most",
+            dest="at_most",
+            type=_seconds("--at-most", allow_zero=False),
+            default=None,
+            help="stop renewing the lock after this many seconds: a hung command frees it, and "
+            "the run exits 70",
+        )
+        parser.add_argument(
+            "--leader",
+            action="store_true",
+            help="run the command as the one leader across hosts: wait as a standby until the "
+            "lock is free, then run it (in a child process) while holding it; stop it before "
+            "the lock's validity ends if leadership is lost (exit 70)",
+        )
         parser.add_argument("command_name", metavar="command", help="the command to run")
         parser.add_argument(
             "command_args", metavar="args", nargs=argparse.REMAINDER, help="its arguments"
@@ -74,6 +107,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name: str = options["command_name"]
+        if options["at_least"] is not None and options["at_most"] is not None:
+            if options["at_least"] > options["at_most"]:
+                raise CommandError(
+                    f"--at-least ({options['at_least']:g}) must not exceed --at-most "
+                    f"({options['at_most']:g})",
+                    returncode=2,
+                )
+        bounded = options["at_least"] is not None or options["at_most"] is not None
+        if options["limit"] is not None and (bounded or options["leader"]):
+            raise CommandError(
+                "--limit takes no --at-least/--at-most/--leader: they keep, cut or lead one "
+                "holder's lock",
+                returncode=2,
+            )
         command_args: list[str] = list(options["command_args"])
         if command_args[:1] == ["--"]:
             command_args = command_args[1:]
@@ -82,6 +129,11 @@ class Command(BaseCommand):
             raise CommandError(f"unknown command {name!r}: not installed (see manage.py help)")
         if name == "redlock_run":
             raise CommandError("redlock_run cannot guard itself: name the command to run")
+        if options["leader"]:
+            if bounded:
+                raise CommandError("--leader takes no --at-least/--at-most", returncode=2)
+            self._lead(name, command_args, options)
+            return
         command = load_command_class(commands[name], name)
         # The inner command writes where we write (call_command's stdout=, or the terminal).
         streams = {k: options[k] for k in ("stdout", "stderr") if options.get(k) is not None}
@@ -92,6 +144,35 @@ class Command(BaseCommand):
             wait=options["wait"],
             label=f"manage.py redlock_run -- {name}",
             stderr=options.get("stderr"),
+            at_least=options["at_least"],
+            at_most=options["at_most"],
             limit=options["limit"],
         ):
             call_command(command, *command_args, **streams)
+
+    def _lead(self, name: str, command_args: list[str], options: dict[str, Any]) -> None:
+        # The command runs in a child process, so that a leader that loses its lease can stop
+        # it (SIGTERM, then SIGKILL) before its validity ends: code in this process could not be.
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in [sys.path[0], os.environ.get("PYTHONPATH", "")] if p
+            ),
+        }
+        argv = [sys.executable, "-m", "django", name, *command_args]
+        leader_name = options["key"] or name
+        err = self.stderr
+        try:
+            returncode = run_as_leader(
+                leader_name,
+                argv,
+                ttl=options["ttl"],
+                label=f"manage.py redlock_run --leader -- {name}",
+                env=env,
+                stderr=lambda text: err.write(text),
+            )
+        except LockLost as error:
+            raise CommandError(str(error), returncode=EXIT_LOST) from error
+        if returncode != 0:
+            raise CommandError(f"{name} exited with status {returncode}", returncode=returncode)

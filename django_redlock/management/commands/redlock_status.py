@@ -112,6 +112,7 @@ def as_json(status: Health, found: Inventory, warnings: list[str]) -> dict[str, 
         "can_lose": max(status.spare, 0),
         "quorum": status.quorum,
         "reachable": status.reachable,
+        "abstaining": status.abstaining,
         "masters": [asdict(node) for node in status.nodes],
         "clock_spread": status.clock_spread,
         "errors": status.same_servers,
@@ -150,6 +151,7 @@ def render(status: Health, found: Inventory, warnings: list[str], *, wide: bool 
         lines += ["", "Errors:"] + [f"  - {error}" for error in errors]
     notes = _grouped_warnings(status)
     notes += [f"{node.node}: {node.error}" for node in status.nodes if node.error]
+    notes += [f"{n.node}: quarantine: {n.abstains}" for n in status.nodes if n.abstains]
     notes += [f"setting: {w}" for w in warnings]
     if notes:
         lines += ["", "Warnings:"] + [f"  - {note}" for note in notes]

@@ -125,6 +125,11 @@ class Command(BaseCommand):
             f"'held by another process')"
         )
         say(f"  any cmd : {run} redlock_run -- clearsessions\n            (as a cron line would)")
+        say(
+            f"  skew    : {run} skewed_cron\n"
+            f"            (three hosts, clocks up to 2 s apart: a job runs up to thrice per slot "
+            f"without at_least, once with it)"
+        )
         say("  Ctrl-C (or kill, or closing this terminal) stops the site and the masters.\n")
         self.stdout.flush()
 

@@ -1,0 +1,124 @@
+"""Restart and failover quarantine: the Redis documentation's "delayed restarts" rule, done in the
+client. A member that may have lost keys it granted (it restarted empty, or a replica that never
+received them was promoted) must not vote until every lease it may have granted before has run
+out: at most ``MAX_TTL`` seconds, the longest TTL any lock may have.
+
+How a member's identity is known: ``INFO server`` (``run_id``, ``uptime_in_seconds``) and
+``INFO replication`` (``role``, ``master_replid``), read on every new connection to it, never on
+a round's path. A restart or a failover always breaks our connections, so the new connection
+that follows is where the change is seen. The rule: a vote counts only from a member whose
+identity is unchanged for at least ``MAX_TTL``:
+
+- first sight: it abstains until its uptime reaches ``MAX_TTL`` (a freshly started process has
+  nothing it granted before, but we cannot tell a fresh start from a crash we did not watch);
+- a changed ``run_id`` (restarted) or ``master_replid`` (failed over), or a member that is not a
+  primary: it abstains for ``MAX_TTL`` from when we saw it.
+
+An abstaining member still receives every request (its keys are written and deleted as on any
+member, so a release cleans it too); only its answers do not count: ``rounds`` turns each into a
+failed vote with reason ``"quarantine"``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import NodeFailure
+
+#: The ``NodeFailure.reason`` of an abstaining member's answer.
+REASON = "quarantine"
+
+#: One request, both sections (Redis 7 takes several sections in one INFO).
+INFO_REQUEST = ("INFO", "server", "replication")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Which server process, in which replication history, a member is, and for how long."""
+
+    run_id: str
+    replid: str
+    role: str
+    uptime: float  # seconds (INFO gives whole seconds, rounded down: never over-estimated)
+
+
+def parse_info(raw: bytes | str) -> Identity:
+    """An ``Identity`` from the text of ``INFO server replication``; ``ValueError`` if a field is
+    missing (an ACL that refuses INFO answers an error, never a partial text)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    fields = dict(
+        line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#")
+    )
+    try:
+        return Identity(
+            run_id=fields["run_id"].strip(),
+            replid=fields["master_replid"].strip(),
+            role=fields["role"].strip(),
+            uptime=float(fields["uptime_in_seconds"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"INFO server replication lacks an identity field: {exc}") from None
+
+
+def read_identity(conn: Any) -> Identity:
+    """The identity of the server behind ``conn`` (an open redis-py connection): one round trip,
+    on a connection no round uses yet."""
+    conn.send_command(*INFO_REQUEST)
+    return parse_info(conn.read_response())
+
+
+class Watch:
+    """One member's quarantine state in this process: the identity last seen, and until when
+    (monotonic) it abstains, and why."""
+
+    def __init__(self, max_ttl: float) -> None:
+        self.max_ttl = max_ttl
+        self.identity: Identity | None = None
+        #: Monotonic time until which this member's answers count as failed votes (0: none).
+        self.until = 0.0
+        self.reason = ""
+        self._guard = threading.Lock()  # connects of several threads and loops may judge at once
+
+    def judge(self, identity: Identity, now: float | None = None) -> None:
+        """Take a freshly read identity: abstain as long as the rule says (never shortening an
+        abstention already decided)."""
+        now = time.monotonic() if now is None else now
+        with self._guard:
+            previous, self.identity = self.identity, identity
+            until, reason = 0.0, ""
+            if identity.role != "master":
+                until, reason = now + self.max_ttl, f"not a primary (role {identity.role})"
+            elif previous is not None and previous.replid != identity.replid:
+                # (A restart without persistence changes both; a failover to another process
+                # too; a promoted replica that we saw as a replica only its replication id.)
+                new_run = " and run_id" if previous.run_id != identity.run_id else ""
+                until = now + self.max_ttl
+                reason = f"restarted or failed over (new replication id{new_run})"
+            elif previous is not None and previous.run_id != identity.run_id:
+                until, reason = now + self.max_ttl, "restarted (new run_id)"
+            elif identity.uptime < self.max_ttl:
+                until = now + self.max_ttl - identity.uptime
+                reason = f"up only {identity.uptime:.0f} s"
+            if until > self.until:
+                self.until, self.reason = until, reason
+
+    def cannot_tell(self, why: str, now: float | None = None) -> None:
+        """A member that would not say who it is: abstains ``max_ttl`` from now, every time."""
+        now = time.monotonic() if now is None else now
+        with self._guard:
+            self.identity = None
+            if now + self.max_ttl > self.until:
+                self.until, self.reason = now + self.max_ttl, f"identity unreadable ({why})"
+
+    def failure(self, label: str, now: float) -> NodeFailure | None:
+        """The failed vote that replaces this member's answer now, if it abstains."""
+        if self.until <= now:
+            return None
+        left = self.until - now
+        return NodeFailure(label, REASON, f"{self.reason}; abstains {left:.1f} s more")
+
+    def abstaining(self, now: float | None = None) -> bool:
+        return self.until > (time.monotonic() if now is None else now)

@@ -1,0 +1,89 @@
+"""The Celery app and tasks of the Celery tests (``tests/test_celery.py``): a real ``celery worker``
+runs this module, with the broker (a redis-server of the test's own) in ``REDLOCK_TEST_BROKER``
+and the lock masters in ``REDLOCK_TEST_NODES`` (``tests.settings_subprocess``).
+
+Each run records itself in the broker's Redis (list ``runs:<key>``: "<task id> <pid> <start>
+<end>", wall clock), so the test can count executions and see overlaps, and publishes the pid
+that runs it first (``started:<key>``) so that the test can kill it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import django
+import redis
+from celery import Celery
+
+from django_redlock.celery import RedlockTask
+
+django.setup()
+
+app = Celery("redlock_tests")
+app.conf.update(
+    broker_url=os.environ.get("REDLOCK_TEST_BROKER", "memory://"),
+    result_backend=os.environ.get("REDLOCK_TEST_BROKER", "cache+memory://"),
+    task_acks_late=False,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+)
+
+
+def _record(key: str, task_id: str | None, began: float) -> None:
+    client = redis.Redis.from_url(app.conf.broker_url)
+    try:
+        client.rpush(f"runs:{key}", f"{task_id} {os.getpid()} {began} {time.time()}")
+    finally:
+        client.close()
+
+
+def _started(key: str) -> None:
+    client = redis.Redis.from_url(app.conf.broker_url)
+    try:
+        client.rpush(f"started:{key}", os.getpid())
+    finally:
+        client.close()
+
+
+@app.task(bind=True, base=RedlockTask, lock_key="report:{user_id}", lock_ttl=1.0)
+def report(self, user_id: int, seconds: float = 0.5) -> str:
+    began = time.time()
+    _started(f"report:{user_id}")
+    time.sleep(seconds)
+    _record(f"report:{user_id}", self.request.id, began)
+    return f"report {user_id} by {os.getpid()}"
+
+
+@app.task(base=RedlockTask, lock_key="fail:{n}", lock_ttl=1.0)
+def failing(n: int) -> None:
+    raise RuntimeError(f"task {n} fails")
+
+
+@app.task(base=RedlockTask, lock_key="busy:{n}", lock_unique=False, lock_busy="skip")
+def busy_skip(n: int) -> str:
+    _record(f"busy:{n}", None, time.time())
+    return "ran"
+
+
+@app.task(
+    base=RedlockTask,
+    lock_key="busy:{n}",
+    lock_unique=False,
+    lock_busy="retry",
+    lock_retry_countdown=0.3,
+    max_retries=20,
+)
+def busy_retry(n: int) -> str:
+    _record(f"busy:{n}", None, time.time())
+    return "ran"
+
+
+@app.task(base=RedlockTask, lock_key="lost:{n}", lock_queue_timeout=1.0)
+def never_consumed(n: int) -> None:
+    """Sent to a queue no worker reads: a message the broker lost, as far as the key can tell."""
+
+
+@app.task(base=RedlockTask, lock_key="strict:{n}", lock_raise_on_duplicate=True)
+def strict(n: int, seconds: float = 1.0) -> None:
+    time.sleep(seconds)

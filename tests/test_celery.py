@@ -1,0 +1,278 @@
+"""``RedlockTask`` with a real ``celery worker`` (prefork, 2 processes) on a Redis broker of the
+test's own, and the five lock masters: no eager mode, which would prove nothing about two
+processes. Tasks: ``tests/celery_tasks.py``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from django_redlock import is_locked, redlock
+from django_redlock.testing.masters import LocalMaster, local_masters
+from tests.conftest import ROOT
+
+WORKER_READY_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def worker(
+    tmp_path_factory: pytest.TempPathFactory,
+    _shared_masters: dict[int, list[LocalMaster]],
+) -> Iterator[Any]:
+    """A broker and one ``celery worker`` for the module; yields ``tests.celery_tasks``."""
+    base = tmp_path_factory.mktemp("celery")
+    with local_masters(1, base / "broker") as (broker,):
+        url = broker.url
+        os.environ["REDLOCK_TEST_BROKER"] = url
+        from tests import celery_tasks
+
+        celery_tasks.app.conf.update(broker_url=url, result_backend=url)
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings_subprocess",
+            "REDLOCK_TEST_NODES": ",".join(m.url for m in _shared_masters[5]),
+            "REDLOCK_TEST_DB": str(base / "db.sqlite3"),
+            "REDLOCK_TEST_BROKER": url,
+            "PYTHONPATH": str(ROOT),
+        }
+        log = (base / "worker.log").open("w+")
+        proc = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "celery", "-A", "tests.celery_tasks", "worker",
+             "--pool=prefork", "--concurrency=2", "--without-gossip", "--without-mingle",
+             "--without-heartbeat", "--loglevel=INFO"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + WORKER_READY_TIMEOUT
+            while "ready." not in Path(log.name).read_text():
+                assert proc.poll() is None, Path(log.name).read_text()
+                assert time.monotonic() < deadline, Path(log.name).read_text()
+                time.sleep(0.1)
+            yield celery_tasks
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+            os.environ.pop("REDLOCK_TEST_BROKER", None)
+
+
+@pytest.fixture
+def tasks(worker: Any, redlock_settings: list[LocalMaster]) -> Any:
+    client = _broker(worker)
+    for key in client.scan_iter("runs:*"):
+        client.delete(key)
+    for key in client.scan_iter("started:*"):
+        client.delete(key)
+    client.close()
+    return worker
+
+
+def _broker(tasks: Any) -> redis.Redis:
+    return redis.Redis.from_url(tasks.app.conf.broker_url)
+
+
+def runs(tasks: Any, key: str) -> list[list[str]]:
+    client = _broker(tasks)
+    try:
+        return [r.decode().split() for r in client.lrange(f"runs:{key}", 0, -1)]
+    finally:
+        client.close()
+
+
+def started_pid(tasks: Any, key: str, timeout: float = 20) -> int:
+    client = _broker(tasks)
+    try:
+        reply = client.blpop([f"started:{key}"], timeout=timeout)
+    finally:
+        client.close()
+    assert reply is not None, f"{key} never started"
+    return int(reply[1])
+
+
+def test_duplicate_enqueues_return_the_queued_or_running_task(tasks: Any) -> None:
+    first = tasks.report.delay(1, 1.0)
+    queued = tasks.report.delay(1, 1.0)  # most likely still queued
+    started_pid(tasks, "report:1")
+    running = [tasks.report.delay(1, 1.0) for _ in range(10)]  # running now
+    assert {r.id for r in [queued, *running]} == {first.id}
+    assert first.get(timeout=20).startswith("report 1 by")
+    assert [run[0] for run in runs(tasks, "report:1")] == [first.id]  # one execution
+    # Finished: the key is free, and the next delay() is a new task.
+    assert not is_locked("report:1")
+    assert not is_locked("queued:report:1")
+    again = tasks.report.delay(1, 0.0)
+    assert again.id != first.id
+    again.get(timeout=20)
+    assert len(runs(tasks, "report:1")) == 2
+
+
+def test_other_keys_run_side_by_side(tasks: Any) -> None:
+    a, b = tasks.report.delay(10, 0.5), tasks.report.delay(11, 0.5)
+    assert a.id != b.id
+    a.get(timeout=20)
+    b.get(timeout=20)
+
+
+def test_a_failed_task_frees_its_key(tasks: Any) -> None:
+    first = tasks.failing.delay(1)
+    with pytest.raises(RuntimeError, match="task 1 fails"):
+        first.get(timeout=20)
+    assert not is_locked("fail:1")
+    assert not is_locked("queued:fail:1")
+    assert tasks.failing.delay(1).id != first.id
+
+
+def test_a_worker_killed_mid_task_frees_the_key_within_its_ttl(tasks: Any) -> None:
+    """kill -9 of the process running the task: the run lock (lock_ttl = 1 s, renewed while
+    the task ran) lapses within its TTL, not after an hour as celery-once's lock does."""
+    tasks.report.delay(2, 30.0)
+    pid = started_pid(tasks, "report:2")
+    assert is_locked("report:2")
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    while is_locked("report:2"):
+        assert time.monotonic() - killed < 1.0 + 0.5, "the key outlived the task's lease"
+        time.sleep(0.02)
+    fresh = tasks.report.delay(2, 0.0)
+    fresh.get(timeout=20)
+
+
+def test_a_busy_key_is_skipped(tasks: Any) -> None:
+    with redlock("busy:1", ttl=10):
+        assert tasks.busy_skip.delay(1).get(timeout=20) is None
+    assert runs(tasks, "busy:1") == []
+
+
+def test_a_busy_key_is_retried(tasks: Any) -> None:
+    holder = redlock("busy:2", ttl=10)
+    holder.acquire()
+    result = tasks.busy_retry.delay(2)
+    time.sleep(1.0)  # retried every 0.3 s meanwhile, never run
+    assert runs(tasks, "busy:2") == []
+    holder.release()
+    assert result.get(timeout=20) == "ran"
+    assert len(runs(tasks, "busy:2")) == 1
+
+
+def test_a_task_the_broker_lost_frees_its_key_after_the_queue_timeout(tasks: Any) -> None:
+    lost = tasks.never_consumed.apply_async((1,), queue="nowhere")
+    assert tasks.never_consumed.apply_async((1,), queue="nowhere").id == lost.id
+    time.sleep(1.0 + 0.2)  # lock_queue_timeout = 1 s
+    assert tasks.never_consumed.apply_async((1,), queue="nowhere").id != lost.id
+
+
+def test_a_duplicate_can_raise(tasks: Any) -> None:
+    from django_redlock.celery import AlreadyQueued
+
+    first = tasks.strict.delay(1, 0.5)
+    with pytest.raises(AlreadyQueued, match=first.id) as raised:
+        tasks.strict.delay(1)
+    assert raised.value.task_id == first.id
+    first.get(timeout=20)
+
+
+def test_concurrent_enqueues_from_threads_get_one_task(tasks: Any) -> None:
+    ids: list[str] = []
+
+    def enqueue() -> None:
+        ids.append(tasks.report.delay(3, 0.5).id)
+
+    threads = [threading.Thread(target=enqueue) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 1
+    tasks.report.AsyncResult(ids[0]).get(timeout=20)
+    assert len(runs(tasks, "report:3")) == 1
+
+
+def test_a_storm_of_enqueues_while_it_runs_gets_the_running_tasks_id(tasks: Any) -> None:
+    """Callers that take the (free) queued marker while the task runs hold it a moment only:
+    a caller that reads the marker then must not answer with that caller's unsent task id."""
+    first = tasks.report.delay(4, 2.0)
+    started_pid(tasks, "report:4")
+    ids: list[str] = []
+
+    def enqueue() -> None:
+        ids.extend(tasks.report.delay(4, 2.0).id for _ in range(15))
+
+    threads = [threading.Thread(target=enqueue) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(ids) == {first.id}
+    first.get(timeout=20)
+
+
+# --- bad options, at decoration -------------------------------------------------------------------
+
+
+@pytest.fixture
+def finalized_app() -> Any:
+    from celery import Celery
+
+    app = Celery("bad-options", broker="memory://")
+    app.finalize()
+    return app
+
+
+def test_a_lock_key_naming_no_argument_fails_at_decoration(finalized_app: Any) -> None:
+    from django_redlock.celery import RedlockTask
+
+    def build(user_id: int) -> None: ...
+
+    with pytest.raises(ValueError, match=r"names \{usr\}, which is not a parameter of .*build"):
+        finalized_app.task(base=RedlockTask, lock_key="report:{usr}", shared=False)(build)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "needs lock_key"),
+        ({"lock_key": "k", "lock_busy": "queue"}, "lock_busy must be one of"),
+        ({"lock_key": "k", "lock_ttl": 0}, "ttl must be > 0"),
+        ({"lock_key": "k", "lock_queue_timeout": -1}, "lock_queue_timeout must be > 0"),
+    ],
+)
+def test_bad_options_fail_at_decoration(finalized_app: Any, options: Any, message: str) -> None:
+    from django_redlock.celery import RedlockTask
+
+    def job() -> None: ...
+
+    with pytest.raises(ValueError, match=message):
+        finalized_app.task(base=RedlockTask, shared=False, **options)(job)
+
+
+def test_runs_and_skips_are_counted_per_task_name(tasks: Any) -> None:
+    """Counted where the task runs (here: called in this process, as a worker would)."""
+    from tests.test_signals_metrics import sample
+
+    def count(outcome: str) -> float:
+        return sample("redlock_job_runs_total", job=tasks.busy_skip.name, outcome=outcome)
+
+    ran, skipped = count("ran"), count("skipped")
+    assert tasks.busy_skip(7) == "ran"
+    outcome: list[Any] = []
+    with redlock("busy:7", ttl=10):  # held here; the task runs in a thread of its own
+        other = threading.Thread(target=lambda: outcome.append(tasks.busy_skip(7)))
+        other.start()
+        other.join()
+    assert outcome == [None]
+    assert count("ran") - ran == 1
+    assert count("skipped") - skipped == 1

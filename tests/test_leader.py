@@ -1,0 +1,201 @@
+"""One leader across processes: ``manage.py redlock_run --leader -- <command>`` and
+``django_redlock.leader()``, on real masters, with real ``kill -9`` and a real partition (the
+leader reaches the masters only through proxies that the test blackholes).
+
+No two leaders overlap: the led command (the demo's ``scheduler``) logs "<pid> <time>" at every
+tick, and the intervals of the pids never cross."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_redlock import holder
+from django_redlock.commands import EXIT_LOST
+from django_redlock.testing.masters import LocalMaster
+from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import ROOT
+
+TTL = 2.0
+TICK = 0.02
+
+
+@pytest.fixture
+def leaders(tmp_path: Path, redlock_settings: list[LocalMaster]) -> Iterator[Any]:
+    """Start ``redlock_run --leader --ttl 2 -- scheduler`` processes (through ``nodes``, if
+    given: URLs of proxies), each logging its ticks to one shared file."""
+    started: list[subprocess.Popen[str]] = []
+    log = tmp_path / "ticks.log"
+
+    def start(nodes: list[str] | None = None) -> subprocess.Popen[str]:
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings_subprocess",
+            "REDLOCK_TEST_NODES": ",".join(nodes or [m.url for m in redlock_settings]),
+            "REDLOCK_TEST_DB": str(tmp_path / "db.sqlite3"),
+            "PYTHONPATH": str(ROOT),
+        }
+        proc = subprocess.Popen(  # noqa: S603
+            [sys.executable, str(ROOT / "manage.py"), "redlock_run", "--leader", "--ttl",
+             str(TTL), "--", "scheduler", "--every", str(TICK), "--log", str(log)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        started.append(proc)
+        return proc
+
+    start.log = log  # type: ignore[attr-defined]
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stderr is not None and not proc.stderr.closed:
+            proc.stderr.close()
+
+
+def ticks(log: Path) -> dict[int, list[float]]:
+    """Per child pid, the times of its ticks."""
+    out: dict[int, list[float]] = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            pid, at = line.split()
+            out.setdefault(int(pid), []).append(float(at))
+    return out
+
+
+def assert_no_overlap(log: Path) -> list[tuple[float, float]]:
+    intervals = sorted((t[0], t[-1]) for t in ticks(log).values())
+    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+        assert start > end, f"two leaders at once: {intervals}"
+    return intervals
+
+
+def leader_pid() -> int | None:
+    held = holder("leader:scheduler")
+    return None if held is None else held.owner.pid
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> float:
+    began = time.monotonic()
+    while not condition():
+        assert time.monotonic() - began < timeout, f"not within {timeout}s: {what}"
+        time.sleep(0.01)
+    return time.monotonic() - began
+
+
+def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) -> None:
+    first = leaders()
+    wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30, "first leads")
+    standbys = [leaders()]
+    time.sleep(1.0)  # the standby is up, queued
+    assert leader_pid() == first.pid
+    assert len(ticks(leaders.log)) == 1  # only the leader's command runs
+    (child,) = ticks(leaders.log)
+    os.kill(first.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    took = wait_until(
+        lambda: leader_pid() in {p.pid for p in standbys}, TTL + 2.0, "a standby takes over"
+    )
+    assert (
+        took <= TTL + 2.0
+    )  # the lease (TTL) and a loaded machine's wake-up; bench/fleet measures it
+    wait_until(lambda: len(ticks(leaders.log)) == 2, 30, "the new leader's command ticks")
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the dead leader's command died with it: no orphan works on
+    assert time.monotonic() - killed < 30
+    assert_no_overlap(leaders.log)
+
+
+def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
+    leaders: Any, redlock_settings: list[LocalMaster]
+) -> None:
+    proxies = [DelayProxy(m.port, 0.0).start() for m in redlock_settings]
+    try:
+        first = leaders([p.url for p in proxies])
+        wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30, "first leads")
+        second = leaders()
+        time.sleep(1.0)
+        for proxy in proxies:
+            proxy.blackhole()  # the leader alone is cut off from every master
+        assert first.wait(TTL + 5) == EXIT_LOST
+        err = first.communicate()[1]
+        assert "leadership is running out" in err
+        wait_until(lambda: leader_pid() == second.pid, TTL + 2.0, "the standby takes over")
+        wait_until(lambda: len(ticks(leaders.log)) == 2, 30, "the new leader's command ticks")
+        intervals = assert_no_overlap(leaders.log)
+        assert intervals[1][0] - intervals[0][1] > TTL / 6  # stopped before the lease ended
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def test_leader_in_python_hands_over_on_exit_and_steps_down_before_validity_ends(
+    settings: Any, redlock_settings: list[LocalMaster]
+) -> None:
+    from django_redlock import leader
+
+    proxies = [DelayProxy(m.port, 0.0).start() for m in redlock_settings]
+    settings.REDLOCK = {"NODES": [p.url for p in proxies]}
+    try:
+        order: list[str] = []
+        stepped: list[float] = []
+        first_leads = threading.Event()
+        release_first = threading.Event()
+
+        def first() -> None:
+            with leader("py", ttl=TTL) as lead:
+                order.append("first")
+                first_leads.set()
+                release_first.wait(10)
+                assert not lead.lost.is_set()
+
+        def second() -> None:
+            first_leads.wait(10)
+            with leader("py", ttl=TTL, on_step_down=lambda lead: stepped.append(lead.validity)):
+                order.append("second")
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        first_leads.wait(10)
+        time.sleep(0.3)
+        assert order == ["first"]  # the second waits
+        handed = time.monotonic()
+        release_first.set()
+        for t in threads:
+            t.join(10)
+        assert order == ["first", "second"]
+        assert time.monotonic() - handed < TTL / 2  # woken by the release, not by expiry
+        # A partitioned leader is told while it still has validity.
+        # A partitioned leader is told while it still has validity: stopping then, it never
+        # overlaps the next one (and leaving the block raises nothing: it was safe throughout).
+        with leader("py", ttl=TTL) as lead:
+            for proxy in proxies:
+                proxy.blackhole()
+            assert lead.lost.wait(TTL + 1)
+            assert 0 < lead.validity <= TTL / 3
+        assert stepped == []
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def test_leader_is_the_function_even_once_its_module_is_imported() -> None:
+    """``redlock_run --leader`` imports ``django_redlock.leadership``; a module named like the
+    function would have replaced ``django_redlock.leader`` with itself."""
+    import types
+
+    import django_redlock.leadership  # noqa: F401
+    from django_redlock import leader
+
+    assert not isinstance(leader, types.ModuleType)
+    assert leader.__module__ == "django_redlock.leadership"
