@@ -235,6 +235,10 @@ def test_a_release_is_retried_until_a_quorum_confirmed_it_then_no_more(
     urls, proxies = three_cut
     engine = redlock_of(urls, node_timeout=0.05, retry_delay=0.1)
     lock = engine.lock("job", ttl=10).acquire()
+    # It returned at quorum: its last SETs land a moment later, before the cut.
+    deadline = time.monotonic() + 1.0
+    while keys_left(masters, "redlock:lock:job") < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     for proxy in proxies:
         proxy.blackhole()
     started = time.monotonic()
@@ -267,6 +271,10 @@ def test_an_unconfirmed_release_keeps_trying_in_the_background(masters, three_cu
     urls, proxies = three_cut
     engine = redlock_of(urls, node_timeout=0.05, retry_delay=0.2)
     lock = engine.lock("job", ttl=10).acquire()
+    # It returned at quorum: its last SETs land a moment later, before the cut.
+    deadline = time.monotonic() + 1.0
+    while keys_left(masters, "redlock:lock:job") < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     for proxy in proxies:
         proxy.blackhole()
     try:
