@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import burst, chart, contention, cycle, memory, renewals, report, waiters
+from . import burst, chart, contention, cycle, distances, memory, renewals, report, waiters
 
 DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
 
@@ -23,7 +23,11 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
     ),
     "b": (
         "the same, every master behind a loopback proxy adding 1 ms each way",
-        lambda args: cycle.proxied(delay=args.delay),
+        lambda args: (
+            distances.run(distances_ms=args.distances)
+            if args.distances
+            else cycle.proxied(delay=args.delay)
+        ),
     ),
     "c": (
         "contention: 8 processes x 25 acquisitions of one key held 2 ms",
@@ -34,7 +38,14 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
     "f": (
         "many callers in one process: 1,000 asyncio tasks at once (cold and warm), 200 threads "
         "x 10, each on a key of its own",
-        lambda args: burst.run(tasks=args.tasks, threads=args.threads, cycles=args.thread_cycles),
+        lambda args: burst.run(
+            tasks=args.tasks,
+            threads=args.threads,
+            cycles=args.thread_cycles,
+            scale_tasks=args.scale_tasks,
+            scale_threads=args.scale_threads,
+            peers=not args.ours_only,
+        ),
     ),
     "g": (
         "2,000 asyncio waiters on one key in one process",
@@ -104,6 +115,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=200, help="(f): threads (200)")
     parser.add_argument(
         "--thread-cycles", type=int, default=10, help="(f): acquisitions per thread (10)"
+    )
+    parser.add_argument(
+        "--distances",
+        type=lambda text: [float(ms) for ms in text.split(",")],
+        default=None,
+        help="(b): instead of one delay, the five masters' round trips in ms (e.g. 1,1,1,20,40)",
+    )
+    parser.add_argument(
+        "--scale-tasks",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=list(burst.SCALE_TASKS),
+        help="(f): ours alone at these burst sizes (1000,10000,20000,50000)",
+    )
+    parser.add_argument(
+        "--scale-threads", type=int, default=burst.SCALE_THREADS, help="(f): ours alone (1000)"
+    )
+    parser.add_argument(
+        "--ours-only", action="store_true", help="(f): leave out the peers' side-by-side tables"
     )
     parser.add_argument("--waiters", type=int, default=2000, help="(g): waiters (2000)")
     parser.add_argument(

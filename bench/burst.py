@@ -19,7 +19,10 @@ ones apart; the process's open file descriptors before the first burst and at th
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
+
+import redis
 
 from django_redlock.testing.masters import local_masters
 
@@ -34,7 +37,13 @@ HOLD = 0.02
 TTL = 10.0
 INTERVAL = 0.05
 #: A process silent this long is stuck: its row says so.
-DEADLINE = 180.0
+DEADLINE = 600.0
+
+#: Issue 22: ours alone at growing bursts (each cold and warm, in a fresh process), and many
+#: threads: every one must succeed on healthy masters, the latency grow about linearly, and no
+#: key be left on the masters once the burst's releases have returned.
+SCALE_TASKS = (1_000, 10_000, 20_000, 50_000)
+SCALE_THREADS = 1_000
 
 #: (row label, implementation, extra config, masters, what the row is)
 BURST = [
@@ -100,14 +109,26 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
         "per_second": len(acquired) / (result["wall_ns"] / 1e9),
         "errors": result["errors"],
         "release_errors": result["release_errors"],
+        "release_kinds": result.get("release_kinds", {}),
+        "keys_left": result.get("keys_left", 0),
         **{k: result[k] for k in ("conns_peak", "conns_after", "pubsub_peak")},
         **{k: result[k] for k in ("fds_before", "fds_peak", "fds_after")},
     }
 
 
+def keys_left(urls: Sequence[str], pattern: str) -> int:
+    """Keys matching ``pattern`` on the masters at ``urls``, right now."""
+    left = 0
+    for url in urls:
+        with redis.Redis.from_url(url) as client:
+            left += sum(1 for _ in client.scan_iter(match=pattern, count=10_000))
+    return left
+
+
 def crowd(mode: str, implementation: str, config: dict[str, Any], parts: int) -> list[Any]:
     """Run one ``crowd.py`` process through its ``parts`` measured parts, counting its
-    connections from here while each runs and right after it."""
+    connections from here while each runs and right after it, and the keys its callers left
+    on the masters right after it (every caller's release has returned by then)."""
     process = Worker(implementation, config, mode=mode, script=CROWD)
     census: Census | None = None
     try:
@@ -118,6 +139,7 @@ def crowd(mode: str, implementation: str, config: dict[str, Any], parts: int) ->
             with census.sampling():
                 process.send("go")
                 result = process.read(timeout=DEADLINE)
+            result["keys_left"] = keys_left(config["urls"], f"*{config['key']}:*")
             results.append(figures({**result, **census.figures()}))
         return results
     finally:
@@ -127,9 +149,16 @@ def crowd(mode: str, implementation: str, config: dict[str, Any], parts: int) ->
 
 
 def run(
-    *, tasks: int = TASKS, threads: int = THREADS, cycles: int = CYCLES
+    *,
+    tasks: int = TASKS,
+    threads: int = THREADS,
+    cycles: int = CYCLES,
+    scale_tasks: Sequence[int] = SCALE_TASKS,
+    scale_threads: int = SCALE_THREADS,
+    peers: bool = True,
 ) -> tuple[str, dict[str, Any]]:
-    """Markdown and data for scenario (f)."""
+    """Markdown and data for scenario (f): side by side with the peers (unless not ``peers``),
+    then ours alone at ``scale_tasks`` tasks and ``scale_threads`` threads."""
     started = time.monotonic()
     data: dict[str, Any] = {"scenario": "f", "environment": report.environment()}
     data["burst"] = {"cold": {}, "warm": {}}
@@ -137,7 +166,8 @@ def run(
     base = {"ttl": TTL, "hold": HOLD}
     with local_masters(5) as masters:
         urls = [m.url for m in masters]
-        for n, (label, implementation, extra, used, _) in enumerate(BURST):
+        data["scale"] = _scale(urls, scale_tasks, scale_threads, cycles)
+        for n, (label, implementation, extra, used, _) in enumerate(BURST if peers else []):
             config = {**base, **extra, "urls": urls[:used], "tasks": tasks}
             config["key"] = f"bench:burst:{n}"
             try:
@@ -145,7 +175,7 @@ def run(
             except (Unavailable, RuntimeError) as exc:
                 cold = warm = {"error": str(exc)[:200]}
             data["burst"]["cold"][label], data["burst"]["warm"][label] = cold, warm
-        for n, (label, implementation, used, _) in enumerate(THREADED):
+        for n, (label, implementation, used, _) in enumerate(THREADED if peers else []):
             config = {**base, "urls": urls[:used], "threads": threads, "cycles": cycles}
             config["key"] = f"bench:threads:{n}"
             try:
@@ -157,12 +187,12 @@ def run(
 
     burst_rows = [
         _row(label, used, data["burst"][phase], tasks, phase, meaning)
-        for label, _, _, used, meaning in BURST
+        for label, _, _, used, meaning in (BURST if peers else [])
         for phase in ("cold", "warm")
     ]
     thread_rows = [
         _row(label, used, data["threads"], threads * cycles, "", meaning)
-        for label, _, used, meaning in THREADED
+        for label, _, used, meaning in (THREADED if peers else [])
     ]
     headers = ["implementation", "masters", "process", "acquired", "p50 ms", "p99 ms"]
     headers += ["acquisitions/s", "lock connections per master: peak / after", "pub/sub"]
@@ -192,9 +222,72 @@ def run(
             f"### Threads: {threads} threads x {cycles} acquisitions (sync API, cold process)",
             "",
             report.table([h for h in headers if h != "process"], thread_rows),
+            "",
+            _scale_text(data["scale"], cycles),
         ]
     )
     return text, data
+
+
+def _scale(
+    urls: list[str], tasks: Sequence[int], threads: int, cycles: int
+) -> dict[str, dict[str, Any]]:
+    """Ours alone: a fresh process per burst size (cold, then warm), then the threads."""
+    base = {"ttl": TTL, "hold": HOLD, "urls": urls}
+    rows: dict[str, dict[str, Any]] = {}
+    for n in tasks:
+        config = {**base, "tasks": n, "key": f"bench:scale:{n}"}
+        try:
+            cold, warm = crowd("burst", "ours", config, 2)
+        except (Unavailable, RuntimeError) as exc:
+            cold = warm = {"error": str(exc)[:200]}
+        rows[f"{n:,} tasks cold"], rows[f"{n:,} tasks warm"] = cold, warm
+    config = {**base, "threads": threads, "cycles": cycles, "key": "bench:scale:threads"}
+    try:
+        (rows[f"{threads:,} threads x {cycles}"],) = crowd("threads", "ours", config, 1)
+    except (Unavailable, RuntimeError) as exc:
+        rows[f"{threads:,} threads x {cycles}"] = {"error": str(exc)[:200]}
+    return rows
+
+
+def _scale_text(rows: dict[str, dict[str, Any]], cycles: int) -> str:
+    headers = ["ours (5 masters)", "acquired", "acquisition errors", "release errors"]
+    headers += ["p50 ms", "p99 ms", "acquisitions/s", "keys left after"]
+    headers += ["lock connections per master: peak / after"]
+    table = []
+    for label, d in rows.items():
+        if "error" in d:
+            table.append([label, *["n/a"] * 7, f"not measured: {d['error']}"])
+            continue
+        total = d["acquired"] + sum(count for count, _ in d["errors"].values())
+        errors = ", ".join(f"{c} x {k}" for k, (c, _) in d["errors"].items()) or "none"
+        releases = ", ".join(f"{c} x {k}" for k, (c, _) in d["release_kinds"].items())
+        table.append(
+            [
+                label,
+                f"{d['acquired']:,}/{total:,}",
+                errors,
+                releases or "none",
+                report.number(d["p50_ms"]),
+                report.number(d["p99_ms"]),
+                report.number(d["per_second"]),
+                str(d["keys_left"]),
+                f"{d['conns_peak']} / {d['conns_after']}",
+            ]
+        )
+    return "\n".join(
+        [
+            "### Ours at scale (issue 22): growing bursts and many threads",
+            "",
+            "Each burst size in a fresh process, cold then warm; every caller one attempt "
+            f"(wait=0) at a key of its own, held {HOLD * 1000:g} ms. Threads: each makes "
+            f"{cycles} such acquisitions with the sync API. Keys left: lock keys of the burst "
+            "on all five masters right after every caller's release returned. Targets: no "
+            "error of any kind on healthy masters, latency about linear in N, no key left.",
+            "",
+            report.table(headers, table),
+        ]
+    )
 
 
 def _row(

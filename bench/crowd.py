@@ -214,10 +214,19 @@ class Outcome:
         self.failed_ns: list[int] = []
         self.errors: dict[str, list[Any]] = {}  # class -> [count, first message]
         self.release_errors = 0
+        self.release_kinds: dict[str, list[Any]] = {}  # the same, for failed releases
 
     def failed(self, exc: BaseException, after_ns: int) -> None:
         self.failed_ns.append(after_ns)
         entry = self.errors.setdefault(type(exc).__name__, [0, str(exc)[:240]])
+        entry[0] += 1
+
+    def release_failed(self, exc: BaseException) -> None:
+        self.release_errors += 1
+        kind = type(exc).__name__
+        if getattr(exc, "unconfirmed", False):
+            kind += "(unconfirmed)"
+        entry = self.release_kinds.setdefault(kind, [0, str(exc)[:240]])
         entry[0] += 1
 
     def as_dict(self) -> dict[str, Any]:
@@ -226,6 +235,7 @@ class Outcome:
             "failed_ns": self.failed_ns,
             "errors": self.errors,
             "release_errors": self.release_errors,
+            "release_kinds": self.release_kinds,
         }
 
 
@@ -246,7 +256,7 @@ async def burst_once(aio: Aio, prefix: str, tasks: int, hold: float) -> dict[str
                 await asyncio.sleep(hold)
         except Exception as exc:  # noqa: BLE001 (a failure is a result to report)
             if got:
-                outcome.release_errors += 1
+                outcome.release_failed(exc)
             else:
                 outcome.failed(exc, clock() - start)
 
@@ -292,9 +302,9 @@ def threads(name: str, config: dict[str, Any]) -> None:
             time.sleep(hold)
             try:
                 impl.release(handle)
-            except Exception:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 with guard:
-                    outcome.release_errors += 1
+                    outcome.release_failed(exc)
             with guard:
                 outcome.acquired_ns.append(got - start)
 

@@ -22,6 +22,7 @@ from .engine import (
     LockLost,
     LockNotAcquired,
     NotLocked,
+    Overloaded,
     QuorumUnavailable,
 )
 from .engine.locking import locking
@@ -40,6 +41,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "NotLocked",
+    "Overloaded",
     "QuorumUnavailable",
     "assert_locked",
     "fenced_update",

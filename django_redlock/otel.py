@@ -11,7 +11,8 @@ attribute                  meaning
 ``redlock.resource``       the lock's resource (several: joined with " + ")
 ``redlock.members``        masters asked
 ``redlock.quorum``         votes needed
-``redlock.votes_for``      masters that granted (members minus those that refused or failed)
+``redlock.votes_for``      members that did not refuse or fail: those that granted, and any a
+                           round did not wait for once a quorum had granted (return at quorum)
 ``redlock.votes_against``  masters that refused (held by another, gone) or failed
 ``redlock.attempts``       acquisition attempts (acquire)
 ``redlock.wait``           seconds from the first attempt to the outcome (acquire)

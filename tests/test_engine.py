@@ -168,8 +168,11 @@ def test_extend_renews_the_lease_on_every_master(any_masters, redlock_of):
         renewed = lock.extend()
         assert renewed > before
         assert 0.9 < renewed < 1
+        # The round returned at quorum: the last masters' renewals land a moment later. Not
+        # renewed, a master would show at most 650 ms by now.
+        time.sleep(0.05)
         for m in any_masters:
-            assert 900 < m.client().pttl(engine.lock_key("job")) <= 1000
+            assert 800 < m.client().pttl(engine.lock_key("job")) <= 1000
 
 
 def test_validity_is_within_ttl_and_decreases(masters, redlock_of):

@@ -72,18 +72,19 @@ def wait_until(condition, timeout, step=0.01):
 
 def acquire_extend_release(engine, healthy, ttl=5.0):
     """Each operation succeeds within ROUND_BOUND; the key is on every healthy master while
-    held and gone from all of them after."""
+    held and gone from all of them after (on the last of them a moment later: a round returns
+    at quorum, and its other requests complete in the background)."""
     lock = engine.lock("job", ttl=ttl)
     _, elapsed = timed(lock.acquire)
     assert elapsed < ROUND_BOUND
     assert lock.held
-    assert None not in keys_of(healthy)
+    assert wait_until(lambda: None not in keys_of(healthy), timeout=0.5)
     validity, elapsed = timed(lock.extend)
     assert elapsed < ROUND_BOUND
     assert 0 < validity < ttl
     _, elapsed = timed(lock.release)
     assert elapsed < ROUND_BOUND
-    assert keys_of(healthy) == [None] * len(healthy)
+    assert wait_until(lambda: keys_of(healthy) == [None] * len(healthy), timeout=0.5)
 
 
 def urls(masters):
@@ -126,10 +127,12 @@ def commands_run(master, *names):
 def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
     fresh_masters, engine_of
 ):
-    """A paused master costs the first round its budget. Then it is silent: rounds count it as
-    failed without waiting for it, but still tell it their requests on its connection, behind
-    the replies it owes. When it wakes, it runs them in order (each SET, then the release that
-    undoes it: no stale key), its owed replies arrive, and the next round counts it again."""
+    """A paused master costs a round at most its budget, once (a round returns at quorum: the
+    four others decide it; a thread may have waited for the paused one first). Then rounds
+    count it as failed without waiting for it, but still tell it their requests on its
+    connection, behind the replies it owes. When it wakes, it runs them in order (each SET,
+    then the release that undoes it: no stale key), its owed replies arrive, and the next
+    round counts it again."""
     masters = fresh_masters(5)
     engine = engine_of(urls(masters))
     acquire_extend_release(engine, masters)
@@ -140,9 +143,10 @@ def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
         lock = engine.lock("job", ttl=5)
         _, took = timed(lambda lock=lock: (lock.acquire(), lock.release()))
         cycles.append(took)
-    assert cycles[0] >= NODE_TIMEOUT  # waited for it once (acquire), not for the release
-    assert cycles[0] < 2 * NODE_TIMEOUT + OVERHEAD
-    assert max(cycles[1:]) < NODE_TIMEOUT / 2  # then not at all
+    # At most one round waits for it (a thread that happened to wait for it first), once.
+    slowest, *others = sorted(cycles, reverse=True)
+    assert slowest < 2 * NODE_TIMEOUT + OVERHEAD
+    assert max(others) < NODE_TIMEOUT / 2  # then not at all
     masters[0].resume()
     assert wait_until(lambda: commands_run(masters[0], "set") == sets_before + 5, timeout=1.0)
     assert key_of(masters[0]) is None  # every SET was followed by its release
@@ -459,7 +463,10 @@ def test_an_extend_applied_but_unanswered_is_no_loss(masters, engine_of, proxies
         for front in fronts[:2]:
             front.reset_next_reply()
         assert lock.extend(ttl=20) > 19
-        assert [front.accepted for front in fronts] == [2, 2, 1]  # reset, asked again
+        # Reset, asked again: unless the round was decided (a quorum renewed) before its reset
+        # came, since a round returns at quorum.
+        assert sum(front.accepted for front in fronts[:2]) >= 3
+        assert fronts[2].accepted == 1
         assert not lock.lost
         assert all(m.call("PTTL", KEY) > 19_000 for m in three)
     assert keys_of(three) == [None, None, None]

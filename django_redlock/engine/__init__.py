@@ -8,6 +8,7 @@ from .errors import (
     LockNotAcquired,
     NodeFailure,
     NotLocked,
+    Overloaded,
     QuorumUnavailable,
     RedlockError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "NodeFailure",
     "NodeSpec",
     "NotLocked",
+    "Overloaded",
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",

@@ -12,6 +12,7 @@ them from a second cancellation) before it re-raises.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -19,9 +20,29 @@ from typing import Any, TypeVar
 from .connections import Node
 from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
-from .rounds import Command, Connect, Exchange, Replies, Reply, exchange, second_try
+from .rounds import (
+    ANSWERS,
+    Command,
+    Connect,
+    Decides,
+    Exchange,
+    Replies,
+    RoundReplies,
+    exchange,
+    second_try,
+)
 from .scripts import Script
-from .steps import AwaitNotice, AwaitTurn, Listen, Masters, Pause, Procedure, Round, Step
+from .steps import (
+    AwaitNotice,
+    AwaitTurn,
+    Detach,
+    Listen,
+    Masters,
+    Pause,
+    Procedure,
+    Round,
+    Step,
+)
 
 T = TypeVar("T")
 
@@ -52,7 +73,14 @@ def run(masters: Masters, procedure: Procedure[T]) -> T:
 
 def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Round):
-        return fan_out(masters.nodes, step.command, masters.node_timeout, step.script)
+        gate = masters.admission.threads()
+        gate.enter(step.patience)
+        try:
+            return fan_out(
+                masters.nodes, step.command, masters.node_timeout, step.script, step.enough
+            )
+        finally:
+            gate.leave()
     if isinstance(step, Pause):
         time.sleep(step.seconds)
         return None
@@ -63,6 +91,9 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         return waiter
     if isinstance(step, AwaitTurn):
         return step.turn.ready.wait(step.timeout)
+    if isinstance(step, Detach):
+        threading.Thread(target=run, args=(masters, step.procedure), daemon=True).start()
+        return None
     notified = step.waiter.notified.wait(step.timeout)
     step.waiter.notified.clear()
     return notified
@@ -74,10 +105,14 @@ def _threads_pipe(node: Node) -> Pipe | None:
 
 
 def fan_out(
-    nodes: Sequence[Node], command: Command, budget: float, script: Script | None = None
-) -> list[Reply]:
+    nodes: Sequence[Node],
+    command: Command,
+    budget: float,
+    script: Script | None = None,
+    enough: Decides | None = None,
+) -> RoundReplies:
     """One round (``rounds.exchange``) with blocking waits, on the threads' pipes."""
-    rounds = exchange(nodes, command, budget, _threads_pipe, script)
+    rounds = exchange(nodes, command, budget, _threads_pipe, script, enough)
     answer: object = None
     while True:
         try:
@@ -87,18 +122,44 @@ def fan_out(
         answer = None
         try:
             if isinstance(wait, Replies):
-                fresh = True  # the first reply of a round cannot be there yet
-                for pipe, slot in wait.sent:
-                    if slot.reply is PENDING:
-                        pipe.wait(slot, wait.deadline, fresh=fresh)
-                    fresh = False
-                    if second_try(slot):
-                        break
+                _wait_replies(wait)
             else:
                 answer = wait.node.connect(wait.budget)
         except BaseException:
             _give_up(rounds, wait)  # interrupted (Ctrl-C)
             raise
+
+
+def _wait_replies(wait: Replies) -> None:
+    """Wait for each reply in turn, the masters that answered fastest lately first, so that a
+    round decided by its quorum's replies does not sit waiting on a slower master's."""
+    sent = wait.sent
+    if wait.enough is not None and len(sent) > 1:
+        sent = sorted(sent, key=lambda sent: sent[0].latency)
+    needed = wait.needed
+    fresh = True  # the first reply of a round cannot be there yet
+    measured = False
+    for pipe, slot in sent:
+        if slot.reply is PENDING:
+            pipe.wait(slot, wait.deadline, fresh=fresh)
+            if not measured:
+                # Only the first pipe waited for is timed: a later one's reply may have sat
+                # unread while we waited for another (a sync pipe is read by whoever waits).
+                # No reply yet: what it was waited for counts, so it is waited for last.
+                pipe.took(time.monotonic() - slot.sent_at)
+                measured = True
+        fresh = False
+        if second_try(slot):
+            break
+        if wait.enough is not None and _decides(wait.enough, slot):
+            needed -= 1
+            if needed <= 0:
+                break
+
+
+def _decides(enough: Decides, slot: Slot) -> bool:
+    reply = slot.reply
+    return type(reply) in ANSWERS and enough(reply)
 
 
 # --- asyncio ------------------------------------------------------------------------------------
@@ -130,7 +191,14 @@ async def arun(masters: Masters, procedure: Procedure[T]) -> T:
 
 async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Round):
-        return await afan_out(masters.nodes, step.command, masters.node_timeout, step.script)
+        gate = masters.admission.of(asyncio.get_running_loop())
+        await gate.enter(step.patience)
+        try:
+            return await afan_out(
+                masters.nodes, step.command, masters.node_timeout, step.script, step.enough
+            )
+        finally:
+            gate.leave()
     if isinstance(step, Pause):
         await asyncio.sleep(step.seconds)
         return None
@@ -141,6 +209,11 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         return waiter
     if isinstance(step, AwaitTurn):
         return await step.turn.ready.await_(step.timeout)
+    if isinstance(step, Detach):
+        task = asyncio.get_running_loop().create_task(arun(masters, step.procedure))
+        _DETACHED.add(task)  # a task only weakly referenced by its loop could be collected
+        task.add_done_callback(_DETACHED.discard)
+        return None
     assert isinstance(step, AwaitNotice)  # noqa: S101
     notified = await step.waiter.notified.await_(step.timeout)
     step.waiter.notified.clear()
@@ -148,11 +221,15 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
 
 
 async def afan_out(
-    nodes: Sequence[Node], command: Command, budget: float, script: Script | None = None
-) -> list[Reply]:
+    nodes: Sequence[Node],
+    command: Command,
+    budget: float,
+    script: Script | None = None,
+    enough: Decides | None = None,
+) -> RoundReplies:
     """One round (``rounds.exchange``) with asyncio waits, on the running loop's pipes."""
     loop = asyncio.get_running_loop()
-    rounds = exchange(nodes, command, budget, lambda node: node.loop_pipe(loop), script)
+    rounds = exchange(nodes, command, budget, lambda node: node.loop_pipe(loop), script, enough)
     answer: object = None
     while True:
         try:
@@ -162,12 +239,16 @@ async def afan_out(
         answer = None
         try:
             if isinstance(wait, Replies):
-                await _replies(loop, wait.sent, wait.deadline)
+                await _replies(loop, wait)
             else:
                 answer = await wait.node.aconnect(loop, wait.budget)
         except BaseException:
             _give_up(rounds, wait)  # cancelled
             raise
+
+
+#: Background procedures (``Detach``) still running on some event loop.
+_DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def _give_up(rounds: Exchange, wait: Connect | Replies) -> None:
@@ -180,20 +261,27 @@ def _give_up(rounds: Exchange, wait: Connect | Replies) -> None:
     rounds.close()
 
 
-async def _replies(
-    loop: asyncio.AbstractEventLoop, sent: list[tuple[Pipe, Slot]], deadline: float
-) -> None:
-    """Until every slot has its reply (or its pipe broke), or ``deadline``."""
+async def _replies(loop: asyncio.AbstractEventLoop, wait: Replies) -> None:
+    """Until every slot has its reply (or its pipe broke), or the round is decided (``needed``
+    more answers that ``enough`` accepts), or the deadline."""
+    sent, deadline, enough = wait.sent, wait.deadline, wait.enough
     waiting = [slot for _, slot in sent if slot.reply is PENDING]
     if not waiting or any(second_try(slot) for _, slot in sent):
         return
+    needed = wait.needed
+    if enough is not None:
+        needed -= sum(_decides(enough, slot) for _, slot in sent)
+        if needed <= 0:
+            return
     done = loop.create_future()
     left = len(waiting)
 
     def came(slot: Slot) -> None:
-        nonlocal left
+        nonlocal left, needed
         left -= 1
-        if (not left or second_try(slot)) and not done.done():
+        if enough is not None and _decides(enough, slot):
+            needed -= 1
+        if (not left or needed <= 0 or second_try(slot)) and not done.done():
             done.set_result(None)
 
     for slot in waiting:

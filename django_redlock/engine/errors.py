@@ -9,7 +9,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class NodeFailure:
     """Why one master did not grant a request: ``"held"`` (another owner), ``"gone"`` (our
-    token is not there any more), ``"timeout"`` or ``"error"``. ``node`` is the master's
+    token is not there any more), ``"timeout"`` or ``"error"``; within the engine also
+    ``"unawaited"``: a reply the round did not wait for, a quorum having decided it (never
+    reported as a failure). ``node`` is the master's
     address with any password masked."""
 
     node: str
@@ -55,6 +57,26 @@ class LockContended(LockNotAcquired):
 class QuorumUnavailable(LockNotAcquired):
     """Too many masters failed (down, paused, slower than NODE_TIMEOUT) to reach a quorum, or the
     masters answered so late that no validity time was left."""
+
+
+class Overloaded(LockNotAcquired):
+    """This process asks faster than its rounds can be answered: the caller's turn in the local
+    queue of rounds (``queued`` ahead of it) would not come within its patience (its ``wait``,
+    or ``admission.PATIENCE`` for a single attempt). The masters were not asked, and are not to
+    blame: slow down, or spread the load over more processes."""
+
+    def __init__(
+        self,
+        resource: str,
+        message: str,
+        *,
+        queued: int,
+        waited: float,
+        attempts: int = 1,
+    ) -> None:
+        super().__init__(resource, message, attempts=attempts)
+        self.queued = queued
+        self.waited = waited
 
 
 class LockLost(RedlockError):

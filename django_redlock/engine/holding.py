@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from . import protocol, scripts, values
 from .errors import ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
-from .procedures import COURTESY, JITTER, release_round, tally
+from .procedures import COURTESY, JITTER, confirms, release_round, tally
 from .protocol import Tally
-from .rounds import Reply, RoundReplies
-from .steps import Masters, Pause, Procedure, Round, failures
+from .rounds import UNAWAITED, Reply, RoundReplies
+from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
 
 
 def extend(
@@ -65,6 +65,7 @@ def _extend_rounds(
                 Round(
                     scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
                     scripts.EXTEND,
+                    enough=granted,  # decided by a quorum's renewals: returns then
                 )
                 if lease.commands is None
                 else lease.commands.extend(lease, int(round_ttl * 1000))
@@ -119,7 +120,9 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     masters answered. A master asked again after a reset connection, that finds our lease
     already gone, confirms (the first request may have removed it)."""
     if lease.commands is None:
-        round_ = release_round(masters, lease.resources, lease.value, queued_as=lease.queued_as)
+        round_ = release_round(
+            masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
+        )
     else:
         round_ = lease.commands.release(lease)
     try:
@@ -136,6 +139,9 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     replies: list[Reply] = [
         several if r == 0 and i in answered.asked_again else r for i, r in enumerate(answered)
     ]
+    if lease.commands is None and _worth_retrying(masters, lease, replies):
+        # Its keys must not block everyone until their TTL: retried in the background.
+        yield Detach(_keep_releasing(masters, lease, round_, replies))
     if several > 1:
         confirmed = sum(r == several for r in replies)
     else:
@@ -159,12 +165,57 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
             lease.resource,
             f"release of lock {lease.resource!r} not confirmed: only {confirmed} of "
             f"{len(replies)} masters confirmed it ({masters.quorum} needed); the lease was valid "
-            f"until now, and where it remains it expires within its TTL ({lease.ttl}s)",
+            f"until now; it is retried in the background until the lease's keys expire (within "
+            f"its TTL, {lease.ttl}s)",
             detail,
             unconfirmed=True,
         )
     if any(isinstance(r, NodeFailure) for r in replies):
         lease.note_failures(failures(masters, replies), "release")
+
+
+def _keep_releasing(
+    masters: Masters, lease: Lease, round_: Round, replies: list[Reply]
+) -> Procedure[None]:
+    """A release that too few masters confirmed while some did not answer, sent again (a retry
+    delay apart, waiting for every master) until each of them answered or the lease's keys
+    expire: no key of ours is left to block anyone. A compare-and-delete is idempotent:
+    repeating it never removes anything but ours. (Not started when enough masters said our
+    lease is not there: nothing to remove.) The caller does not wait for it: it was told the
+    release is unconfirmed, within the same time as before."""
+    again = Round(round_.command, round_.script)
+    while any(isinstance(r, NodeFailure) for r in replies) and time.monotonic() < lease.valid_until:
+        yield Pause(protocol.retry_delay(masters.retry_delay, JITTER))
+        replies = _merge(lease, replies, (yield again))
+
+
+def _worth_retrying(masters: Masters, lease: Lease, replies: list[Reply]) -> bool:
+    confirmed = confirms(len(lease.keys))
+    done = sum(confirmed(r) for r in replies)
+    unanswered = sum(isinstance(r, NodeFailure) for r in replies)
+    return (
+        done < masters.quorum
+        and done + unanswered >= masters.quorum
+        and time.monotonic() < lease.valid_until
+    )
+
+
+def _merge(lease: Lease, before: list[Reply], after: list[Reply]) -> list[Reply]:
+    """Per master: a confirmation stands; an answer replaces a failure. A master that failed to
+    answer the first time and now finds nothing counts as confirmed: while the lease was
+    valid, no one else could remove it, so our unanswered request did (either way, nothing of
+    ours is left there)."""
+    confirmed = confirms(len(lease.keys))
+    full = len(lease.keys)
+    merged: list[Reply] = []
+    for old, new in zip(before, after, strict=True):
+        if confirmed(old) or isinstance(new, NodeFailure):
+            merged.append(old)
+        elif isinstance(old, NodeFailure) and not confirmed(new):
+            merged.append(full)
+        else:
+            merged.append(new)
+    return merged
 
 
 def let_go(masters: Masters, lease: Lease, at_least: float | None) -> Procedure[None]:
@@ -260,7 +311,8 @@ def gone(masters: Masters, replies: Sequence[Reply], *, several: int = 1) -> lis
     out = []
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):
-            out.append(reply)
+            if reply.reason != UNAWAITED:
+                out.append(reply)
         elif reply == 0 or (several > 1 and reply != several):
             out.append(NodeFailure(node.label, "gone"))
     return out

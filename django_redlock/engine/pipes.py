@@ -75,6 +75,7 @@ class Pipe:
 
     closed: bool
     opened_at: float
+    latency: float
     loop: asyncio.AbstractEventLoop | None
     _fd: int
     _conn: redis.connection.AbstractConnection
@@ -119,6 +120,9 @@ class Pipe:
         self._pending: deque[Slot] = deque()
         self.closed = False
         self.opened_at = time.monotonic()
+        #: Recent round trips (seconds, smoothed; sync pipes): whose replies a thread waits for
+        #: first.
+        self.latency = 0.0
         self.loop = loop
         if loop is None:
             self._write_lock = threading.Lock()
@@ -276,6 +280,10 @@ class Pipe:
         if self._sleepers:
             with self._woken:
                 self._woken.notify_all()
+
+    def took(self, seconds: float) -> None:
+        """A reply came ``seconds`` after its request left."""
+        self.latency += (seconds - self.latency) / 4
 
     # --- state -------------------------------------------------------------------------------
 

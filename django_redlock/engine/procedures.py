@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import protocol, scripts
-from .errors import LockContended, NodeFailure, QuorumUnavailable
+from . import admission, protocol, scripts
+from .admission import Full
+from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
 from .notices import Turn, Waiter
 from .protocol import Tally
-from .rounds import Reply
+from .rounds import Reply, RoundReplies
 from .steps import (
     AwaitNotice,
     AwaitTurn,
@@ -28,6 +29,7 @@ from .steps import (
     Round,
     failures,
     free_in,
+    granted,
     vote,
 )
 
@@ -103,46 +105,57 @@ def attempt(
 ) -> Procedure[Granted | Lost]:
     """The paper's five steps, once.
 
-    1. Read the monotonic clock.
+    1. Read the monotonic clock: ``RoundReplies.began``, read by the round just before its first
+       request was written (after its turn among this process's rounds, ``admission``, and a
+       busy loop tick), so that time spent queued here costs neither the validity nor the
+       masters' node budget.
     2. SET the value NX PX ttl on every master at once, each within the node budget (a waiter
        uses a script that also queues it, on the masters that refuse, to be woken in turn).
+       The round returns as soon as a quorum granted it, without waiting for the others.
     3. Won iff a quorum granted it and validity = ttl - elapsed - drift is left.
     4. Otherwise undo it on every master, those that failed included (a SET that timed out may
        still have landed, and would block others until its TTL).
     5. (``acquire``) retry after a random delay, or when woken.
     """
-    start = time.monotonic()  # 1
+    now = time.monotonic()
+    # Its turn among this process's rounds: within what is left of its wait (a single
+    # attempt: within admission.PATIENCE), else Overloaded.
+    patience = deadline - now if want.wait > 0 else admission.PATIENCE
     ttl_ms = int(want.ttl * 1000)
     if waiter is None and want.several:  # 2 (all or none on each master, in one script)
         command = scripts.MULTI_ACQUIRE.evalsha(want.keys, (want.value, ttl_ms))
-        request = Round(command, scripts.MULTI_ACQUIRE)
+        request = Round(command, scripts.MULTI_ACQUIRE, patience=patience, enough=granted)
     elif waiter is None:
-        request = Round(("SET", want.keys[0], want.value, "NX", "PX", ttl_ms))
+        command = ("SET", want.keys[0], want.value, "NX", "PX", ttl_ms)
+        request = Round(command, patience=patience, enough=granted)
     elif want.several:
-        wait_ms = max(int((deadline - start) * 1000), 1)
+        wait_ms = max(int((deadline - now) * 1000), 1)
         queues = tuple(map(masters.queue_key, want.resources))
         # The notice it may send to pass a turn on: unique per attempt, so that a waiter woken
         # by an earlier one hears it too (notices are told apart by their digest).
-        notice = protocol.notice_digest(f"{want.value}@{start}")
+        notice = protocol.notice_digest(f"{want.value}@{now}")
         command = scripts.MULTI_ACQUIRE_WAITING.evalsha(
             want.keys + queues,
             (want.value, ttl_ms, queued_as(want, waiter), wait_ms, notice, masters.inbox_prefix),
         )
-        request = Round(command, scripts.MULTI_ACQUIRE_WAITING)
+        request = Round(command, scripts.MULTI_ACQUIRE_WAITING, patience=patience, enough=granted)
     else:
-        wait_ms = max(int((deadline - start) * 1000), 1)
+        wait_ms = max(int((deadline - now) * 1000), 1)
         queue = masters.queue_key(want.resources[0])
         command = scripts.ACQUIRE_WAITING.evalsha(
             (want.keys[0], queue), (want.value, ttl_ms, waiter.id, wait_ms)
         )
-        request = Round(command, scripts.ACQUIRE_WAITING)
+        request = Round(command, scripts.ACQUIRE_WAITING, patience=patience, enough=granted)
     try:
-        replies: list[Reply] = yield request
+        replies: RoundReplies = yield request
+    except Full as full:  # nothing was sent: nothing to undo
+        raise overloaded(want, full) from None
     except BaseException:
         # Interrupted (task cancelled, Ctrl-C) while SETs were in flight: some may have landed.
         # Undo them on every master before letting the interruption through.
         yield release_round(masters, want.resources, want.value, cleanup=True, notify=False)
         raise
+    start = replies.began  # 1
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
@@ -247,6 +260,23 @@ def tally(masters: Masters, replies: Sequence[Reply], ttl: float, start: float) 
     )
 
 
+def overloaded(want: Want, full: Full) -> Overloaded:
+    """This process's own queue of rounds had no turn for the attempt within its patience."""
+    if full.waited:
+        when = f"waited {full.waited:.3f}s for its turn"
+    else:
+        when = f"its turn was expected in {full.expected:.3f}s, refused at once"
+    patience = f"wait={want.wait}s" if want.wait > 0 else f"{admission.PATIENCE}s for wait=0"
+    return Overloaded(
+        want.resource,
+        f"lock {want.resource!r} not attempted: this process is overloaded: "
+        f"{full.queued} rounds were queued ahead of it locally ({when}; patience {patience}); "
+        f"the masters were not asked",
+        queued=full.queued,
+        waited=full.waited,
+    )
+
+
 def not_acquired(
     masters: Masters, want: Want, lost: Lost | None, attempts: int, waited: float
 ) -> LockContended | QuorumUnavailable:
@@ -295,6 +325,20 @@ def release_round(
     cleanup: bool = False,
     notify: bool = True,
     queued_as: str = "",
+    at_quorum: bool = False,
 ) -> Round:
+    """``at_quorum``: the round returns once a quorum confirmed it (the holder's release; the
+    undoing of a failed attempt waits for every master's answer, within the budget)."""
     command, script = masters.release_command(resources, value, notify=notify, queued_as=queued_as)
-    return Round(command, script, cleanup)
+    return Round(command, script, cleanup, enough=confirms(len(resources)) if at_quorum else None)
+
+
+def _confirms_one(reply: object) -> bool:
+    return isinstance(reply, int) and reply >= 1
+
+
+def confirms(several: int) -> Callable[[object], bool]:
+    """Whether a master's answer to a release confirms it removed our lease (every key of it)."""
+    if several == 1:
+        return _confirms_one
+    return lambda reply: reply == several

@@ -36,9 +36,18 @@ class RoundReplies(list[Reply]):
     """One round's replies, one per master in order, and which of them answered a request *asked
     again* (``asked_again``, by index): the first one went out and its connection broke before
     the reply came, so the master may have applied the request already. A compare-and-delete
-    asked again that finds nothing then says nothing about whom the key belonged to."""
+    asked again that finds nothing then says nothing about whom the key belonged to.
+
+    And ``began``: the monotonic time read just before the first of its requests was written
+    (the earliest ``Slot.sent_at``: an async pipe stamps it when it writes, at the end of the
+    loop tick). Every master received its request later still, and started any TTL it set
+    later again: so a validity counted from ``began`` ends before the key does on every master
+    that granted it (less drift), however long the round waited in this process before its
+    requests left (its turn among our rounds, a loop tick busy with thousands of tasks) and
+    however late it read its replies."""
 
     asked_again: frozenset[int] = frozenset()
+    began: float = 0.0
 
 
 def pack(command: Command) -> bytes:
@@ -97,10 +106,18 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Replies:
-    """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``."""
+    """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``; or,
+    with ``enough``, only until ``needed`` more of them are answers that ``enough`` accepts (the
+    round is decided: it returns at quorum)."""
 
     sent: list[tuple[Pipe, Slot]]
     deadline: float
+    enough: Decides | None = None
+    needed: int = 0
+
+
+#: Whether a master's answer counts towards deciding the round (a grant, a confirmation).
+Decides = Callable[[object], bool]
 
 
 Exchange = Generator[Connect | Replies, Any, RoundReplies]
@@ -115,9 +132,11 @@ def exchange(
     budget: float,
     pipe_of: PipeOf,
     script: Script | None = None,
+    enough: Decides | None = None,
 ) -> Exchange:
     """Send ``command`` to every master, all before waiting for any reply; then take every reply
-    within ``budget`` seconds of its request leaving. A master that has not answered by then
+    within ``budget`` seconds of its request leaving (or, with ``enough``, only until a quorum
+    of replies are answers it accepts: see ``unawaited``). A master that has not answered by then
     counts as failed; its slot is abandoned (the reply is dropped when it comes, never mistaken
     for another request's answer) and the master is *silent* for SKIP_SILENT_FOR seconds: the
     next rounds tell it their request without waiting (so that a release still follows its SET
@@ -162,11 +181,15 @@ def exchange(
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
+    written = [slot for _, _, slot in sent]
+    needed = quorum(len(nodes))
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
-        # last of them is due (each master's budget runs from when its request left).
-        yield Replies([(pipe, slot) for _, pipe, slot in sent], _due(sent, budget))
+        # last of them is due (each master's budget runs from when its request left), or when
+        # the round is decided.
+        waited = [(pipe, slot) for _, pipe, slot in sent]
+        yield Replies(waited, _due(sent, budget), enough, needed)
         later = []
         for i, pipe, slot in sent:
             reply = slot.reply
@@ -175,14 +198,27 @@ def exchange(
                 requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
+                continue
             else:
                 replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
+            if (
+                enough is not None
+                and type(replies[i]) in ANSWERS
+                and enough(replies[i])
+                and not _abstains(nodes[i])  # (its grants do not count: see ``abstain``)
+            ):
+                needed -= 1
         sent = later
+        if enough is not None and needed <= 0:
+            for i, pipe, slot in sent:
+                replies[i] = unawaited(nodes[i], pipe, slot)
+            break
     if asked_again:
         replies.asked_again = frozenset(asked_again)
     abstain(nodes, replies)
+    replies.began = min((slot.sent_at for slot in written), default=began)
     return replies
 
 
@@ -201,8 +237,27 @@ def abstain(nodes: Sequence[Node], replies: list[Reply]) -> None:
             replies[i] = abstention
 
 
+def _abstains(node: Node) -> bool:
+    watch = node.watch
+    return watch is not None and watch.abstaining()
+
+
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
 ANSWERS = frozenset({bytes, int, list, type(None)})
+
+
+#: The reason of a reply the round did not wait for (``unawaited``): no failure of its master.
+UNAWAITED = "unawaited"
+
+
+def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
+    """A reply the round did not wait for: a quorum had already decided it. The master is not
+    blamed (not silent, no timeout: we chose not to wait); its reply is dropped when it comes.
+    Whatever the request does there meanwhile is ours to undo, and is undone in order: a
+    failed acquisition's release, or the holder's, goes later on this same pipe, and the
+    master applies it after the request it follows."""
+    pipe.abandon(slot)
+    return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
 
 
 def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:

@@ -4,16 +4,17 @@ will have run out)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import scripts
+from .admission import Admission
 from .connections import Node
 from .errors import NodeFailure
 from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
 from .protocol import Vote
-from .rounds import Command, Reply
+from .rounds import UNAWAITED, Command, Reply
 
 T = TypeVar("T")
 
@@ -28,6 +29,7 @@ class Masters(Protocol):
     retry_delay: float
     queues: LocalQueues
     inbox_prefix: str
+    admission: Admission
 
     @property
     def notices(self) -> ReleaseNotices: ...
@@ -57,6 +59,11 @@ class Round:
     script: scripts.Script | None = None
     #: Clean-up after an interruption: the async runner shields it from a second cancellation.
     cleanup: bool = False
+    #: An acquisition's: it waits for its turn among this process's rounds (``admission``) at
+    #: most this long. None: a holder's round, which goes at once.
+    patience: float | None = None
+    #: Which answers decide the round: it returns once a quorum of them came (``exchange``).
+    enough: Callable[[object], bool] | None = None
 
     def __repr__(self) -> str:
         # Never the arguments: they carry the lock's value, and error pages and trackers that
@@ -93,7 +100,16 @@ class AwaitTurn:
     timeout: float
 
 
-Step = Round | Pause | Listen | AwaitNotice | AwaitTurn
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Go on with ``procedure`` in the background (a task on the running loop, or a thread of
+    its own), without waiting for it: work the caller should not wait for, that may not be
+    dropped either (a release retried until the lease's keys expire)."""
+
+    procedure: Generator[Any, Any, Any]
+
+
+Step = Round | Pause | Listen | AwaitNotice | AwaitTurn | Detach
 Procedure = Generator[Step, Any, T]
 
 
@@ -110,12 +126,18 @@ def vote(reply: Reply) -> Vote:
     return Vote.GRANTED
 
 
+def granted(reply: object) -> bool:
+    """Whether an answer grants what was asked (decides a round: see ``Round.enough``)."""
+    return vote(reply) is Vote.GRANTED
+
+
 def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
     """Per-master detail for errors: who failed and why, and who said the lock is held."""
     out = []
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):
-            out.append(reply)
+            if reply.reason != UNAWAITED:  # not a failure: the round did not wait for it
+                out.append(reply)
         elif vote(reply) is Vote.DENIED:
             out.append(NodeFailure(node.label, "held"))
     return out

@@ -1,0 +1,224 @@
+"""Admission control: at most ``IN_FLIGHT`` rounds of one process (per event loop, and for its
+threads) are on the masters at once; further acquisitions wait here, in arrival order.
+
+Why: a round's node budget runs from when its request is written. Written all at once, twenty
+thousand requests would queue on each master behind one another (and behind our own unread
+replies), and the last of them would miss their budget on healthy masters: our own queueing
+charged to them as silence, acquisitions failed with ``QuorumUnavailable``, releases left
+unconfirmed. Waiting *here* instead costs only the caller's patience: the masters see at most
+``IN_FLIGHT`` of our requests at a time, each answered well within its budget, and a caller
+whose turn cannot come within its patience is told so (``Overloaded``, with the queue's length)
+rather than given an error that blames the masters.
+
+A holder's rounds (release, extend, clean-up) wait too, but without a limit and ahead of every
+waiting acquisition: a lease's clock runs while they wait, and a release is what frees the keys
+that acquisitions want.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+
+from . import process
+
+#: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
+#: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
+#: answered within a millisecond or two of the first on a healthy master.
+IN_FLIGHT = 256
+
+#: How long an acquisition with ``wait=0`` (one attempt: no patience of its own for a holder)
+#: may wait for its turn here before it is refused as ``Overloaded``. An acquisition with a
+#: ``wait`` waits at most what is left of it.
+PATIENCE = 60.0
+
+#: The queue's pace is measured over windows of at least this long while it is not empty.
+_PACE_WINDOW = 0.1
+
+#: A caller is refused at once only if its turn is expected this many times later than its
+#: patience allows (the pace is an estimate: one between is let wait, and refused after its
+#: patience if its turn does not come).
+_SURE = 2.0
+
+
+class Full(Exception):  # noqa: N818 (a signal to the procedure, which raises Overloaded)
+    """No turn within the caller's patience: ``queued`` rounds were ahead, ``expected`` is the
+    wait their pace promised (0.0 if it was not known yet: then it was actually waited)."""
+
+    def __init__(self, queued: int, expected: float, waited: float) -> None:
+        super().__init__(queued, expected, waited)
+        self.queued = queued
+        self.expected = expected
+        self.waited = waited
+
+
+class _Pace:
+    """How long one turn takes while there is a queue (seconds per round admitted from it)."""
+
+    __slots__ = ("_mark", "_mark_served", "per_turn", "served")
+
+    def __init__(self) -> None:
+        self.per_turn = 0.0  # unknown yet
+        self.served = 0
+        self._mark = 0.0
+        self._mark_served = 0
+
+    def queue_formed(self) -> None:
+        # Measured afresh for each queue (a previous burst's pace says little about this one),
+        # from the first turn it gives (not from a cold start).
+        self.per_turn = 0.0
+        self._mark = 0.0
+
+    def turn_given(self, now: float) -> None:
+        self.served += 1
+        if not self._mark:
+            self._mark, self._mark_served = now, self.served
+        elif now - self._mark >= _PACE_WINDOW:
+            measured = (now - self._mark) / (self.served - self._mark_served)
+            self.per_turn = measured if not self.per_turn else (self.per_turn + measured) / 2
+            self._mark, self._mark_served = now, self.served
+
+    def expected(self, queued: int) -> float:
+        return queued * self.per_turn
+
+    def hopeless(self, expected: float, patience: float | None) -> bool:
+        """Whether a turn ``expected`` seconds away is surely beyond ``patience``."""
+        return patience is not None and expected > _SURE * patience
+
+
+class LoopGate:
+    """The admission of one event loop's rounds (its futures are the waiters)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = IN_FLIGHT) -> None:
+        self.loop = loop
+        self.limit = limit
+        self.in_flight = 0
+        self.holders: deque[asyncio.Future[None]] = deque()  # served first
+        self.waiting: deque[asyncio.Future[None]] = deque()  # acquisitions
+        self.pace = _Pace()
+
+    def queued(self) -> int:
+        return len(self.holders) + len(self.waiting)
+
+    async def enter(self, patience: float | None) -> None:
+        """Wait for a turn (FIFO) at most ``patience`` seconds, else ``Full``; None: a holder's
+        round, which waits as long as it takes, ahead of every acquisition."""
+        if self.in_flight < self.limit and not self.holders and not self.waiting:
+            self.in_flight += 1
+            return
+        queued = self.queued() if patience is not None else len(self.holders)
+        expected = self.pace.expected(queued)
+        if self.pace.hopeless(expected, patience):
+            raise Full(queued, expected, 0.0)
+        if not self.queued():
+            self.pace.queue_formed()
+        began = time.monotonic()
+        turn = self.loop.create_future()
+        timer = None
+        if patience is None:
+            self.holders.append(turn)
+        else:
+            self.waiting.append(turn)
+            timer = self.loop.call_later(max(patience, 0.0), _expire, turn)
+        try:
+            await turn
+        except Full:
+            raise Full(queued, expected, time.monotonic() - began) from None
+        except BaseException:
+            # (exception() also marks an expiry that came with a cancellation as seen.)
+            if turn.done() and not turn.cancelled() and turn.exception() is None:
+                self.leave()  # handed a turn, then cancelled: give it on
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def leave(self) -> None:
+        """A round is done: its turn goes to the oldest holder's round waiting, else to the
+        oldest acquisition still waiting."""
+        for queue in (self.holders, self.waiting):
+            while queue:
+                turn = queue.popleft()
+                if not turn.done():
+                    turn.set_result(None)
+                    self.pace.turn_given(time.monotonic())
+                    return
+        self.in_flight -= 1
+
+
+def _expire(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_exception(Full(0, 0.0, 0.0))
+
+
+class ThreadGate:
+    """The admission of one process's threads (each waiter sleeps on an event of its own)."""
+
+    def __init__(self, limit: int = IN_FLIGHT) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self.holders: deque[threading.Event] = deque()
+        self.waiting: deque[threading.Event] = deque()
+        self.pace = _Pace()
+        self._lock = threading.Lock()
+
+    def enter(self, patience: float | None) -> None:
+        """As ``LoopGate.enter``, blocking."""
+        with self._lock:
+            if self.in_flight < self.limit and not self.holders and not self.waiting:
+                self.in_flight += 1
+                return
+            queued = len(self.holders) + (len(self.waiting) if patience is not None else 0)
+            expected = self.pace.expected(queued)
+            if self.pace.hopeless(expected, patience):
+                raise Full(queued, expected, 0.0)
+            if not self.holders and not self.waiting:
+                self.pace.queue_formed()
+            turn = threading.Event()
+            (self.holders if patience is None else self.waiting).append(turn)
+        began = time.monotonic()
+        if turn.wait(None if patience is None else max(patience, 0.0)):
+            return
+        with self._lock:
+            if turn.is_set():
+                return  # handed a turn just as the patience ran out: take it
+            self.waiting.remove(turn)
+        raise Full(queued, expected, time.monotonic() - began)
+
+    def leave(self) -> None:
+        with self._lock:
+            queue = self.holders or self.waiting
+            if queue:
+                queue.popleft().set()
+                self.pace.turn_given(time.monotonic())
+            else:
+                self.in_flight -= 1
+
+
+class Admission:
+    """One engine's gates: one for its threads, one per event loop that uses it."""
+
+    def __init__(self, limit: int = IN_FLIGHT) -> None:
+        self.limit = limit
+        self._pid = process.pid()
+        self._threads = ThreadGate(limit)
+        self._loops: dict[asyncio.AbstractEventLoop, LoopGate] = {}
+
+    def threads(self) -> ThreadGate:
+        if self._pid != process.pid():
+            # A forked child: its parent's rounds in flight are not its own.
+            self._pid = process.pid()
+            self._threads = ThreadGate(self.limit)
+            self._loops = {}
+        return self._threads
+
+    def of(self, loop: asyncio.AbstractEventLoop) -> LoopGate:
+        self.threads()  # forgets the parent's gates in a forked child
+        gate = self._loops.get(loop)
+        if gate is None:
+            for closed in [each for each in self._loops if each.is_closed()]:
+                del self._loops[closed]  # loops that ended (asyncio.run returned)
+            gate = self._loops[loop] = LoopGate(loop, self.limit)
+        return gate
