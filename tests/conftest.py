@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from django_redlock.engine import Redlock
+from django_redlock.engine import Redlock, procedures
 from django_redlock.testing.masters import LocalMaster, local_masters
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +117,15 @@ def redlock_settings(settings: object, masters: list[LocalMaster]) -> list[Local
 def hand_off_time(engine: Redlock, resource: str, *, settle: float = 0.4) -> float:
     """Seconds from a holder's release to a waiting thread's acquisition: the waiter first
     fails, subscribes to release notices and sleeps (``settle``). With a large ``retry_delay``
-    on ``engine``, only a notice can make this short. Fails if the waiter never gets the lock."""
+    on ``engine``, only a notice can make this short (the waiters' safety poll is put off past
+    the test, so that a loaded machine cannot make a poll pass for a notice). Fails if the
+    waiter never gets the lock."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(procedures, "SAFETY_POLL", 30.0)
+        return _hand_off_time(engine, resource, settle)
+
+
+def _hand_off_time(engine: Redlock, resource: str, settle: float) -> float:
     holder = engine.lock(resource, ttl=5).acquire()
     got: list[float] = []
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from django_redlock import LockContended, LockLost, redlock
-from django_redlock.engine import Lock
+from django_redlock.engine import Lock, procedures
 from django_redlock.engine.events import NullObserver
 from django_redlock.engine.watchdog import WATCHDOG
 from django_redlock.signals import lock_lost
@@ -260,9 +260,11 @@ class Attempts(NullObserver):
         self.attempts.append(attempts)
 
 
-def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlock_of):
+def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlock_of, monkeypatch):
     # Four clients, each with its own engine (its own release-notice inbox), as four processes
-    # would be. retry_delay=3: only a notice can hand the lock on in well under a second.
+    # would be. retry_delay=3 and no safety poll within the test: only a notice can hand the
+    # lock on in well under a second, and a loaded machine cannot make a waiter poll early.
+    monkeypatch.setattr(procedures, "SAFETY_POLL", 30.0)
     holder = redlock_of(masters, retry_delay=3.0).lock("queue", ttl=5).acquire()
     observers = [Attempts() for _ in range(3)]
     engines = [redlock_of(masters, retry_delay=3.0, observer=o) for o in observers]

@@ -239,7 +239,8 @@ def test_an_acl_user_limited_to_the_prefix_can_lock_extend_fence_wait_and_releas
 
         # Waiting queues on the masters (ZADD on redlock:queue:job) and listens on the process's
         # inbox (SUBSCRIBE on redlock:wake:<id>): woken at once, not after the 1.5-3 s blind retry.
-        assert hand_off_time(engine, "job", settle=0.4) < 1.0
+        # (Anything under 1.5 s is a notice: the blind retry comes 1.5-3 s after a failed try.)
+        assert hand_off_time(engine, "job", settle=0.4) < 1.45
     finally:
         engine.close()
 
@@ -438,7 +439,7 @@ def test_rediss_nodes_with_certificate_checks_lock_fence_wait_and_release(tls_ma
         assert tokens_on(masters, engine.lock_key("job")) == set()
 
         # Woken by a notice over TLS, not after the 1.5-3 s blind retry.
-        assert hand_off_time(engine, "job", settle=0.5) < 1.0
+        assert hand_off_time(engine, "job", settle=0.5) < 1.45
         assert subscribers(masters, engine.notices.inbox) == [1, 1, 1]  # over TLS
     finally:
         engine.close()  # stops the notice listeners: no TLS reconnects once the masters stop
