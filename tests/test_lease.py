@@ -290,9 +290,11 @@ def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlo
         thread.join(10)
     assert order == [0, 1, 2]
     assert time.monotonic() - released < 1.0
-    # A plain SET, then a SET that queues it, then the one it was woken for. A waiter woken by
-    # a release that was not its turn would have tried once more.
-    assert [o.attempts for o in observers] == [[3], [3], [3]]
+    # A plain SET, then a SET that queues it, then the one it was woken for; or one more when
+    # the notice, sent by the first master that applied the release, outran the release to the
+    # others (a split vote, tried again at once: seen with a loaded machine). A waiter woken out
+    # of turn would also try again, but could not then keep the order asserted above.
+    assert all(o.attempts in ([3], [4]) for o in observers), [o.attempts for o in observers]
     assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
 
 

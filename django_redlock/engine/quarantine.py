@@ -26,13 +26,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .errors import NodeFailure
 
 #: The ``NodeFailure.reason`` of an abstaining member's answer.
 REASON = "quarantine"
 
-#: One request, both sections (Redis 7 takes several sections in one INFO).
-INFO_REQUEST = ("INFO", "server", "replication")
+#: The two sections, asked for one after the other on one connection (one round trip): Redis 7
+#: takes several sections in one INFO, but 6.2 answers that with a syntax error.
+INFO_REQUESTS = (("INFO", "server"), ("INFO", "replication"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,19 @@ def parse_info(raw: bytes | str) -> Identity:
 def read_identity(conn: Any) -> Identity:
     """The identity of the server behind ``conn`` (an open redis-py connection): one round trip,
     on a connection no round uses yet."""
-    conn.send_command(*INFO_REQUEST)
-    return parse_info(conn.read_response())
+    for request in INFO_REQUESTS:
+        conn.send_command(*request)
+    texts, refused = [], None
+    for _ in INFO_REQUESTS:  # both replies read, even after an error: none left on the connection
+        try:
+            reply = conn.read_response()
+        except ResponseError as exc:
+            refused = refused or exc
+            continue
+        texts.append(reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply))
+    if refused is not None:
+        raise refused
+    return parse_info("\n".join(texts))
 
 
 class Watch:
