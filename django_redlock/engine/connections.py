@@ -229,6 +229,10 @@ class Node:
         conn = self.spec.connection_class(**self._kwargs)
         conn.socket_connect_timeout = conn.socket_timeout = budget
         conn.connect()
+        # A new connection may reach a restarted server that forgot our scripts: send them with
+        # their source again. A NOSCRIPT that came after a round returned at quorum would be read
+        # by no one, and the request (a release, say) never applied there.
+        self.warm.clear()
         if self.spec.service is not None:
             sentinel.follow_switches(self.spec.service, self)
         if self.watch is not None:
