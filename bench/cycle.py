@@ -32,6 +32,7 @@ from django_redlock.engine.scripts import Script
 from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report
+from .django_layer import OursDjango, OursDjangoAsync
 from .peers import (
     Address,
     Batch,
@@ -521,6 +522,8 @@ def _cycle_scenario(
         OursWith(urls, "bench:ours-with"),
         AsyncFloor(addrs, "bench:floor-async"),
         OursAsync(urls, "bench:ours-async"),
+        OursDjango(urls, "bench:ours-django"),
+        OursDjangoAsync(urls, "bench:ours-django-async"),
         PotteryRedlock(addrs, "bench:pottery"),
         RedlockPy(addrs, "bench:redlock-py"),
         *redlock_ng(urls, "bench:redlock-ng"),

@@ -33,6 +33,7 @@ from django_redlock.engine.values import make_value
 from django_redlock.testing.masters import local_masters
 
 from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, OursWith, addresses, load_scripts
+from .django_layer import OursDjango, OursDjangoAsync
 from .peers import Contender
 
 CYCLES = 2000
@@ -52,8 +53,10 @@ def main() -> None:
             ("floor", floor),
             ("ours (sync)", ours),
             ("ours (sync, with)", OursWith(urls, "bench:profile:ours-with")),
+            ("ours (redlock(), Django)", OursDjango(urls, "bench:profile:django")),
             ("floor (asyncio)", afloor),
             ("ours (async)", aours),
+            ("ours (redlock(), Django, async)", OursDjangoAsync(urls, "bench:profile:django-a")),
         ]
         for _, contender in contenders:
             contender.run(200)  # warm
