@@ -13,6 +13,7 @@ here on first use.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .engine import (
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .engine.redlock import Holder, Redlock
     from .fencing import fenced_update
     from .leadership import leader
+    from .locks import DjangoLock
 
 __all__ = [
     "ExtensionLimit",
@@ -123,11 +125,7 @@ def redlock(
     the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
-    from .conf import get_redlock
-    from .engine.modes import check_mode
-    from .engine.redlock import check_bounds_for
-    from .locks import django_lock_class
-
+    get_redlock, check_mode, check_bounds_for, django_lock_class = _layer()
     mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
     check_bounds_for(mode, at_least, at_most)
     engine = get_redlock()
@@ -148,6 +146,24 @@ def redlock(
         at_most=at_most,
         **({} if limit is None else {"limit": limit}),
     )
+
+
+@cache
+def _layer() -> tuple[
+    Callable[[], Redlock],
+    Callable[[object, object, object], type[Lock]],
+    Callable[[type[Lock], object, object], None],
+    Callable[[type[Lock]], type[DjangoLock]],
+]:
+    """What ``redlock()`` needs of the Django layer, imported on its first call (importing this
+    package imports no Django machinery) and kept: four function-local imports cost about
+    10 us per call, half of what making the lock costs."""
+    from .conf import get_redlock
+    from .engine.modes import check_mode
+    from .engine.redlock import check_bounds_for
+    from .locks import django_lock_class
+
+    return get_redlock, check_mode, check_bounds_for, django_lock_class
 
 
 def locked(*resources: str, **options: Any) -> Callable[[F], F]:

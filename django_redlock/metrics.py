@@ -172,8 +172,34 @@ def enabled() -> bool:
 def acquired(waited: float, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is not None:
-        c.wait.labels(outcome="acquired").observe(waited)
-        c.template_wait.labels(template=template, outcome="acquired").observe(waited)
+        overall, by_template = _waits(c, template, "acquired")
+        overall.observe(waited)
+        by_template.observe(waited)
+
+
+def _waits(c: _Collectors, template: str, outcome: str) -> tuple[Any, Any]:
+    """The wait histograms' series for ``outcome`` (overall, and of ``template``). Cached:
+    ``labels()`` validates, sorts and locks on every call, a third of what the metrics cost
+    per lock; the templates are bounded (see the module's docstring), and so is this cache."""
+    series = _wait_series.get((template, outcome))
+    if series is None:
+        series = (
+            c.wait.labels(outcome=outcome),
+            c.template_wait.labels(template=template, outcome=outcome),
+        )
+        _wait_series[template, outcome] = series
+    return series
+
+
+def _hold(c: _Collectors, template: str) -> Any:
+    series = _hold_series.get(template)
+    if series is None:
+        series = _hold_series[template] = c.template_hold.labels(template=template)
+    return series
+
+
+_wait_series: dict[tuple[str, str], tuple[Any, Any]] = {}
+_hold_series: dict[str, Any] = {}
 
 
 def not_acquired(waited: float, error: LockNotAcquired, template: str = UNTEMPLATED) -> None:
@@ -181,8 +207,9 @@ def not_acquired(waited: float, error: LockNotAcquired, template: str = UNTEMPLA
     if c is None:
         return
     reason = "contended" if isinstance(error, LockContended) else "unavailable"
-    c.wait.labels(outcome=reason).observe(waited)
-    c.template_wait.labels(template=template, outcome=reason).observe(waited)
+    overall, by_template = _waits(c, template, reason)
+    overall.observe(waited)
+    by_template.observe(waited)
     c.contended.labels(reason=reason).inc()
     for failure in error.failures:
         node_failure(failure)
@@ -200,7 +227,7 @@ def released(held: float, template: str = UNTEMPLATED) -> None:
     c = _collectors()
     if c is not None:
         c.hold.observe(held)
-        c.template_hold.labels(template=template).observe(held)
+        _hold(c, template).observe(held)
 
 
 def lost() -> None:

@@ -31,7 +31,8 @@ def _template(lock: Lock) -> str:
 
 class DjangoObserver:
     def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None:
-        logger.debug("acquired %s after %.3fs (%d attempts)", _name(lock), waited, attempts)
+        if logger.isEnabledFor(logging.DEBUG):  # (naming the lock costs, even unlogged)
+            logger.debug("acquired %s after %.3fs (%d attempts)", _name(lock), waited, attempts)
         metrics.acquired(waited, _template(lock))
         otel.acquired(waited, attempts)
         lock_acquired.send_robust(Lock, lock=lock, waited=waited, attempts=attempts)
@@ -43,7 +44,8 @@ class DjangoObserver:
         lock_contended.send_robust(Lock, lock=lock, waited=waited, error=error)
 
     def released(self, lock: Lock, *, held: float) -> None:
-        logger.debug("released %s after %.3fs", _name(lock), held)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("released %s after %.3fs", _name(lock), held)
         metrics.released(held, _template(lock))
         lock_released.send_robust(Lock, lock=lock, held=held)
 

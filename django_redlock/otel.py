@@ -41,15 +41,30 @@ if TYPE_CHECKING:
 _span: ContextVar[_Operation | None] = ContextVar("django_redlock_span", default=None)
 
 
-@cache
 def tracer() -> Any | None:
-    """The tracer, or None when opentelemetry-api is not installed. (A tracer provider set
-    later is still used: the API's tracer delegates to the global provider.)"""
+    """The tracer, or None when no spans would be recorded: opentelemetry-api not installed, or
+    no tracer provider set (the API's default, whose spans are non-recording: making them cost
+    about a fifth of an uncontended cycle on loopback). A provider set later is used from then
+    on: this is asked on every operation."""
+    api = _api()
+    if api is None:
+        return None
+    trace, silent, proxy = api
+    if isinstance(trace.get_tracer_provider(), silent):
+        return None
+    return proxy
+
+
+@cache
+def _api() -> tuple[Any, tuple[type, ...], Any] | None:
+    """The OpenTelemetry trace API, the provider classes that record nothing, and our tracer
+    (the API's proxy: it follows the global provider); None without opentelemetry-api."""
     try:
         from opentelemetry import trace
     except ImportError:
         return None
-    return trace.get_tracer("django_redlock")
+    silent = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    return trace, silent, trace.get_tracer("django_redlock")
 
 
 class _Operation:

@@ -4,6 +4,7 @@ and one event per failing member; recorded by the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -114,7 +115,7 @@ def test_extend_is_a_span(spans):
 def test_without_opentelemetry_locks_make_no_span(redlock_settings, monkeypatch):
     """No opentelemetry installed (its import fails): tracer() is None and locks work."""
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
-    otel.tracer.cache_clear()
+    otel._api.cache_clear()
     try:
         assert otel.tracer() is None
         EXPORTER.clear()
@@ -122,4 +123,23 @@ def test_without_opentelemetry_locks_make_no_span(redlock_settings, monkeypatch)
             lock.extend()
         assert EXPORTER.get_finished_spans() == ()
     finally:
-        otel.tracer.cache_clear()
+        otel._api.cache_clear()
+
+
+def test_without_a_tracer_provider_locks_make_no_span():
+    """opentelemetry-api installed but no provider set (its default: spans that record nothing):
+    no span is made at all (they cost a fifth of a cycle); one set later is used from then on.
+    In a fresh process: this one's provider is set once for the module above."""
+    code = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from django_redlock import otel\n"
+        "assert otel.tracer() is None, otel.tracer()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "assert otel.tracer() is not None\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr
