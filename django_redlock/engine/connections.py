@@ -23,7 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import protocol, sentinel
+from . import dialing, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, mask_url, sentinel_identity
@@ -107,6 +107,9 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
+        #: How a loop connects to it on the loop (``_address``), once asked.
+        self._dial: dialing.Address | None = None
+        self._dial_known = False
         self._forget()
         _ALL_NODES.add(self)
 
@@ -170,27 +173,34 @@ class Node:
 
     async def aconnect(self, loop: asyncio.AbstractEventLoop, budget: float) -> Pipe | Exception:
         """This loop's pipe, connecting it if needed (within ``budget``): once per loop, and
-        every round that needs it meanwhile awaits that attempt. The handshake blocks (name
-        lookup, TLS, AUTH), so it runs on a small thread pool of ours, never on the loop."""
+        every round that needs it meanwhile awaits that attempt. A plain TCP master named by its
+        address connects on the loop itself (``dialing``); other handshakes may block (name
+        lookup, TLS, Sentinel), so they run on a small thread pool of ours, never on the loop."""
         pipe = self.loop_pipe(loop)
         if pipe is not None:
             return pipe
         connecting = self._loop_connecting.get(loop)
         if connecting is None:
             self._sweep_closed_loops()
-            made = _connect_pool().submit(self._open, budget)
-            connecting = _Attempt(made, loop.create_future())
-            self._loop_connecting[loop] = connecting
-            made.add_done_callback(
-                lambda _: _hand_over(loop, lambda: self._opened(loop, connecting))
-            )
+            address = self._address()
+            if address is not None:
+                dialed = loop.create_task(dialing.connect(loop, address, budget, self._fresh))
+                attempt = connecting = _Attempt(dialed, loop.create_future())
+                self._loop_connecting[loop] = attempt
+                dialed.add_done_callback(lambda _: self._opened(loop, attempt))
+            else:
+                made = _connect_pool().submit(self._open, budget)
+                connecting = _Attempt(made, loop.create_future())
+                self._loop_connecting[loop] = connecting
+                made.add_done_callback(
+                    lambda _: _hand_over(loop, lambda: self._opened(loop, connecting))
+                )
         elif connecting.made is not None and connecting.made.done():
             # Made already, and the loop has not run our callback yet (a thousand rounds ahead
             # of it): use it now rather than a whole loop pass later.
             self._opened(loop, connecting)
-        # No timer of our own: the attempt is bounded by its budget (socket timeouts), and a
-        # timer would fire late anyway on a loop busy with a thousand rounds, and blame the
-        # master for it.
+        # No timer of our own: the attempt is bounded by its budget (socket timeouts; on the loop,
+        # ``dialing`` asks the socket before it blames the master for a busy loop's lateness).
         try:
             if connecting.pipe.done():
                 return connecting.pipe.result()
@@ -199,7 +209,7 @@ class Node:
             return exc
 
     def _opened(self, loop: asyncio.AbstractEventLoop, connecting: _Attempt) -> None:
-        """The connect ended (in our thread pool): make the loop's pipe of it, once."""
+        """The connect ended (in our thread pool, or on the loop): make the loop's pipe of it."""
         made, connecting.made = connecting.made, None  # (and no cycle through its callback)
         if made is None or connecting.pipe.done():
             return
@@ -209,6 +219,8 @@ class Node:
             if loop.is_closed():
                 _discard(made)
                 raise redis.ConnectionError("the event loop closed while connecting")
+            if made.cancelled():  # (a connect on a loop that is shutting down)
+                raise redis.ConnectionError("the connect was cancelled")
             pipe = Pipe(made.result(), loop, _flusher_of(loop))
         except (redis.RedisError, OSError) as exc:
             connecting.pipe.set_exception(exc)
@@ -223,11 +235,27 @@ class Node:
 
     # --- both --------------------------------------------------------------------------------
 
+    def _address(self) -> dialing.Address | None:
+        """How a loop connects here on the loop itself, if it can (not a Sentinel member, nor
+        under quarantine: see ``dialing``); read once."""
+        if not self._dial_known:
+            plain = self.spec.service is None and self.watch is None
+            self._dial = dialing.address_of(self._fresh()) if plain else None
+            self._dial_known = True
+        return self._dial
+
+    def _fresh(self, budget: float = 0.0) -> redis.connection.AbstractConnection:
+        """A new redis-py connection to this master, not connected yet; our scripts go to it
+        with their source again (see ``_open``)."""
+        conn = self.spec.connection_class(**self._kwargs)
+        conn.socket_connect_timeout = conn.socket_timeout = budget
+        self.warm.clear()
+        return conn
+
     def _open(self, budget: float) -> redis.connection.AbstractConnection:
         """A new connection, its connect and handshake (TLS, AUTH, SELECT) each bounded by
         ``budget``."""
-        conn = self.spec.connection_class(**self._kwargs)
-        conn.socket_connect_timeout = conn.socket_timeout = budget
+        conn = self._fresh(budget)
         conn.connect()
         # A new connection may reach a restarted server that forgot our scripts: send them with
         # their source again. A NOSCRIPT that came after a round returned at quorum would be read
@@ -306,14 +334,16 @@ def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
     return flusher
 
 
+#: A connect under way (its connection): in our thread pool, or a task on the loop (``dialing``).
+Made = Future[Any] | asyncio.Future[Any]
+
+
 class _Attempt:
     """A connect in progress for a loop's pipe: the thread's work, and the pipe it becomes."""
 
     __slots__ = ("made", "pipe")
 
-    def __init__(
-        self, made: Future[redis.connection.AbstractConnection] | None, pipe: asyncio.Future[Pipe]
-    ) -> None:
+    def __init__(self, made: Made | None, pipe: asyncio.Future[Pipe]) -> None:
         self.made = made
         self.pipe = pipe
 
@@ -326,7 +356,7 @@ def _hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> N
         opened()  # (it closes what it cannot use: the loop is closed)
 
 
-def _discard(made: Future[redis.connection.AbstractConnection]) -> None:
+def _discard(made: Made) -> None:
     if not made.cancelled() and made.exception() is None:
         made.result().disconnect()
 

@@ -1,0 +1,191 @@
+"""An event loop's connection to a master, made on the loop itself: no thread.
+
+A plain TCP master named by an IP address (what a lock's masters usually are) needs no name
+lookup and, without a password or a database number, no handshake: its connection is one
+non-blocking ``connect()``, done (or refused: a master that is down) by the loop's next pass.
+Made on a thread pool instead, every connect (and every refused reconnect to a master that is
+down, tried again every round) paid a redis-py connection object, two thread hand-overs and the
+GIL traffic between them: a killed master cost an async round 2.6x its bounded floor.
+
+What it does not cover goes to the thread pool as before (``connections``): TLS, unix sockets,
+Sentinel members, host names (``getaddrinfo`` blocks), credential providers, a client name,
+and the quarantine's identity check. A password and a database number are covered: ``AUTH``
+and ``SELECT`` are pipelined in one write, their replies read on the loop.
+
+Bounded by the node budget, as the threads' connects are; a busy loop does not turn a connect
+that succeeded into a timeout: when the budget's timer fires, the socket itself is asked
+(``poll`` with no wait) before the master is blamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import select
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hiredis
+import redis
+from redis._parsers.base import BaseParser
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where and how to connect to one master on the loop: read once per master from a redis-py
+    connection made with its settings (making one per attempt costs more than the attempt:
+    deep copies, option checks; a master that is down is tried again every round)."""
+
+    host: str
+    port: int
+    family: socket.AddressFamily
+    keepalive: bool
+    keepalive_options: tuple[tuple[int, int], ...]
+    #: AUTH and SELECT, packed: sent in one write after the connect.
+    handshake: tuple[tuple[Any, ...], ...]
+
+
+def address_of(conn: redis.connection.AbstractConnection) -> Address | None:
+    """How ``conn`` (made, not connected) connects on the loop; None if it cannot (see above)."""
+    if type(conn) is not redis.connection.Connection:  # TLS, unix socket, Sentinel: a subclass
+        return None
+    if conn.credential_provider is not None or conn.client_name:
+        return None
+    if conn.protocol not in (2, "2"):  # RESP3 needs HELLO (the lock path forces RESP2)
+        return None
+    try:
+        ip = ipaddress.ip_address(conn.host)
+    except ValueError:
+        return None  # a host name: its lookup would block
+    handshake: list[tuple[Any, ...]] = []
+    if conn.password:
+        auth = (conn.username, conn.password) if conn.username else (conn.password,)
+        handshake.append(("AUTH", *auth))
+    if conn.db:
+        handshake.append(("SELECT", conn.db))
+    return Address(
+        host=str(ip),
+        port=int(conn.port),
+        family=socket.AF_INET6 if ip.version == 6 else socket.AF_INET,
+        keepalive=bool(conn.socket_keepalive),
+        keepalive_options=tuple(conn.socket_keepalive_options.items()),
+        handshake=tuple(handshake),
+    )
+
+
+async def connect(
+    loop: asyncio.AbstractEventLoop,
+    address: Address,
+    budget: float,
+    fresh: Callable[[float], redis.connection.AbstractConnection],
+) -> redis.connection.AbstractConnection:
+    """Connect to ``address`` within ``budget``: a non-blocking socket and its ``connect()``,
+    then the handshake (AUTH, SELECT) in one write; then ``fresh(budget)``, a redis-py
+    connection with the master's settings, holds the socket where redis-py's own connect leaves
+    it (the pipe takes it there; ``disconnect()`` closes it). Raises as redis-py's connect
+    does: ``redis.ConnectionError``, ``redis.TimeoutError``, ``AuthenticationError``."""
+    deadline = loop.time() + budget
+    sock = socket.socket(address.family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if address.keepalive:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in address.keepalive_options:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        try:
+            sock.connect((address.host, address.port))
+        except BlockingIOError:
+            await _ready(loop, sock, deadline, writing=True)
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error)) from None
+        if address.handshake:
+            await _converse(loop, sock, address.handshake, deadline)
+    except TimeoutError:
+        sock.close()
+        where = f"{address.host}:{address.port}"
+        raise redis.TimeoutError(f"Timeout connecting to server {where}") from None
+    except OSError as exc:
+        sock.close()
+        raise redis.ConnectionError(
+            f"Error {exc.errno} connecting to {address.host}:{address.port}. {exc.strerror}."
+        ) from None
+    except BaseException:
+        sock.close()
+        raise
+    conn = fresh(budget)
+    conn._sock = sock  # type: ignore[assignment]  # noqa: SLF001 (redis-py keeps it there)
+    return conn
+
+
+async def _converse(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    commands: tuple[tuple[Any, ...], ...],
+    deadline: float,
+) -> None:
+    """Send ``commands`` in one write and read their replies; an error reply raises."""
+    out = memoryview(b"".join(hiredis.pack_command(c) for c in commands))
+    while out:
+        try:
+            out = out[sock.send(out) :]
+        except BlockingIOError:
+            await _ready(loop, sock, deadline, writing=True)
+    reader = hiredis.Reader(
+        protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+    )
+    replies: list[object] = []
+    while len(replies) < len(commands):
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            await _ready(loop, sock, deadline, writing=False)
+            continue
+        if not data:
+            raise OSError(0, "Connection closed by server during the handshake")
+        reader.feed(data)
+        while (reply := reader.gets()) is not False:
+            replies.append(reply)
+    for command, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, redis.exceptions.AuthenticationError):
+            raise reply
+        if isinstance(reply, redis.exceptions.ResponseError):
+            if command[0] == "AUTH":
+                raise redis.exceptions.AuthenticationError(str(reply))
+            raise reply
+
+
+async def _ready(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, deadline: float, *, writing: bool
+) -> None:
+    """Until ``sock`` is writable (or readable), or ``deadline`` (loop time): TimeoutError. A
+    loop too busy to run the I/O callback before the timer is not the master's fault: the timer
+    asks the socket itself before giving up."""
+    fd = sock.fileno()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    def expire() -> None:
+        if ready.done():
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT if writing else select.POLLIN)
+        if poller.poll(0):
+            ready.set_result(None)
+        else:
+            ready.set_exception(TimeoutError())
+
+    (loop.add_writer if writing else loop.add_reader)(fd, settle)
+    timer = loop.call_at(deadline, expire)
+    try:
+        await ready
+    finally:
+        timer.cancel()
+        (loop.remove_writer if writing else loop.remove_reader)(fd)
