@@ -31,7 +31,7 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
     ),
     "c": (
         "contention: 8 processes x 25 acquisitions of one key held 2 ms",
-        lambda args: contention.run(rounds=args.contention_rounds),
+        lambda args: contention.run(rounds=args.contention_rounds, only=args.only),
     ),
     "d": ("1 of 5 masters killed, then 1 of 5 paused", lambda args: cycle.faults()),
     "e": ("client and Redis memory per held lock", lambda args: memory.run()),
@@ -110,6 +110,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--contention-rounds", type=int, default=2, help="(c): races per implementation (2)"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="(c): only the rows whose label contains this (repeatable), e.g. --only 'ours'",
     )
     parser.add_argument("--tasks", type=int, default=1000, help="(f): asyncio tasks (1000)")
     parser.add_argument("--threads", type=int, default=200, help="(f): threads (200)")

@@ -54,6 +54,19 @@ IMPLEMENTATIONS = [
         "the same, in worker processes that were not warmed up: each one's first acquisition "
         "opens its connections",
     ),
+    (
+        "ours (redlock())",
+        "ours-django",
+        "5",
+        "redlock(r, wait=60).acquire() through settings.REDLOCK (the Django observer: signals, "
+        "metrics; the DB guard), as a Django worker calls it; waits as above",
+    ),
+    (
+        "ours (redlock(), cold)",
+        "ours-django",
+        "5",
+        "the same, worker processes not warmed up",
+    ),
     ("pottery", "pottery", "5", "acquire(): retries after a random 0-200 ms"),
     ("redlock-py", "redlock-py", "5", "lock() until it returns a lock: 3 tries 200 ms apart each"),
     ("redlock-ng", "redlock-ng", "5", "acquire(blocking=True): retries after 100-300 ms"),
@@ -78,10 +91,15 @@ class Race:
     errors: list[str] = field(default_factory=list)
     #: Redis commands the masters ran, by name (summed over masters and rounds).
     commands: dict[str, int] = field(default_factory=dict)
+    #: Ours: each hand-off's parts in ns (``handoff_parts``), over all rounds.
+    handoffs: list[dict[str, int]] = field(default_factory=list)
 
 
 #: Rows whose workers are not warmed up before the race (``worker.py contend``, ``cold``).
-COLD = {"ours (sync, cold)"}
+COLD = {"ours (sync, cold)", "ours (redlock(), cold)"}
+
+#: Our rows: their workers record a timeline of each hand-off (``worker.Timeline``).
+OURS = ("ours", "ours-django")
 
 #: Commands counted per acquisition: SET (attempts x masters), the scripts that release or undo,
 #: and PUBLISH (a release notice per master; counted also when a script calls it).
@@ -126,6 +144,7 @@ def race(
     ``cold``: workers not warmed up (their first acquisition connects)."""
     config = {"urls": list(urls), "key": key, "ttl": TTL, "count": count, "hold": HOLD}
     config["cold"] = cold
+    config["breakdown"] = implementation in OURS
     result = Race()
     with _workers(implementation, config, processes) as workers:
         for proc in workers:
@@ -154,10 +173,88 @@ def race(
     result.waits_ns = [w for r in reports for w in r["waits_ns"]]
     for r in reports:
         result.errors.extend(r["errors"])
+    if config["breakdown"] and reports:
+        result.handoffs = handoff_parts(reports)
     if reports and holds:
         wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
         result.efficiencies.append(len(holds) * HOLD * 1e9 / wall)
     return result
+
+
+#: The parts of a hand-off, in the order they follow one another on the critical path (the
+#: release round runs beside them: the notice leaves the master while the release is in flight).
+PARTS = ("release round", "notice", "wake-up", "before round", "acquire round", "after round")
+
+
+def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """Each hand-off from one worker to another, cut into its parts (ns), from the workers'
+    timelines on the shared monotonic clock. t0 = the holder starts its release; then
+
+    - ``release round``: the holder's release, t0 to its return (beside the rest);
+    - ``notice``: t0 to the next holder's listener receiving its first release notice;
+    - ``wake-up``: from there to its waiting thread running again (its wait step returns);
+    - ``before round``: from there to its next round's start (local turn, pauses, admission);
+    - ``acquire round``: the round that won;
+    - ``after round``: from the round's end to ``acquire()`` returning (lease, observer);
+    - ``gap``: t0 to the next holder holding, the sum of the critical path;
+    - ``pause``: time the next holder spent in pauses within the gap (courtesy, split retry);
+    - ``woken``: 1 if a notice woke it within the gap, 0 if it got there another way (its
+      first attempt, a pause, the safety poll): its parts other than the gap are then 0.
+    """
+    holds = sorted(
+        (got, done, released, w)
+        for w, r in enumerate(reports)
+        for (got, done), released in zip(r["holds"], r["released"], strict=True)
+    )
+    parts: list[dict[str, int]] = []
+    for (_, t0, t1, holder), (got, _, _, w) in zip(holds, holds[1:], strict=False):
+        if w == holder or got < t0:
+            continue
+        timeline = reports[w]
+        steps = [(k, b, e) for k, b, e in timeline["steps"] if b < got and e > t0]
+        part = dict.fromkeys(PARTS, 0) | {"gap": got - t0, "release round": t1 - t0}
+        part["pause"] = sum(min(e, got) - max(b, t0) for k, b, e in steps if k == "pause")
+        notice = next((n for n in timeline["notices"] if t0 <= n <= got), None)
+        waits = [(b, e) for k, b, e in steps if k == "notice" and notice and e >= notice]
+        rounds = [(b, e) for k, b, e in steps if k.startswith("round:") and e <= got]
+        part["woken"] = int(bool(notice and waits and rounds and rounds[-1][0] >= waits[0][1]))
+        if part["woken"] and notice is not None:
+            woke = waits[0][1]
+            start, end = rounds[-1]
+            part |= {
+                "notice": notice - t0,
+                "wake-up": woke - notice,
+                "before round": start - woke,
+                "acquire round": end - start,
+                "after round": got - end,
+            }
+        parts.append(part)
+    return parts
+
+
+def breakdown_text(label: str, parts: list[dict[str, int]]) -> str:
+    """One line per part: mean and p50 over the hand-offs a notice woke; the others apart."""
+    woken = [p for p in parts if p["woken"]]
+    other = [p for p in parts if not p["woken"]]
+    if not parts:
+        return f"- {label}: no hand-off recorded"
+
+    def ms(values: list[int]) -> str:
+        if not values:
+            return "-"
+        return f"{statistics.mean(values) / 1e6:.2f} / {statistics.median(values) / 1e6:.2f}"
+
+    cells = [f"{name} {ms([p[name] for p in woken])}" for name in (*PARTS, "pause", "gap")]
+    line = (
+        f"- {label}: {len(woken)} of {len(parts)} hand-offs woken by a notice, ms mean / p50: "
+        + "; ".join(cells)
+    )
+    if other:
+        line += (
+            f". The other {len(other)}: gap {ms([p['gap'] for p in other])}, of it in pauses "
+            f"{ms([p['pause'] for p in other])}"
+        )
+    return line
 
 
 @contextlib.contextmanager
@@ -184,18 +281,26 @@ def _workers(
 
 
 def run(
-    *, rounds: int = 2, processes: int = PROCESSES, count: int = ACQUISITIONS
+    *,
+    rounds: int = 2,
+    processes: int = PROCESSES,
+    count: int = ACQUISITIONS,
+    only: Sequence[str] = (),
 ) -> tuple[str, dict[str, Any]]:
-    """Markdown and data for scenario (c)."""
+    """Markdown and data for scenario (c); ``only``: the rows whose label contains one of these
+    (all rows if empty)."""
     started = time.monotonic()
-    races = {label: Race() for label, *_ in IMPLEMENTATIONS}
+    implementations = [
+        row for row in IMPLEMENTATIONS if not only or any(word in row[0] for word in only)
+    ]
+    races = {label: Race() for label, *_ in implementations}
     with local_masters(5) as masters:
         urls = [m.url for m in masters]
         for r in range(rounds):
-            shift = r % len(IMPLEMENTATIONS)
+            shift = r % len(implementations)
             for label, implementation, used, _ in [
-                *IMPLEMENTATIONS[shift:],
-                *IMPLEMENTATIONS[:shift],
+                *implementations[shift:],
+                *implementations[:shift],
             ]:
                 targets = urls if used == "5" else urls[:1]
                 cold = label in COLD
@@ -217,6 +322,7 @@ def run(
                 total.overlaps += one.overlaps
                 total.acquired += one.acquired
                 total.errors += one.errors
+                total.handoffs += one.handoffs
                 for command, calls in command_counts(masters).items():
                     total.commands[command] = total.commands.get(command, 0) + calls
     took = time.monotonic() - started
@@ -236,6 +342,7 @@ def run(
                 c: n / race_.acquired for c, n in race_.commands.items() if race_.acquired
             },
             "errors": race_.errors[:1],
+            "handoffs": race_.handoffs,
         }
     rows_data = data["rows"]
     best_eff = report.best_peer(rows_data, "efficiency", highest=True)
@@ -243,7 +350,7 @@ def run(
         k: report.best_peer(rows_data, k) for k in ("wait_p50_ms", "wait_p99_ms", "wait_max_ms")
     }
     rows = []
-    for label, _, used, how in IMPLEMENTATIONS:
+    for label, _, used, how in implementations:
         d = rows_data[label]
         runs = ", ".join(f"{e:.2f}" for e in d["efficiency_runs"])
         rows.append(
@@ -283,6 +390,18 @@ def run(
             f"Took {took:.1f} s.",
             "",
             report.table(headers, rows),
+            "",
+            "Our hand-offs, cut into their parts (`handoff_parts`): t0 = the holder starts its "
+            "release; the release round runs beside the rest; then the notice reaching the next "
+            "holder's listener, its waiting thread waking, until its next round starts (local "
+            "turn, pauses), the round that won, and from there to holding (lease, observer). "
+            "gap = t0 to holding; pause = pauses inside the gap.",
+            "",
+            *(
+                breakdown_text(label, rows_data[label]["handoffs"])
+                for label, implementation, _, _ in implementations
+                if implementation in OURS
+            ),
         ]
     )
     return text, data

@@ -144,6 +144,82 @@ class Ours(Impl):
         self.redlock.close()
 
 
+class OursDjango(Ours):
+    """django-redlock as a Django project uses it: ``redlock(key, ttl, wait)`` through
+    ``settings.REDLOCK`` (the Django observer: signals, metrics, log records; the DB guard)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        import django
+        from django.conf import settings
+
+        settings.configure(
+            INSTALLED_APPS=["django_redlock"],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+            REDLOCK={"NODES": config["urls"], "NODE_TIMEOUT": config.get("timeout") or 0.05},
+            LOGGING_CONFIG=None,
+        )
+        django.setup()
+        from django_redlock import redlock
+        from django_redlock.conf import get_redlock
+
+        self.redlock = get_redlock()
+        self._lock = redlock
+        self.ttl = config.get("ttl", 10.0)
+
+    def acquire(self, key: str) -> Any:
+        return self._lock(key, ttl=self.ttl).acquire()
+
+    def acquire_blocking(self, key: str) -> Any:
+        return self._lock(key, ttl=self.ttl, wait=OURS_WAIT).acquire()
+
+
+class Timeline:
+    """What one of our workers did in each hand-off (``config["breakdown"]``), for scenario
+    (c)'s breakdown: every step the engine's sync driver performed (a round, a pause, a wait
+    for a notice or for the local turn) with its start and end, and when the notice listener
+    received each release notice. Installed by wrapping the driver's ``_perform`` and the
+    notices' ``deliver`` in this worker only: the engine is not changed for the bench."""
+
+    def __init__(self) -> None:
+        from django_redlock.engine import drivers
+        from django_redlock.engine.notices import ReleaseNotices
+        from django_redlock.engine.steps import AwaitNotice, AwaitTurn, Pause, Round
+
+        self.steps: list[tuple[str, int, int]] = []
+        self.notices: list[int] = []
+        clock = time.monotonic_ns
+        perform, deliver = drivers._perform, ReleaseNotices.deliver  # noqa: SLF001
+
+        def kind(step: Any) -> str:
+            if isinstance(step, Round):
+                return (
+                    "round:"
+                    + str(step.command[0]).lower()
+                    + (":" + step.script.name if step.script is not None else "")
+                )
+            if isinstance(step, Pause):
+                return "pause"
+            if isinstance(step, AwaitNotice):
+                return "notice"
+            if isinstance(step, AwaitTurn):
+                return "turn"
+            return type(step).__name__.lower()
+
+        def timed_perform(masters: Any, step: Any, waiters: Any) -> Any:
+            began = clock()
+            try:
+                return perform(masters, step, waiters)
+            finally:
+                self.steps.append((kind(step), began, clock()))
+
+        def timed_deliver(hub: Any, channel: str, notice: bytes) -> None:
+            self.notices.append(clock())
+            deliver(hub, channel, notice)
+
+        drivers._perform = timed_perform  # noqa: SLF001
+        ReleaseNotices.deliver = timed_deliver  # type: ignore[method-assign,assignment]
+
+
 class Pottery(Impl):
     """pottery ``Redlock`` over every master, one object per resource as its docs show."""
 
@@ -308,6 +384,7 @@ class PythonRedisLock(Impl):
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any]], Impl]] = {
     "floor": Floor,
     "ours": Ours,
+    "ours-django": OursDjango,
     "pottery": Pottery,
     "redlock-py": RedlockPy,
     "redlock-ng": RedlockNg,
@@ -457,12 +534,14 @@ def contend(name: str, config: dict[str, Any]) -> None:
             if attempt == 4:
                 raise
             time.sleep(0.1)
+    timeline = Timeline() if config.get("breakdown") else None
     reply({"ready": True})
     if sys.stdin.readline().strip() != "go":
         return
     clock = time.monotonic_ns
     waits: list[int] = []
     holds: list[tuple[int, int]] = []
+    released: list[int] = []
     errors: list[str] = []
     start = clock()
     for _ in range(count):
@@ -479,11 +558,15 @@ def contend(name: str, config: dict[str, Any]) -> None:
             impl.release(handle)
         except Exception as exc:  # noqa: BLE001
             errors.append(error_text(exc))
+        released.append(clock())
         waits.append(got - asked)
         holds.append((got, done))
     end = clock()
     impl.close()
-    reply({"start": start, "end": end, "waits_ns": waits, "holds": holds, "errors": errors[:3]})
+    result = {"start": start, "end": end, "waits_ns": waits, "holds": holds, "errors": errors[:3]}
+    if timeline is not None:
+        result |= {"released": released, "steps": timeline.steps, "notices": timeline.notices}
+    reply(result)
 
 
 def main() -> None:
