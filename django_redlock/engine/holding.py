@@ -271,7 +271,7 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
     """The lease's fencing token for ``resource``: a quorum's counters, max + 1, written back
     to a quorum before use (a majority max-register), so that any later reading quorum sees
     it."""
-    token = lease.fences.get(resource)
+    token = None if lease.fences is None else lease.fences.get(resource)
     if token is not None:
         return token
     fence_key = masters.fence_key(resource)
@@ -285,6 +285,8 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
         raise fence_unavailable(masters, lease, replies)
     if lease.check_lost():
         raise lease.lost_error()
+    if lease.fences is None:
+        lease.fences = {}
     lease.fences[resource] = token
     return token
 
