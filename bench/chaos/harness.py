@@ -428,6 +428,10 @@ class Cluster:
     """Five lock masters (some optionally behind a ``DelayProxy``) and the counter's own server.
     Use as a context manager: everything is stopped on exit."""
 
+    #: How long after a run a request sent during it may still reach a master and take a key
+    #: (which then lives its TTL). On loopback: a paused or proxied master's backlog, at once.
+    late_delivery = 1.0
+
     def __init__(
         self,
         workdir: Path,
