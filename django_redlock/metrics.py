@@ -164,6 +164,14 @@ def _register_permits(prom: Any) -> _Permits:
     return collector
 
 
+def warm() -> None:
+    """Import ``prometheus_client`` if it is installed (``AppConfig.ready``); registers nothing."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        pass
+
+
 def enabled() -> bool:
     """True when ``prometheus_client`` is importable and the metrics are being recorded."""
     return _collectors() is not None

@@ -55,6 +55,11 @@ def tracer() -> Any | None:
     return proxy
 
 
+def warm() -> None:
+    """Import OpenTelemetry's trace API if it is installed (``AppConfig.ready``)."""
+    _api()
+
+
 @cache
 def _api() -> tuple[Any, tuple[type, ...], Any] | None:
     """The OpenTelemetry trace API, the provider classes that record nothing, and our tracer

@@ -257,3 +257,25 @@ def test_metrics_are_no_ops_without_prometheus_client() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_the_exporters_libraries_are_imported_by_the_app_not_by_the_first_lock():
+    """A freshly started worker's first lock must not pay for importing prometheus_client and
+    OpenTelemetry's API (about 0.15 s on a busy machine, inside its first wait): the app's
+    ready() imports them; it registers no metric (they register on first use)."""
+    code = (
+        "import sys\n"
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['django_redlock'], REDLOCK={'NODES': []})\n"
+        "assert 'prometheus_client' not in sys.modules\n"
+        "django.setup()\n"
+        "print('prometheus_client' in sys.modules, 'opentelemetry.trace' in sys.modules)\n"
+        "from prometheus_client import REGISTRY\n"
+        "names = {m.name for m in REGISTRY.collect()}\n"
+        "assert not any(n.startswith('redlock') for n in names), names\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.split() == ["True", "True"], done.stderr
