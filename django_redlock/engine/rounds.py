@@ -288,7 +288,9 @@ def _vote(
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
     script is asked again with its source; a Cluster shard that answered ``MOVED`` or ``ASK``
-    is left for the one it names, asked once within what is left of the request's budget (and
+    is left for the one it names, asked there once within a node budget of its own, as any
+    second try (the redirection came in time: a round that read it late, busy connecting to
+    other masters, must not blame the shard for that; and
     ``nodes[i]`` becomes that shard: its quarantine is the one that counts). Safe to repeat: our
     scripts are idempotent, and a repeated SET NX can only under-count our votes."""
     node = nodes[i]
@@ -300,16 +302,13 @@ def _vote(
         pipe = made
         reply = yield from _ask(node, pipe, requests.for_node(node), budget)
     if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
-        left = slot.sent_at + budget - time.monotonic()
-        if left <= 0:
-            return failure(node, TimeoutError(f"{reply.status_code} {reply}: no budget left"))
         nodes[i] = node = target
-        made = yield from _connect(node, left)
+        made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             return made
         pipe = made
         asking = isinstance(reply, AskError)  # one request's detour: ASKING goes first
-        reply = yield from _ask(node, pipe, requests.for_node(node), left, asking=asking)
+        reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
     if requests.forgot_script(node, reply):
         reply = yield from _ask(node, pipe, requests.with_source(), budget)
     if isinstance(reply, Broken):

@@ -98,6 +98,11 @@ class LocalCluster:
         """Every key matching ``pattern`` on every live shard."""
         return sorted(k for s in self.shards if s.alive for k in s.client().keys(pattern))
 
+    def where(self, key: str) -> list[ClusterShard]:
+        """The live shards that have ``key`` (each asked for its own keys: no redirection)."""
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in key)
+        return [s for s in self.shards if s.alive and s.client().keys(pattern)]
+
     def start_migration(self, slot: int, to: ClusterShard) -> ClusterShard:
         """Mark ``slot`` MIGRATING on its owner and IMPORTING on ``to`` (requests for keys the
         owner does not have get ``ASK``); returns the owner."""

@@ -1,0 +1,210 @@
+"""A member that is a Redis Cluster (``redis+cluster://``), on a real three-shard cluster
+(``django_redlock.testing.clusters``), started once for the module: one vote routed by hash slot
+to the shard that owns the key, MOVED after a real slot migration, ASK during one, a killed
+shard, multi-resource locks in one slot, fencing tokens, notices, the inventory and the status
+probe across shards, quarantine per shard."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.crc import key_slot
+
+from django_redlock import health, inventory
+from django_redlock.engine import LockNotAcquired, Redlock
+from django_redlock.engine.shards import ClusterMember
+from django_redlock.testing.clusters import LocalCluster, local_cluster
+from django_redlock.testing.masters import free_port
+
+from .conftest import hand_off_time
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with local_cluster(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
+
+
+def key(resource: str) -> str:
+    return f"redlock:lock:{resource}"
+
+
+def tag_on(cluster: LocalCluster, shard, prefix: str) -> str:
+    """A resource ``{<prefix>N}`` whose keys live on ``shard`` now."""
+    for n in range(1000):
+        resource = f"{{{prefix}{n}}}"
+        if cluster.owner(key(resource)) is shard:
+            return resource
+    raise LookupError(f"no tag of {prefix!r} on {shard}")
+
+
+def decisive(cluster: LocalCluster, masters) -> list[str]:
+    """Three members, one of them dead: no lock without the cluster's vote."""
+    return [cluster.url, masters[0].url, f"redis://127.0.0.1:{free_port()}/0"]
+
+
+def member(engine: Redlock) -> ClusterMember:
+    node = engine.nodes[0]
+    assert isinstance(node, ClusterMember)
+    return node
+
+
+def test_the_cluster_votes_through_the_shard_that_owns_each_key(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    for shard in cluster.shards:
+        resource = tag_on(cluster, shard, "vote")
+        with engine.lock(resource):
+            assert cluster.where(key(resource)) == [shard]
+        assert cluster.where(key(resource)) == []  # released there
+    # One pipe per shard, made by the rounds: the member's own is never used.
+    assert member(engine).pipe is None
+    assert len([s for s in member(engine).shards if s.pipe is not None]) == 3
+
+
+def test_an_event_loop_routes_by_slot_too(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    resources = [tag_on(cluster, shard, "loop") for shard in cluster.shards]
+
+    async def scenario() -> list[int]:
+        held = []
+        for resource in resources:
+            async with engine.lock(resource):
+                held.append(len(cluster.where(key(resource))))
+        return held
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+
+
+def test_moved_after_a_real_slot_migration_is_followed(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    source, target = cluster.shards[0], cluster.shards[1]
+    resource = tag_on(cluster, source, "moved")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    assert member(engine).map.owner(slot) == ("127.0.0.1", source.port)
+    cluster.migrate_slot(slot, to=target)
+    # Our map still says the source: it answers MOVED, and the request goes to the target.
+    with engine.lock(resource):
+        assert cluster.where(key(resource)) == [target]
+    assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
+    assert cluster.where(key(resource)) == []
+
+
+def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    source, target = cluster.shards[2], cluster.shards[0]
+    resource = tag_on(cluster, source, "ask")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    cluster.start_migration(slot, to=target)
+    try:
+        # The source has no such key: it answers ASK, and ASKING + the request go to the target.
+        lock = engine.lock(resource).acquire()
+        assert cluster.where(key(resource)) == [target]
+        assert member(engine).map.owner(slot) == ("127.0.0.1", source.port)
+    finally:
+        cluster.finish_migration(slot, source, target)
+    # (Released after the migration: during it, the target answers a script over several keys
+    # some of which it lacks with TRYAGAIN, a failed vote.) The source now answers MOVED.
+    lock.release()
+    assert cluster.where(key(resource)) == []
+    assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
+
+
+def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    with engine.lock("{order:7}:payment", "{order:7}:stock"):
+        shard = cluster.owner(key("{order:7}:payment"))
+        assert cluster.where(key("{order:7}:payment")) == cluster.where(key("{order:7}:stock"))
+        assert cluster.where(key("{order:7}:stock")) == [shard]
+    assert cluster.keys("redlock:lock:*") == []
+    # Resources in different slots: refused before any request, the reason named.
+    assert key_slot(key("{a}").encode()) != key_slot(key("{b}").encode())
+    with pytest.raises(ValueError, match=r"resources '\{a\}' .*'\{b\}' .*have different hash tags"):
+        engine.lock("{a}", "{b}")
+    with pytest.raises(ValueError, match="'invoice:1' has no hash tag"):
+        engine.lock("invoice:1")
+    with pytest.raises(ValueError, match="has no hash tag"):
+        engine.is_locked("invoice:1")
+
+
+def test_fencing_tokens_increase_per_resource_across_shards_and_a_migration(
+    cluster, redlock_of
+):
+    engine = redlock_of([cluster.url], ttl=5)  # the cluster alone: its counters decide
+    resources = [tag_on(cluster, shard, "fence") for shard in cluster.shards]
+    tokens: dict[str, list[int]] = {r: [] for r in resources}
+    for _ in range(2):
+        for resource in resources:
+            with engine.lock(resource) as lock:
+                tokens[resource].append(lock.fence)
+    moved = resources[0]
+    slot = key_slot(key(moved).encode())
+    cluster.migrate_slot(slot, to=cluster.shards[1])  # the fence key goes with its slot
+    with engine.lock(moved) as lock:
+        tokens[moved].append(lock.fence)
+    for resource, seen in tokens.items():
+        assert seen == sorted(set(seen)), f"{resource}: {seen}"
+    assert tokens[moved][-1] > tokens[moved][-2]
+
+
+def test_a_waiter_is_woken_by_a_notice_published_on_the_cluster(cluster, redlock_of):
+    # The cluster is the only member and polls are 5 s apart: only its notice wakes the waiter.
+    engine = redlock_of([cluster.url], ttl=5, retry_delay=5.0)
+    assert hand_off_time(engine, "{notice}") < 1.0
+
+
+def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5)
+    resources = sorted(tag_on(cluster, shard, "inv") for shard in cluster.shards)
+    held = [engine.lock(resource).acquire() for resource in resources]
+    try:
+        listed = inventory.list_locks(engine)
+        assert [lock.resource for lock in listed.locks] == resources
+        assert all(len(lock.copies) == 3 for lock in listed.locks)
+        assert listed.failures == ()
+    finally:
+        for lock in held:
+            lock.release()
+    probed = health.probe_all(engine).nodes[0]
+    assert probed.reachable and probed.node == member(engine).label
+    shard_labels = {f"shard 127.0.0.1:{s.port}" for s in cluster.shards}
+    named = {w.split(": ", 1)[0].rpartition(" shard ")[2] for w in probed.warnings}
+    assert {f"shard {n}" for n in named} == shard_labels
+
+
+def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
+    # The shards have been up for seconds, under max_ttl: each abstains, named.
+    engine = redlock_of(
+        decisive(cluster, masters), ttl=5, max_ttl=600, quarantine=True, node_timeout=0.2
+    )
+    resource = tag_on(cluster, cluster.shards[1], "quarantine")
+    with pytest.raises(LockNotAcquired) as caught:
+        engine.lock(resource).acquire()
+    reasons = {(f.node, f.reason) for f in caught.value.failures}
+    assert (f"{member(engine).label} shard 127.0.0.1:{cluster.shards[1].port}", "quarantine") in (
+        reasons
+    )
+
+
+def test_a_killed_shard_fails_the_vote_for_its_slots_only(cluster, masters, redlock_of):
+    """Last in this module: it kills a shard (and brings it back)."""
+    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    dead, alive = cluster.shards[2], cluster.shards[0]
+    lost, kept = tag_on(cluster, dead, "kill"), tag_on(cluster, alive, "kill")
+    member(engine).refresh()
+    dead.kill()
+    try:
+        with pytest.raises(LockNotAcquired) as caught:
+            engine.lock(lost).acquire()
+        failed = {f.node: f.detail for f in caught.value.failures}
+        shard = f"{member(engine).label} shard 127.0.0.1:{dead.port}"
+        assert "ConnectionError" in failed[shard], failed
+        with engine.lock(kept):
+            assert cluster.where(key(kept)) == [alive]
+        probed = health.probe_all(engine).nodes[0]
+        assert not probed.reachable and f"127.0.0.1:{dead.port}" in (probed.error or "")
+    finally:
+        dead.start()
+        cluster.wait_ok()
