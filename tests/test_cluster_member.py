@@ -12,12 +12,17 @@ import pytest
 from redis.crc import key_slot
 
 from django_redlock import health, inventory
+from django_redlock.checks import check_settings
 from django_redlock.engine import LockNotAcquired, Redlock
 from django_redlock.engine.shards import ClusterMember
 from django_redlock.testing.clusters import LocalCluster, local_cluster
 from django_redlock.testing.masters import free_port
 
 from .conftest import hand_off_time
+
+
+#: Each master's budget per request: generous, so that a loaded machine fails no vote.
+BUDGET = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def member(engine: Redlock) -> ClusterMember:
 
 
 def test_the_cluster_votes_through_the_shard_that_owns_each_key(cluster, masters, redlock_of):
-    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     for shard in cluster.shards:
         resource = tag_on(cluster, shard, "vote")
         with engine.lock(resource):
@@ -63,7 +68,7 @@ def test_the_cluster_votes_through_the_shard_that_owns_each_key(cluster, masters
 
 
 def test_an_event_loop_routes_by_slot_too(cluster, masters, redlock_of):
-    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     resources = [tag_on(cluster, shard, "loop") for shard in cluster.shards]
 
     async def scenario() -> list[int]:
@@ -77,7 +82,7 @@ def test_an_event_loop_routes_by_slot_too(cluster, masters, redlock_of):
 
 
 def test_moved_after_a_real_slot_migration_is_followed(cluster, masters, redlock_of):
-    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     source, target = cluster.shards[0], cluster.shards[1]
     resource = tag_on(cluster, source, "moved")
     slot = key_slot(key(resource).encode())
@@ -92,7 +97,7 @@ def test_moved_after_a_real_slot_migration_is_followed(cluster, masters, redlock
 
 
 def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters, redlock_of):
-    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     source, target = cluster.shards[2], cluster.shards[0]
     resource = tag_on(cluster, source, "ask")
     slot = key_slot(key(resource).encode())
@@ -113,7 +118,7 @@ def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters,
 
 
 def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):
-    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     with engine.lock("{order:7}:payment", "{order:7}:stock"):
         shard = cluster.owner(key("{order:7}:payment"))
         assert cluster.where(key("{order:7}:payment")) == cluster.where(key("{order:7}:stock"))
@@ -129,10 +134,10 @@ def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, re
         engine.is_locked("invoice:1")
 
 
-def test_fencing_tokens_increase_per_resource_across_shards_and_a_migration(
-    cluster, redlock_of
-):
-    engine = redlock_of([cluster.url], ttl=5)  # the cluster alone: its counters decide
+def test_fencing_tokens_increase_per_resource_across_shards_and_a_migration(cluster, redlock_of):
+    engine = redlock_of(
+        [cluster.url], ttl=5, node_timeout=BUDGET
+    )  # the cluster alone: its counters decide
     resources = [tag_on(cluster, shard, "fence") for shard in cluster.shards]
     tokens: dict[str, list[int]] = {r: [] for r in resources}
     for _ in range(2):
@@ -151,12 +156,12 @@ def test_fencing_tokens_increase_per_resource_across_shards_and_a_migration(
 
 def test_a_waiter_is_woken_by_a_notice_published_on_the_cluster(cluster, redlock_of):
     # The cluster is the only member and polls are 5 s apart: only its notice wakes the waiter.
-    engine = redlock_of([cluster.url], ttl=5, retry_delay=5.0)
+    engine = redlock_of([cluster.url], ttl=5, retry_delay=5.0, node_timeout=BUDGET)
     assert hand_off_time(engine, "{notice}") < 1.0
 
 
 def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
-    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5)
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5, node_timeout=BUDGET)
     resources = sorted(tag_on(cluster, shard, "inv") for shard in cluster.shards)
     held = [engine.lock(resource).acquire() for resource in resources]
     try:
@@ -177,7 +182,7 @@ def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
 def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
     # The shards have been up for seconds, under max_ttl: each abstains, named.
     engine = redlock_of(
-        decisive(cluster, masters), ttl=5, max_ttl=600, quarantine=True, node_timeout=0.2
+        decisive(cluster, masters), ttl=5, max_ttl=600, quarantine=True, node_timeout=BUDGET
     )
     resource = tag_on(cluster, cluster.shards[1], "quarantine")
     with pytest.raises(LockNotAcquired) as caught:
@@ -190,7 +195,7 @@ def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
 
 def test_a_killed_shard_fails_the_vote_for_its_slots_only(cluster, masters, redlock_of):
     """Last in this module: it kills a shard (and brings it back)."""
-    engine = redlock_of(decisive(cluster, masters), ttl=5)
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     dead, alive = cluster.shards[2], cluster.shards[0]
     lost, kept = tag_on(cluster, dead, "kill"), tag_on(cluster, alive, "kill")
     member(engine).refresh()
@@ -208,3 +213,49 @@ def test_a_killed_shard_fails_the_vote_for_its_slots_only(cluster, masters, redl
     finally:
         dead.start()
         cluster.wait_ok()
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+cluster://127.0.0.1:7000,/", "empty cluster node address"),
+        ("redis+cluster://127.0.0.1:7000/3", "only db 0"),
+        ("rediss+cluster://user:secret@127.0.0.1:port/", "bad cluster node address"),
+        ("redis+cluster://:7000/", "without a host"),
+    ],
+)
+def test_a_bad_cluster_url_is_refused_before_any_connection(url, why):
+    with pytest.raises(ValueError, match=why) as caught:
+        Redlock([url])
+    assert "secret" not in str(caught.value)
+
+
+def test_two_entries_naming_one_cluster_are_one_member_twice():
+    one = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"
+    for other in (
+        "redis+cluster://localhost:7001,127.0.0.1:7000/",  # the same seeds, reordered
+        "redis+cluster://127.0.0.1:7001,127.0.0.1:7002/",  # a seed in common
+        "redis://127.0.0.1:7000/0",  # a plain entry for one of its shards
+    ):
+        with pytest.raises(ValueError, match="listed more than once"):
+            Redlock([one, other, "redis://127.0.0.1:6390/0"])
+    with pytest.raises(ValueError, match="key_prefix '\\{app\\}:' must not contain"):
+        Redlock([one], key_prefix="{app}:")
+
+
+def test_the_system_check_names_a_cluster_whose_seeds_do_not_answer(settings, cluster, masters):
+    dead = f"redis+cluster://u:secret@127.0.0.1:{free_port()}/"
+    settings.REDLOCK = {"NODES": [dead, masters[0].url, masters[1].url]}
+    reported = [m for m in check_settings() if m.id == "django_redlock.E008"]
+    assert len(reported) == 1
+    assert "redis+cluster://u:***@127.0.0.1" in reported[0].msg
+    assert "no seed of this Redis Cluster told its slot map" in reported[0].msg
+    settings.REDLOCK = {"NODES": [cluster.url, masters[0].url, masters[1].url]}
+    assert [m.id for m in check_settings()] == []
+    settings.REDLOCK = {
+        "NODES": [cluster.url, cluster.url.replace("127.0.0.1", "localhost"), masters[0].url]
+    }
+    assert [m.id for m in check_settings()] == ["django_redlock.E004"]

@@ -65,7 +65,9 @@ def _host_port(entry: str, masked: str) -> Address:
         parts = urlsplit(f"//{entry}")
         port = parts.port or DEFAULT_CLUSTER_PORT
     except ValueError as exc:
-        raise ValueError(f"node {masked!r} has a bad cluster node address {entry!r}: {exc}") from None
+        raise ValueError(
+            f"node {masked!r} has a bad cluster node address {entry!r}: {exc}"
+        ) from None
     if not parts.hostname:
         raise ValueError(f"node {masked!r} has a cluster node address without a host: {entry!r}")
     return parts.hostname, port
