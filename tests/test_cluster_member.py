@@ -20,7 +20,6 @@ from django_redlock.testing.masters import free_port
 
 from .conftest import hand_off_time
 
-
 #: Each master's budget per request: generous, so that a loaded machine fails no vote.
 BUDGET = 0.5
 
@@ -173,7 +172,8 @@ def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
         for lock in held:
             lock.release()
     probed = health.probe_all(engine).nodes[0]
-    assert probed.reachable and probed.node == member(engine).label
+    assert probed.reachable
+    assert probed.node == member(engine).label
     shard_labels = {f"shard 127.0.0.1:{s.port}" for s in cluster.shards}
     named = {w.split(": ", 1)[0].rpartition(" shard ")[2] for w in probed.warnings}
     assert {f"shard {n}" for n in named} == shard_labels
@@ -209,7 +209,8 @@ def test_a_killed_shard_fails_the_vote_for_its_slots_only(cluster, masters, redl
         with engine.lock(kept):
             assert cluster.where(key(kept)) == [alive]
         probed = health.probe_all(engine).nodes[0]
-        assert not probed.reachable and f"127.0.0.1:{dead.port}" in (probed.error or "")
+        assert not probed.reachable
+        assert f"127.0.0.1:{dead.port}" in (probed.error or "")
     finally:
         dead.start()
         cluster.wait_ok()

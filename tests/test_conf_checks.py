@@ -123,7 +123,7 @@ def test_bad_url(settings, urls):
     assert ours() == [
         error(
             "REDLOCK['NODES'] entry: node 'http://127.0.0.1:1/0' is not a redis://, rediss://, "
-            "unix:// or redis+sentinel:// URL",
+            "unix://, redis+sentinel:// or redis+cluster:// URL",
             "E003",
         )
     ]

@@ -111,8 +111,8 @@ def check_hash_tags(key_prefix: str, resources: Sequence[str]) -> None:
     would come first, and put every lock of the Redlock in one slot)."""
     if hash_tag(key_prefix) is not None or "{" in key_prefix:
         raise ValueError(
-            f"key_prefix {key_prefix!r} must not contain '{{' with a Redis Cluster member: its hash "
-            f"tag would put every lock in one slot"
+            f"key_prefix {key_prefix!r} must not contain '{{' with a Redis Cluster member: its "
+            f"hash tag would put every lock in one slot"
         )
     tags = {r: hash_tag(r) for r in resources if isinstance(r, str)}  # (others: check_resource)
     untagged = [r for r, tag in tags.items() if tag is None]

@@ -87,7 +87,8 @@ class NodeSpec:
         address named by two entries is one failure domain voting twice."""
         if self.seeds is None:
             return [self.identity]
-        return sorted({protocol.server_identity({"host": h, "port": p}) for h, p in self.seeds.addresses})
+        seeds = self.seeds.addresses
+        return sorted({protocol.server_identity({"host": h, "port": p}) for h, p in seeds})
 
 
 # Settings that every one of our connections overrides, whatever the node's URL or cache says.

@@ -16,7 +16,8 @@ SCHEMES_TEXT = "a redis://, rediss://, unix://, redis+sentinel:// or redis+clust
 
 def mask_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
-    if sentinel.is_sentinel_url(url) or cluster.is_cluster_url(url):  # several hosts: urlsplit cannot parse its port
+    # Several hosts: urlsplit cannot parse its port.
+    if sentinel.is_sentinel_url(url) or cluster.is_cluster_url(url):
         scheme, _, rest = url.partition("://")
         netloc, slash, path = rest.partition("/")
         userinfo, at, hosts = netloc.rpartition("@")
@@ -73,7 +74,6 @@ def cluster_identity(seeds: cluster.Seeds) -> tuple[str, ...]:
     """A Cluster member, as ``NodeSpec.identity``: its seeds (in any order, loopback however
     spelled). Entries that share any seed are caught too (``NodeSpec.addresses``); two naming
     one cluster through disjoint seeds are not: that would need asking them."""
-    addresses = sorted(
-        {"/".join(protocol.server_identity({"host": host, "port": port})) for host, port in seeds.addresses}
-    )
+    identities = {protocol.server_identity({"host": h, "port": p}) for h, p in seeds.addresses}
+    addresses = sorted("/".join(identity) for identity in identities)
     return ("cluster", *addresses)

@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import redis
 from redis.crc import key_slot
 
 from .masters import LocalMaster, find_redis_server
@@ -96,7 +95,11 @@ class LocalCluster:
 
     def keys(self, pattern: str = "*") -> list[bytes]:
         """Every key matching ``pattern`` on every live shard."""
-        return sorted(k for s in self.shards if s.alive for k in s.client().keys(pattern))
+        found: list[bytes] = []
+        for shard in self.shards:
+            if shard.alive:
+                found += shard.client().keys(pattern)  # type: ignore[arg-type]
+        return sorted(found)
 
     def where(self, key: str) -> list[ClusterShard]:
         """The live shards that have ``key`` (each asked for its own keys: no redirection)."""
@@ -176,7 +179,8 @@ def local_cluster(
             for attempt in range(5):  # a free port can be taken between probe and bind
                 shard = ClusterShard(workdir / f"shard{i}", cluster_port(), *extra_args)
                 try:
-                    shards.append(shard.start())
+                    shard.start()
+                    shards.append(shard)
                     break
                 except RuntimeError:
                     if attempt == 4:
