@@ -133,7 +133,7 @@ def test_bad_url(settings, urls):
     ("entry", "message"),
     [
         ("redis+sentinel://127.0.0.1:26379/", "names no Sentinel service"),
-        ("redis+cluster://127.0.0.1:7000/", "is not a redis://, rediss://, unix:// or redis+s"),
+        ("redis+cluster://127.0.0.1:7000/9", "a Redis Cluster has only db 0"),
         ("rediss+sentinel+redis://127.0.0.1:7000/m", "is not a redis://"),
     ],
 )

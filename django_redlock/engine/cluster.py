@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
+from . import protocol
+
 SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 DEFAULT_CLUSTER_PORT = 6379
 SLOTS = REDIS_CLUSTER_HASH_SLOTS
@@ -71,6 +73,15 @@ def _host_port(entry: str, masked: str) -> Address:
     if not parts.hostname:
         raise ValueError(f"node {masked!r} has a cluster node address without a host: {entry!r}")
     return parts.hostname, port
+
+
+def servers_named(spec: Any) -> list[tuple[str, ...]]:
+    """The redis-servers a ``NodeSpec`` names (a Cluster member: each of its seeds; else its
+    identity): one named by two entries is one failure domain voting twice."""
+    if spec.seeds is None:
+        return [spec.identity]
+    seeds = spec.seeds.addresses
+    return sorted({protocol.server_identity({"host": h, "port": p}) for h, p in seeds})
 
 
 # --- which slot a request goes to -----------------------------------------------------------------

@@ -74,21 +74,12 @@ class NodeSpec:
         loopback however written, not the db number. Two entries with one identity are one
         failure domain and must not vote twice. (Other names are compared as written: no DNS
         lookup at configuration time.) A Sentinel member: its service name and Sentinels. A
-        Cluster member: its seeds (see ``addresses`` for one that overlaps another entry)."""
+        Cluster member: its seeds."""
         if self.seeds is not None:
             return cluster_identity(self.seeds)
         if self.service is not None:
             return sentinel_identity(self.service)
         return protocol.server_identity(self.connection_kwargs)
-
-    @property
-    def addresses(self) -> list[tuple[str, ...]]:
-        """The redis-servers this entry names: a Cluster member's seeds, else its identity. An
-        address named by two entries is one failure domain voting twice."""
-        if self.seeds is None:
-            return [self.identity]
-        seeds = self.seeds.addresses
-        return sorted({protocol.server_identity({"host": h, "port": p}) for h, p in seeds})
 
 
 # Settings that every one of our connections overrides, whatever the node's URL or cache says.

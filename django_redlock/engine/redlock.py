@@ -118,10 +118,8 @@ def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
     """The entries that name a redis-server already named (by host and port or socket path,
     loopback however spelled, whatever the db number; a Cluster member by any of its seeds)."""
     found = protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
-    if any(spec.seeds is not None for spec in specs):
-        named = [(spec.label, address) for spec in specs for address in spec.addresses]
-        found += [d for d in protocol.duplicate_servers(named) if d not in found]
-    return found
+    named = [(spec.label, address) for spec in specs for address in cluster.servers_named(spec)]
+    return found + [d for d in protocol.duplicate_servers(named) if d not in found]
 
 
 class Redlock:
