@@ -133,6 +133,25 @@ def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, re
         engine.is_locked("invoice:1")
 
 
+def test_semaphores_and_readers_keep_their_keys_in_the_names_slot(cluster, redlock_of):
+    engine = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)  # the cluster decides alone
+    permits = [engine.lock("{pool}", limit=2).acquire() for _ in range(2)]
+    with pytest.raises(LockNotAcquired):
+        engine.lock("{pool}", limit=2).acquire()
+    held = engine.holder("{pool}")
+    assert held is not None
+    assert (held.mode, len(held.holders)) == ("permits", 2)
+    for permit in permits:
+        permit.release()
+    readers = [engine.lock("{doc}", shared=True).acquire() for _ in range(2)]
+    with pytest.raises(LockNotAcquired):
+        engine.lock("{doc}").acquire()  # the writer waits for the readers
+    for reader in readers:
+        reader.release()
+    with engine.lock("{doc}"):
+        pass
+
+
 def test_fencing_tokens_increase_per_resource_across_shards_and_a_migration(cluster, redlock_of):
     engine = redlock_of(
         [cluster.url], ttl=5, node_timeout=BUDGET

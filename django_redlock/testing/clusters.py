@@ -98,13 +98,13 @@ class LocalCluster:
         found: list[bytes] = []
         for shard in self.shards:
             if shard.alive:
-                found += shard.client().keys(pattern)  # type: ignore[arg-type]
+                found += shard.call("KEYS", pattern)  # type: ignore[operator]
         return sorted(found)
 
     def where(self, key: str) -> list[ClusterShard]:
         """The live shards that have ``key`` (each asked for its own keys: no redirection)."""
         pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in key)
-        return [s for s in self.shards if s.alive and s.client().keys(pattern)]
+        return [s for s in self.shards if s.alive and s.call("KEYS", pattern)]
 
     def start_migration(self, slot: int, to: ClusterShard) -> ClusterShard:
         """Mark ``slot`` MIGRATING on its owner and IMPORTING on ``to`` (requests for keys the
