@@ -98,7 +98,7 @@ class LocalCluster:
         found: list[bytes] = []
         for shard in self.shards:
             if shard.alive:
-                found += shard.call("KEYS", pattern)  # type: ignore[operator]
+                found += shard.call("KEYS", pattern)  # type: ignore[arg-type]
         return sorted(found)
 
     def where(self, key: str) -> list[ClusterShard]:
