@@ -7,11 +7,13 @@ probe across shards, quarantine per shard."""
 from __future__ import annotations
 
 import asyncio
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from redis.crc import key_slot
 
-from django_redlock import health, inventory
+from django_redlock import conf, health, inventory
 from django_redlock.checks import check_settings
 from django_redlock.engine import LockNotAcquired, Redlock
 from django_redlock.engine.shards import ClusterMember
@@ -196,6 +198,24 @@ def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
     shard_labels = {f"shard 127.0.0.1:{s.port}" for s in cluster.shards}
     named = {w.split(": ", 1)[0].rpartition(" shard ")[2] for w in probed.warnings}
     assert {f"shard {n}" for n in named} == shard_labels
+
+
+def test_redlock_status_lists_the_locks_held_on_every_shard(settings, cluster, masters):
+    settings.REDLOCK = {"NODES": [cluster.url, masters[0].url, masters[1].url], "TTL": 5}
+    engine = conf.get_redlock()
+    resources = sorted(tag_on(cluster, shard, "status") for shard in cluster.shards)
+    held = [engine.lock(resource).acquire() for resource in resources]
+    try:
+        out = StringIO()
+        call_command("redlock_status", "--wide", stdout=out)
+    finally:
+        for lock in held:
+            lock.release()
+    text = out.getvalue()
+    assert "3 of 3 masters reachable, quorum 2: OK" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    for resource in resources:
+        assert "3/3" in lines[resource], text
 
 
 def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
