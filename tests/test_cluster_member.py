@@ -21,6 +21,9 @@ from django_redlock.testing.clusters import LocalCluster, local_cluster
 from django_redlock.testing.masters import free_port
 
 from .conftest import hand_off_time
+from .test_security import LOCKER_RULES
+
+CLUSTER_RULES = ["+cluster|slots", "+asking", "+command"]
 
 #: Each master's budget per request: generous, so that a loaded machine fails no vote.
 BUDGET = 0.5
@@ -216,6 +219,55 @@ def test_redlock_status_lists_the_locks_held_on_every_shard(settings, cluster, m
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
     for resource in resources:
         assert "3/3" in lines[resource], text
+
+
+#: The ``locker`` user of docs/deployment.md, and what a Cluster member needs besides: the slot
+#: map (CLUSTER SLOTS), ASKING, and COMMAND (redis-py's RedisCluster, which the inventory and
+#: the release notices use, reads the command table when it starts).
+CLUSTER_LOCKER_RULES = [*LOCKER_RULES, *CLUSTER_RULES]
+
+
+def test_an_acl_user_limited_to_the_prefix_locks_waits_and_lists_on_a_cluster(
+    cluster, masters, redlock_of
+):
+    for shard in cluster.shards:
+        shard.call("ACL", "SETUSER", "locker", *CLUSTER_LOCKER_RULES)
+    try:
+        url = cluster.url.replace("redis+cluster://", "redis+cluster://locker:pw@")
+        engine = redlock_of(
+            [url, masters[0].url, f"redis://127.0.0.1:{free_port()}/0"],
+            ttl=5,
+            node_timeout=BUDGET,
+            retry_delay=5.0,
+        )
+        resources = sorted(tag_on(cluster, shard, "acl") for shard in cluster.shards)
+        held = [engine.lock(resource).acquire() for resource in resources]
+        try:
+            listed = inventory.list_locks(engine)
+            assert [lock.resource for lock in listed.locks] == resources
+        finally:
+            for lock in held:
+                lock.release()
+        source, target = cluster.shards[0], cluster.shards[1]
+        slot = key_slot(key(resources[0]).encode())
+        owner = cluster.owner(key(resources[0]))
+        target = next(s for s in cluster.shards if s is not owner)
+        cluster.start_migration(slot, to=target)
+        try:
+            lock = engine.lock(resources[0]).acquire()  # ASK: ASKING is allowed
+        finally:
+            cluster.finish_migration(slot, owner, target)
+        lock.release()  # MOVED
+        # Only a notice wakes the waiter before the 5 s retry: SUBSCRIBE through the cluster.
+        assert hand_off_time(engine, "{acl-wait}") < 1.0
+        wrong = redlock_of([url.replace(":pw@", ":nope@")], ttl=5, node_timeout=BUDGET)
+        with pytest.raises(LockNotAcquired) as caught:
+            wrong.lock("{acl-wait}").acquire()
+        assert "WRONGPASS" in str(caught.value) or "AuthenticationError" in str(caught.value)
+        assert ":nope@" not in str(caught.value)
+    finally:
+        for shard in cluster.shards:
+            shard.call("ACL", "DELUSER", "locker")
 
 
 def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
