@@ -248,7 +248,6 @@ def test_an_acl_user_limited_to_the_prefix_locks_waits_and_lists_on_a_cluster(
         finally:
             for lock in held:
                 lock.release()
-        source, target = cluster.shards[0], cluster.shards[1]
         slot = key_slot(key(resources[0]).encode())
         owner = cluster.owner(key(resources[0]))
         target = next(s for s in cluster.shards if s is not owner)
