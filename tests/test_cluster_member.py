@@ -21,7 +21,7 @@ from django_redlock.testing.clusters import LocalCluster, local_cluster
 from django_redlock.testing.masters import free_port
 
 from .conftest import hand_off_time
-from .test_security import LOCKER_RULES
+from .test_security import LOCKER_RULES, make_certificates, no_tls, tls_missing
 
 CLUSTER_RULES = ["+cluster|slots", "+asking", "+command"]
 
@@ -31,7 +31,10 @@ BUDGET = 0.5
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with local_cluster(tmp_path_factory.mktemp("cluster")) as started:
+    """One cluster for the module, also on TLS ports when the redis-server can (Debian's can)."""
+    workdir = tmp_path_factory.mktemp("cluster")
+    tls = None if tls_missing() else make_certificates(workdir / "certs", "cluster")
+    with local_cluster(workdir, tls=tls) as started:
         yield started
 
 
@@ -267,6 +270,32 @@ def test_an_acl_user_limited_to_the_prefix_locks_waits_and_lists_on_a_cluster(
     finally:
         for shard in cluster.shards:
             shard.call("ACL", "DELUSER", "locker")
+
+
+def test_a_tls_cluster_member_locks_follows_moved_and_lists(cluster, masters, redlock_of):
+    if cluster.tls_url is None:
+        no_tls(tls_missing() or "the cluster started without TLS")
+    engine = redlock_of(
+        [cluster.tls_url, masters[0].url, f"redis://127.0.0.1:{free_port()}/0"],
+        ttl=5,
+        node_timeout=BUDGET,
+    )
+    resources = sorted(tag_on(cluster, shard, "tls") for shard in cluster.shards)
+    held = [engine.lock(resource).acquire() for resource in resources]
+    try:
+        assert [lock.resource for lock in inventory.list_locks(engine).locks] == resources
+    finally:
+        for lock in held:
+            lock.release()
+    shards = {s.tls_port: s for s in cluster.shards}
+    assert {port for _, port in member(engine).map.primaries()} == set(shards)  # TLS ports
+    slot = key_slot(key(resources[0]).encode())
+    owner = cluster.owner(key(resources[0]))
+    target = next(s for s in cluster.shards if s is not owner)
+    cluster.migrate_slot(slot, to=target)
+    with engine.lock(resources[0]):  # MOVED names the target's TLS port
+        assert cluster.where(key(resources[0])) == [target]
+    assert member(engine).map.owner(slot) == ("127.0.0.1", target.tls_port)
 
 
 def test_quarantine_watches_each_shard(cluster, masters, redlock_of):

@@ -22,17 +22,20 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from redis.crc import key_slot
 
-from .masters import LocalMaster, find_redis_server
+from .masters import LocalMaster, find_redis_server, free_port
 
 
 class ClusterShard(LocalMaster):
-    """One cluster-enabled redis-server on 127.0.0.1."""
+    """One cluster-enabled redis-server on 127.0.0.1 (and on ``tls_port`` with TLS, if given)."""
+
+    #: Its TLS port, when the cluster was started with ``tls``.
+    tls_port: int | None = None
 
     def command(self) -> list[str]:
         return [
@@ -77,12 +80,22 @@ def find_redis_cli() -> str:
 class LocalCluster:
     """Primaries joined into one cluster, the slots split evenly between them."""
 
-    def __init__(self, shards: list[ClusterShard]) -> None:
+    def __init__(self, shards: list[ClusterShard], ca: Path | None = None) -> None:
         self.shards = shards
+        self.ca = ca
 
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.shards) + "/"
+
+    @property
+    def tls_url(self) -> str | None:
+        """``rediss+cluster://`` on the TLS ports, checking the certificates against the CA
+        (None: started without TLS). Redis tells a TLS client the TLS ports of the shards."""
+        if self.ca is None:
+            return None
+        hosts = ",".join(f"127.0.0.1:{s.tls_port}" for s in self.shards)
+        return f"rediss+cluster://{hosts}/?ssl_ca_certs={self.ca}&ssl_cert_reqs=required"
 
     def owner(self, key: str) -> ClusterShard:
         """The shard that owns ``key``'s slot now (as the first live shard says)."""
@@ -121,7 +134,9 @@ class LocalCluster:
             keys: Any = source.call("CLUSTER", "GETKEYSINSLOT", slot, 100)
             if not keys:
                 break
-            source.call("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", *keys)
+            # (With tls-cluster, MIGRATE speaks TLS: to the target's TLS port.)
+            port = to.tls_port or to.port
+            source.call("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
         for shard in self.shards:
             if shard.alive:
                 shard.call("CLUSTER", "SETSLOT", slot, "NODE", to.node_id())
@@ -165,19 +180,37 @@ def _text(reply: object) -> str:
 
 @contextlib.contextmanager
 def local_cluster(
-    workdir: Path | None = None, primaries: int = 3, *extra_args: str
+    workdir: Path | None = None,
+    primaries: int = 3,
+    *extra_args: str,
+    tls: Mapping[str, Path] | None = None,
 ) -> Iterator[LocalCluster]:
     """Start a cluster of ``primaries`` shards (at least 3, as ``redis-cli --cluster create``
-    asks); stop it (and remove its files) on exit."""
+    asks); stop it (and remove its files) on exit. ``tls``: the files ``server.crt``,
+    ``server.key`` and ``ca.crt``: each shard also listens with TLS (``tls_port``), and the
+    shards talk to each other with TLS (``tls-cluster``); needs a redis-server built with TLS."""
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
         shards: list[ClusterShard] = []
-        made = LocalCluster(shards)
+        made = LocalCluster(shards, None if tls is None else tls["ca.crt"])
         stack.callback(made.stop)
         for i in range(primaries):
             for attempt in range(5):  # a free port can be taken between probe and bind
-                shard = ClusterShard(workdir / f"shard{i}", cluster_port(), *extra_args)
+                tls_port = free_port() if tls else None
+                tls_args = (
+                    []
+                    if tls is None
+                    else [
+                        "--tls-port", str(tls_port), "--tls-cluster", "yes",
+                        "--tls-cert-file", str(tls["server.crt"]),
+                        "--tls-key-file", str(tls["server.key"]),
+                        "--tls-ca-cert-file", str(tls["ca.crt"]),
+                        "--tls-auth-clients", "no",
+                    ]
+                )  # fmt: skip
+                shard = ClusterShard(workdir / f"shard{i}", cluster_port(), *extra_args, *tls_args)
+                shard.tls_port = tls_port
                 try:
                     shard.start()
                     shards.append(shard)
