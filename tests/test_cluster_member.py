@@ -124,6 +124,22 @@ def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters,
     assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
 
 
+def test_a_map_entry_for_a_gone_primary_is_read_again_after_the_failed_connect(
+    cluster, masters, redlock_of
+):
+    """As after a failover inside the cluster: our map names an address that no longer serves
+    the slot (nothing answers there, so no MOVED will come). The failed connect has the map read
+    again, and the next attempt goes to the slot's real owner."""
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET, retry_delay=0.2)
+    resource = tag_on(cluster, cluster.shards[1], "gone")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    member(engine).map.moved(slot, ("127.0.0.1", free_port()))  # stale: nothing listens there
+    with engine.lock(resource, wait=3):
+        assert cluster.where(key(resource)) == [cluster.shards[1]]
+    assert member(engine).map.owner(slot) == ("127.0.0.1", cluster.shards[1].port)
+
+
 def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):
     engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     with engine.lock("{order:7}:payment", "{order:7}:stock"):

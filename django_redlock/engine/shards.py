@@ -8,7 +8,8 @@ goes to the first seed, and the ``MOVED`` that answers it teaches the owner of t
 ``MOVED`` (the slot changed owner: the map is updated, the request asked again there) and ``ASK``
 (the slot is being migrated: ``ASKING`` and the request on the target, map unchanged) are followed
 by ``rounds``, once, within the request's budget. A shard that is down fails the member's vote
-for the keys in its slots, under its own label (``<member> shard <host:port>``).
+for the keys in its slots, under its own label (``<member> shard <host:port>``), and has the map
+read again (a replica may have taken its slots over).
 
 Quarantine (when on) watches each shard as any member: a shard that restarted or failed over
 abstains, and so the member abstains for the keys it owns.
@@ -41,6 +42,16 @@ class ShardNode(Node):
 
     def redirected(self, error: ResponseError) -> Node | None:
         return self.member.redirect(error)
+
+    def _open(self, budget: float) -> redis.connection.AbstractConnection:
+        """A connection to this primary; if it cannot be made, the member reads the slot map
+        again (in the background): a primary that died may have been replaced by a promoted
+        replica elsewhere, and no one will answer MOVED for its slots from here."""
+        try:
+            return super()._open(budget)
+        except (redis.RedisError, OSError):
+            self.member.refresh_soon()
+            raise
 
 
 class ClusterMember(Node):
