@@ -140,6 +140,26 @@ def test_a_map_entry_for_a_gone_primary_is_read_again_after_the_failed_connect(
     assert member(engine).map.owner(slot) == ("127.0.0.1", cluster.shards[1].port)
 
 
+def test_a_script_the_ask_target_forgot_is_sent_again_after_asking(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[1], cluster.shards[2]
+    resource = tag_on(cluster, source, "forgot")
+    assert engine.holder(tag_on(cluster, target, "warm")) is None  # PEEK known to the target
+    target.call("SCRIPT", "FLUSH")  # ... which then forgets it
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    cluster.start_migration(slot, to=target)
+    try:
+        lock = engine.lock(resource).acquire()  # a SET, through ASK: the key is on the target
+        # PEEK: the source answers ASK; the target NOSCRIPT; then ASKING + the script's source.
+        held = engine.holder(resource)
+        assert held is not None
+        assert held.masters == 2
+    finally:
+        cluster.finish_migration(slot, source, target)
+    lock.release()
+
+
 def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):
     engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     with engine.lock("{order:7}:payment", "{order:7}:stock"):

@@ -287,12 +287,12 @@ def _vote(
     """What ``nodes[i]`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
-    script is asked again with its source; a Cluster shard that answered ``MOVED`` or ``ASK``
-    is left for the one it names, asked there once within a node budget of its own, as any
-    second try (the redirection came in time: a round that read it late, busy connecting to
-    other masters, must not blame the shard for that; and
-    ``nodes[i]`` becomes that shard: its quarantine is the one that counts). Safe to repeat: our
-    scripts are idempotent, and a repeated SET NX can only under-count our votes."""
+    script is asked again with its source; a Cluster member's request that a shard answered
+    with ``MOVED`` or ``ASK`` goes to the shard it names, once, within a node budget of its own
+    as any second try (the redirection came in time: a round that read it late, busy connecting
+    to other masters, must not blame the shard for that), and ``nodes[i]`` becomes that shard:
+    its quarantine is the one that counts. Safe to repeat: our scripts are idempotent, and a
+    repeated SET NX can only under-count our votes."""
     node = nodes[i]
     reply = _late(node, pipe, slot)
     if _ask_again(pipe, slot, began):
@@ -301,16 +301,17 @@ def _vote(
             return made
         pipe = made
         reply = yield from _ask(node, pipe, requests.for_node(node), budget)
+    asking = False  # an ASK detour: ASKING goes before each request to its target
     if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
         nodes[i] = node = target
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             return made
         pipe = made
-        asking = isinstance(reply, AskError)  # one request's detour: ASKING goes first
+        asking = isinstance(reply, AskError)
         reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
     if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), budget)
+        reply = yield from _ask(node, pipe, requests.with_source(), budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
