@@ -17,6 +17,7 @@ from django_redlock import conf, health, inventory
 from django_redlock.checks import check_settings
 from django_redlock.engine import LockNotAcquired, Redlock
 from django_redlock.engine.shards import ClusterMember
+from django_redlock.signals import masters_failed
 from django_redlock.testing.clusters import LocalCluster, local_cluster
 from django_redlock.testing.masters import free_port
 
@@ -243,7 +244,11 @@ def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
 
 
 def test_redlock_status_lists_the_locks_held_on_every_shard(settings, cluster, masters):
-    settings.REDLOCK = {"NODES": [cluster.url, masters[0].url, masters[1].url], "TTL": 5}
+    settings.REDLOCK = {
+        "NODES": [cluster.url, masters[0].url, masters[1].url],
+        "TTL": 5,
+        "NODE_TIMEOUT": BUDGET,
+    }
     engine = conf.get_redlock()
     resources = sorted(tag_on(cluster, shard, "status") for shard in cluster.shards)
     held = [engine.lock(resource).acquire() for resource in resources]
@@ -348,7 +353,7 @@ def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
     )
 
 
-def test_a_killed_shard_fails_the_vote_for_its_slots_only(cluster, masters, redlock_of):
+def test_a_killed_shard_fails_the_vote_for_its_slots_only(settings, cluster, masters, redlock_of):
     """Last in this module: it kills a shard (and brings it back)."""
     engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     dead, alive = cluster.shards[2], cluster.shards[0]
@@ -363,6 +368,24 @@ def test_a_killed_shard_fails_the_vote_for_its_slots_only(cluster, masters, redl
         assert "ConnectionError" in failed[shard], failed
         with engine.lock(kept):
             assert cluster.where(key(kept)) == [alive]
+        # Through Django: masters_failed names the shard (the lock is won on the two masters).
+        settings.REDLOCK = {
+            "NODES": [cluster.url, masters[0].url, masters[1].url],
+            "TTL": 5,
+            "NODE_TIMEOUT": BUDGET,
+        }
+        heard = []
+
+        def receiver(sender, *, lock, action, failures, **kwargs):
+            heard.extend((action, f.node, f.reason) for f in failures)
+
+        masters_failed.connect(receiver)
+        try:
+            with conf.get_redlock().lock(lost):
+                pass
+        finally:
+            masters_failed.disconnect(receiver)
+        assert ("acquire", shard, "error") in heard
         probed = health.probe_all(engine).nodes[0]
         assert not probed.reachable
         assert f"127.0.0.1:{dead.port}" in (probed.error or "")
