@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -20,13 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from . import dialing, protocol, sentinel
+from . import cluster, dialing, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
-from .urls import check_url, mask_url, sentinel_identity
+from .urls import check_url, cluster_identity, mask_url, sentinel_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
@@ -45,10 +44,17 @@ class NodeSpec:
     connection_kwargs: Mapping[str, Any]
     #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
     service: sentinel.Service | None = None
+    #: A Redis Cluster: the nodes its URL names (see ``cluster`` and ``shards``).
+    seeds: cluster.Seeds | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        if sentinel.is_sentinel_url(check_url(url)):
+        if cluster.is_cluster_url(check_url(url)):
+            seeds, plain = cluster.parse(url, mask_url(url))
+            pool = redis.ConnectionPool.from_url(plain)
+            kwargs = dict(pool.connection_kwargs)
+            return cls(mask_url(url), pool.connection_class, kwargs, seeds=seeds)
+        if sentinel.is_sentinel_url(url):
             service, plain = sentinel.parse(url, mask_url(url))
             pool = redis.ConnectionPool.from_url(plain)
             connection_class = sentinel.sentinel_connection(pool.connection_class, service)
@@ -66,28 +72,13 @@ class NodeSpec:
         """Which redis-server this is, whatever the spelling: host and port (or socket path),
         loopback however written, not the db number. Two entries with one identity are one
         failure domain and must not vote twice. (Other names are compared as written: no DNS
-        lookup at configuration time.) A Sentinel member: its service name and Sentinels."""
+        lookup at configuration time.) A Sentinel member: its service name and Sentinels. A
+        Cluster member: its seeds."""
+        if self.seeds is not None:
+            return cluster_identity(self.seeds)
         if self.service is not None:
             return sentinel_identity(self.service)
         return protocol.server_identity(self.connection_kwargs)
-
-
-# Settings that every one of our connections overrides, whatever the node's URL or cache says.
-def lock_connection_kwargs(spec: NodeSpec, timeout: float) -> dict[str, Any]:
-    kwargs = dict(spec.connection_kwargs)
-    kwargs.update(
-        socket_timeout=timeout,  # the per-request budget: a slow master costs at most this
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),  # a retry would spend the budget twice; the quorum copes
-        health_check_interval=0,  # a PING before our request would double its round trips
-        driver_info=None,  # no CLIENT SETINFO handshake: a new connection costs one round trip
-        decode_responses=False,
-        encoding="utf-8",  # the same bytes for every master: a round's request is packed once
-        encoding_errors="strict",
-        protocol=2,  # RESP3 would need a HELLO round trip on every new connection
-    )
-    kwargs.pop("connection_pool", None)
-    return kwargs
 
 
 class Node:
@@ -97,7 +88,7 @@ class Node:
         self.spec = spec
         self.label = spec.label
         self.timeout = timeout
-        self._kwargs = lock_connection_kwargs(spec, timeout)
+        self._kwargs = dialing.lock_connection_kwargs(spec.connection_kwargs, timeout)
         #: SHAs of the scripts this master has run for us: those go as EVALSHA, others with
         #: their source (EVAL), so that a master too slow to answer in time is never left with
         #: a request it cannot run (a late NOSCRIPT would be read by no one).
@@ -107,9 +98,6 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
-        #: How a loop connects to it on the loop (``_address``), once asked.
-        self._dial: dialing.Address | None = None
-        self._dial_known = False
         self._forget()
         _ALL_NODES.add(self)
 
@@ -128,6 +116,15 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.label}>"
+
+    def route(self, command: tuple[Any, ...]) -> Node:
+        """The node a round sends ``command`` to for this member: itself (a Cluster member: the
+        shard that owns the command's slot, see ``shards``)."""
+        return self
+
+    def redirected(self, error: redis.ResponseError) -> Node | None:
+        """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
+        return None
 
     # --- the threads' pipe ---------------------------------------------------------------------
 
@@ -182,18 +179,16 @@ class Node:
         connecting = self._loop_connecting.get(loop)
         if connecting is None:
             self._sweep_closed_loops()
-            address = self._address()
+            attempt = connecting = _Attempt(None, loop.create_future())
+            self._loop_connecting[loop] = attempt
+            address = self._address
             if address is not None:
-                dialed = loop.create_task(dialing.connect(loop, address, budget, self._fresh))
-                attempt = connecting = _Attempt(dialed, loop.create_future())
-                self._loop_connecting[loop] = attempt
-                dialed.add_done_callback(lambda _: self._opened(loop, attempt))
+                attempt.made = loop.create_task(dialing.connect(loop, address, budget, self._fresh))
+                attempt.made.add_done_callback(lambda _: self._opened(loop, attempt))
             else:
-                made = _connect_pool().submit(self._open, budget)
-                connecting = _Attempt(made, loop.create_future())
-                self._loop_connecting[loop] = connecting
-                made.add_done_callback(
-                    lambda _: _hand_over(loop, lambda: self._opened(loop, connecting))
+                attempt.made = _connect_pool().submit(self._open, budget)
+                attempt.made.add_done_callback(
+                    lambda _: _hand_over(loop, lambda: self._opened(loop, attempt))
                 )
         elif connecting.made is not None and connecting.made.done():
             # Made already, and the loop has not run our callback yet (a thousand rounds ahead
@@ -235,18 +230,17 @@ class Node:
 
     # --- both --------------------------------------------------------------------------------
 
+    @functools.cached_property
     def _address(self) -> dialing.Address | None:
-        """How a loop connects here on the loop itself, if it can (not a Sentinel member, nor
-        under quarantine: see ``dialing``); read once."""
-        if not self._dial_known:
-            plain = self.spec.service is None and self.watch is None
-            self._dial = dialing.address_of(self._fresh()) if plain else None
-            self._dial_known = True
-        return self._dial
+        """How a loop connects here on the loop itself, if it can (see ``dialing``): not a
+        Sentinel member, nor quarantined, nor a node that opens connections its own way (a
+        cluster shard's failures re-read the slot map)."""
+        own_open = type(self)._open is not Node._open  # noqa: SLF001
+        plain = self.spec.service is None and self.watch is None and not own_open
+        return dialing.address_of(self._fresh()) if plain else None
 
     def _fresh(self, budget: float = 0.0) -> redis.connection.AbstractConnection:
-        """A new redis-py connection to this master, not connected yet; our scripts go to it
-        with their source again (see ``_open``)."""
+        """A new redis-py connection here, not connected yet (scripts: see ``_open``)."""
         conn = self.spec.connection_class(**self._kwargs)
         conn.socket_connect_timeout = conn.socket_timeout = budget
         self.warm.clear()
@@ -310,13 +304,16 @@ class Node:
             if attempt.made is not None:
                 attempt.made.add_done_callback(_discard)
 
-    def client(self) -> redis.Redis:
-        """A plain redis-py client with this node's settings, for one-off admin commands
-        (status, inventory, tests). Not for the lock path: it sends one command at a time."""
+    def client(self, timeout: float | None = None) -> redis.Redis:
+        """A plain redis-py client with this node's settings (``timeout``: for connecting and for
+        each answer), for one-off admin commands (status, inventory, tests). Not for the lock
+        path: it sends one command at a time."""
         # The spec's own protocol (RESP2 is only forced on the lock path): redis-py's pub/sub
         # and maintenance-notification machinery expect to choose it.
         kwargs = {k: v for k, v in self._kwargs.items() if k != "protocol"}
         kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
+        if timeout is not None:
+            kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout)
         pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
         return redis.Redis(connection_pool=pool)
 
@@ -334,8 +331,7 @@ def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
     return flusher
 
 
-#: A connect under way (its connection): in our thread pool, or a task on the loop (``dialing``).
-Made = Future[Any] | asyncio.Future[Any]
+Made = Future[Any] | asyncio.Future[Any]  # a connect: in our thread pool, or on the loop
 
 
 class _Attempt:

@@ -1,4 +1,5 @@
-"""An event loop's connection to a master, made on the loop itself: no thread.
+"""How our connections to a master are made: the settings every one of them overrides
+(``lock_connection_kwargs``), and an event loop's connection made on the loop itself, no thread.
 
 A plain TCP master named by an IP address (what a lock's masters usually are) needs no name
 lookup and, without a password or a database number, no handshake: its connection is one
@@ -24,13 +25,33 @@ import ipaddress
 import os
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import hiredis
 import redis
 from redis._parsers.base import BaseParser
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+
+# Settings that every one of our connections overrides, whatever the node's URL or cache says.
+def lock_connection_kwargs(connection_kwargs: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    kwargs = dict(connection_kwargs)
+    kwargs.update(
+        socket_timeout=timeout,  # the per-request budget: a slow master costs at most this
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),  # a retry would spend the budget twice; the quorum copes
+        health_check_interval=0,  # a PING before our request would double its round trips
+        driver_info=None,  # no CLIENT SETINFO handshake: a new connection costs one round trip
+        decode_responses=False,
+        encoding="utf-8",  # the same bytes for every master: a round's request is packed once
+        encoding_errors="strict",
+        protocol=2,  # RESP3 would need a HELLO round trip on every new connection
+    )
+    kwargs.pop("connection_pool", None)
+    return kwargs
 
 
 @dataclass(frozen=True, slots=True)
