@@ -183,16 +183,16 @@ class Node:
             self._loop_connecting[loop] = attempt
             address = self._address
             if address is not None:
-                attempt.made = loop.create_task(dialing.connect(loop, address, budget, self._fresh))
+                attempt.made = dialing.connect(loop, address, budget, self._fresh)
                 attempt.made.add_done_callback(lambda _: self._opened(loop, attempt))
             else:
                 attempt.made = _connect_pool().submit(self._open, budget)
                 attempt.made.add_done_callback(
                     lambda _: _hand_over(loop, lambda: self._opened(loop, attempt))
                 )
-        elif connecting.made is not None and connecting.made.done():
-            # Made already, and the loop has not run our callback yet (a thousand rounds ahead
-            # of it): use it now rather than a whole loop pass later.
+        if connecting.made is not None and connecting.made.done():
+            # Made already (or at once, on the loop), and the loop has not run our callback yet
+            # (a thousand rounds ahead of it): use it now rather than a whole loop pass later.
             self._opened(loop, connecting)
         # No timer of our own: the attempt is bounded by its budget (socket timeouts; on the loop,
         # ``dialing`` asks the socket before it blames the master for a busy loop's lateness).
