@@ -7,6 +7,7 @@ probe across shards, quarantine per shard."""
 from __future__ import annotations
 
 import asyncio
+import time
 from io import StringIO
 
 import pytest
@@ -37,6 +38,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     tls = None if tls_missing() else make_certificates(workdir / "certs", "cluster")
     with local_cluster(workdir, tls=tls) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A cluster whose first primary has a replica, for failover (its own: a failover changes
+    it for good)."""
+    with local_cluster(tmp_path_factory.mktemp("replicated"), replicas=1) as started:
+        yield started
+
+
+def uptime(shard) -> float:
+    return float(shard.call("INFO", "server")["uptime_in_seconds"])
+
+
+def role(shard) -> str:
+    return str(shard.call("INFO", "replication")["role"])
+
+
+def poll(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
 
 
 def key(resource: str) -> str:
@@ -355,6 +379,35 @@ def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
     assert (f"{member(engine).label} shard 127.0.0.1:{cluster.shards[1].port}", "quarantine") in (
         reasons
     )
+
+
+def test_a_replica_promoted_inside_the_cluster_abstains_at_first_sight(
+    replicated_cluster, masters, redlock_of
+):
+    # A cluster failover gives the member a new address for the slot's owner: a first sight,
+    # where only uptime was checked. The promoted replica has been up longer than max_ttl, yet
+    # may lack the newest lock keys: it must abstain, for having been promoted.
+    cluster = replicated_cluster
+    primary, replica = cluster.shards[0], cluster.replicas[0]
+    max_ttl = 3.0
+    poll(lambda: min(uptime(replica), uptime(primary)) >= max_ttl + 0.5, "shards up > max_ttl")
+    engine = redlock_of(
+        decisive(cluster, masters),
+        ttl=max_ttl,
+        max_ttl=max_ttl,
+        quarantine=True,
+        node_timeout=BUDGET,
+    )
+    resource = tag_on(cluster, primary, "promoted")
+    with engine.lock(resource, wait=10):  # (waits out the plain master's quarantine, if any)
+        pass
+    replica.call("CLUSTER", "FAILOVER", "TAKEOVER")
+    poll(lambda: (role(replica), role(primary)) == ("master", "slave"), "the failover")
+    with pytest.raises(LockNotAcquired) as caught:
+        engine.lock(resource).acquire()  # MOVED from the demoted primary to the promoted one
+    reasons = {(f.node, f.reason) for f in caught.value.failures}
+    shard = f"{member(engine).label} shard 127.0.0.1:{replica.port}"
+    assert (shard, "quarantine") in reasons, caught.value.failures
 
 
 def test_a_killed_shard_fails_the_vote_for_its_slots_only(settings, cluster, masters, redlock_of):

@@ -10,7 +10,9 @@ that follows is where the change is seen. The rule: a vote counts only from a me
 identity is unchanged for at least ``MAX_TTL``:
 
 - first sight: it abstains until its uptime reaches ``MAX_TTL`` (a freshly started process has
-  nothing it granted before, but we cannot tell a fresh start from a crash we did not watch);
+  nothing it granted before, but we cannot tell a fresh start from a crash we did not watch); a
+  Cluster shard promoted from a replica since it started (``second_repl_offset`` set) abstains
+  ``MAX_TTL`` (a failover inside a cluster shows us a new address, so a first sight);
 - a changed ``run_id`` (restarted) or ``master_replid`` (failed over), or a member that is not a
   primary: it abstains for ``MAX_TTL`` from when we saw it.
 
@@ -46,6 +48,9 @@ class Identity:
     replid: str
     role: str
     uptime: float  # seconds (INFO gives whole seconds, rounded down: never over-estimated)
+    #: Whether it was promoted from a replica since it started (``second_repl_offset`` is set:
+    #: it keeps its former primary's history beside its own).
+    promoted: bool = False
 
 
 def parse_info(raw: bytes | str) -> Identity:
@@ -61,6 +66,7 @@ def parse_info(raw: bytes | str) -> Identity:
             replid=fields["master_replid"].strip(),
             role=fields["role"].strip(),
             uptime=float(fields["uptime_in_seconds"]),
+            promoted=fields.get("second_repl_offset", "-1").strip() != "-1",
         )
     except (KeyError, ValueError) as exc:
         raise ValueError(f"INFO server replication lacks an identity field: {exc}") from None
@@ -88,8 +94,12 @@ class Watch:
     """One member's quarantine state in this process: the identity last seen, and until when
     (monotonic) it abstains, and why."""
 
-    def __init__(self, max_ttl: float) -> None:
+    def __init__(self, max_ttl: float, *, distrust_promotion: bool = False) -> None:
         self.max_ttl = max_ttl
+        #: At first sight, a primary promoted since it started abstains (``max_ttl``): a Cluster
+        #: shard, whose failover gives the member a new address, hence a first sight rather than
+        #: a changed replication id (a plain member keeps its address: its watch sees that).
+        self.distrust_promotion = distrust_promotion
         self.identity: Identity | None = None
         #: Monotonic time until which this member's answers count as failed votes (0: none).
         self.until = 0.0
@@ -113,6 +123,10 @@ class Watch:
                 reason = f"restarted or failed over (new replication id{new_run})"
             elif previous is not None and previous.run_id != identity.run_id:
                 until, reason = now + self.max_ttl, "restarted (new run_id)"
+            elif previous is None and self.distrust_promotion and identity.promoted:
+                # We cannot tell when: it may have been a moment ago, without our lock keys.
+                until = now + self.max_ttl
+                reason = "promoted from a replica since it started (a failover we did not see)"
             elif identity.uptime < self.max_ttl:
                 until = now + self.max_ttl - identity.uptime
                 reason = f"up only {identity.uptime:.0f} s"

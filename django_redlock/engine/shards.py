@@ -39,6 +39,8 @@ class ShardNode(Node):
     ) -> None:
         super().__init__(spec, timeout, max_ttl=max_ttl)
         self.member = member
+        if self.watch is not None:
+            self.watch.distrust_promotion = True  # (see ``Watch.distrust_promotion``)
 
     def redirected(self, error: ResponseError) -> Node | None:
         return self.member.redirect(error)
