@@ -10,8 +10,9 @@ class RedlockConfig(AppConfig):
         from django.core import checks
 
         from . import conf  # noqa: F401 (connects the setting_changed receiver)
-        from .checks import check_settings
+        from .checks import check_clusters_reachable, check_settings
         from .dbguard import install_everywhere
 
         checks.register(check_settings)
+        checks.register(check_clusters_reachable, deploy=True)
         install_everywhere()  # every connection opened from now on carries the DB guard

@@ -232,7 +232,7 @@ def unreachable_clusters() -> list[Problem]:
         except (redis.RedisError, OSError) as exc:
             found.append(
                 Problem(
-                    "E008",
+                    "W004",
                     f"REDLOCK['NODES'] entry {spec.label!r}: no seed of this Redis Cluster "
                     f"told its slot map ({exc})",
                     hint="list at least one reachable node of the cluster (host:port), with "
