@@ -7,6 +7,8 @@ probe across shards, quarantine per shard."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from io import StringIO
 
@@ -18,6 +20,7 @@ from redis.crc import key_slot
 from django_redlock import conf, health, inventory
 from django_redlock.checks import check_clusters_reachable, check_settings
 from django_redlock.engine import LockNotAcquired, Redlock
+from django_redlock.engine.cluster import SlotMap
 from django_redlock.engine.shards import ClusterMember
 from django_redlock.signals import masters_failed
 from django_redlock.testing.clusters import LocalCluster, local_cluster
@@ -184,6 +187,42 @@ def test_a_script_the_ask_target_forgot_is_sent_again_after_asking(cluster, mast
     finally:
         cluster.finish_migration(slot, source, target)
     lock.release()
+
+
+def test_a_child_forked_while_a_shard_was_being_made_can_make_shards(cluster, redlock_of):
+    # A thread of the parent held the member's guard of its shard nodes when the process forked:
+    # that thread does not run in the child, so the child must not inherit the guard held.
+    engine = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)
+    node = member(engine)
+    resource = tag_on(cluster, cluster.shards[2], "forked")
+    with node._shards_guard:  # noqa: SLF001 (as the parent's thread making a shard node)
+        pid = os.fork()
+        if pid == 0:  # the child: a new shard node and a lock, then leave without cleanup
+            code = 1
+            try:
+                node.shard(("127.0.0.1", free_port()))
+                with engine.lock(resource):
+                    code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20.0
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the shard guard it inherited held")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_a_slot_map_is_learnt_range_by_range(cluster):
+    reply = cluster.shards[0].call("CLUSTER", "SLOTS")
+    learnt = SlotMap()
+    learnt.learn(reply)
+    for start, end, primary, *_ in reply:  # type: ignore[attr-defined]
+        for slot in (int(start), (int(start) + int(end)) // 2, int(end)):
+            assert learnt.owner(slot) == ("127.0.0.1", int(primary[1]))
+    assert sum(learnt.owner(slot) is None for slot in range(16384)) == 0
 
 
 def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):

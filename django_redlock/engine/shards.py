@@ -65,12 +65,13 @@ class ClusterMember(Node):
         self.max_ttl = max_ttl
         self.map = cluster.SlotMap()
         self._shards: dict[cluster.Address, ShardNode] = {}
-        self._shards_guard = threading.Lock()
         super().__init__(spec, timeout, max_ttl=None)
 
     def _forget(self) -> None:
         super()._forget()
         self._refreshing = False  # a thread of the parent's does not run in a forked child
+        # Nor does one that held this guard when the process forked: it would stay held.
+        self._shards_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<ClusterMember {self.label}>"
