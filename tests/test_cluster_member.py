@@ -153,6 +153,57 @@ def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters,
     assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
 
 
+def tryagain_count(shard) -> int:
+    stats = shard.call("INFO", "errorstats")
+    return int(stats.get("errorstat_TRYAGAIN", {}).get("count", 0))
+
+
+def test_tryagain_during_a_migration_is_a_second_try_on_the_same_shard(
+    cluster, masters, redlock_of
+):
+    # Two resources of one slot under migration, neither key anywhere yet: the source answers
+    # ASK (it lacks them), the target (ASKING, importing) TRYAGAIN (it lacks some keys of a
+    # multi-key request). That is "the migration is moving these keys: ask again in a moment".
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[0], cluster.shards[2]
+    resources = (tag_on(cluster, source, "tryagain") + ":a",)
+    resources += (resources[0][:-2] + ":b",)
+    slot = key_slot(key(resources[0]).encode())
+    member(engine).refresh()
+    cluster.start_migration(slot, to=target)
+    try:
+        before = tryagain_count(target)
+        with pytest.raises(LockNotAcquired) as caught:  # (still migrating: TRYAGAIN again)
+            engine.lock(*resources).acquire()
+        # The attempt and the release that undoes it: each asked, then asked once more.
+        assert tryagain_count(target) - before == 2 * 2
+        failures = caught.value.failures
+        assert any("TryAgainError" in f.detail for f in failures), failures
+    finally:
+        cluster.finish_migration(slot, source, target)
+    with engine.lock(*resources):
+        assert cluster.where(key(resources[1])) == [target]
+
+
+def test_a_release_decided_before_the_cluster_answered_still_follows_its_moved(
+    cluster, masters, redlock_of
+):
+    # Two plain masters release at once; the cluster's old owner of the slot answers MOVED only
+    # after a pause. The round is decided by the plain masters, but the release must still
+    # reach the new owner, or its key stays there for the whole TTL.
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5, node_timeout=BUDGET)
+    shards = cluster.shards
+    for attempt, (source, target) in enumerate([(shards[0], shards[1]), (shards[1], shards[2])]):
+        resource = tag_on(cluster, source, f"release{attempt}-")
+        slot = key_slot(key(resource).encode())
+        member(engine).refresh()
+        lock = engine.lock(resource).acquire()
+        cluster.migrate_slot(slot, to=target)  # our map still names the source
+        source.call("CLIENT", "PAUSE", 200)  # its MOVED comes 200 ms after the others' answers
+        lock.release()
+        assert cluster.where(key(resource)) == [], f"attempt {attempt}: the release was dropped"
+
+
 def test_a_map_entry_for_a_gone_primary_is_read_again_after_the_failed_connect(
     cluster, masters, redlock_of
 ):

@@ -141,6 +141,10 @@ class Node:
         shard that owns the command's slot, see ``shards``)."""
         return self
 
+    #: Whether a reply of this node may send its request elsewhere (``MOVED``/``ASK``: a
+    #: Cluster shard): a round then waits for its reply even once decided (``rounds``).
+    redirects = False
+
     def redirected(self, error: redis.ResponseError) -> Node | None:
         """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
         return None

@@ -12,7 +12,7 @@ from typing import Any
 
 import hiredis
 import redis
-from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError
+from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError, TryAgainError
 
 from .connections import Node
 from .errors import NodeFailure
@@ -25,6 +25,10 @@ from .scripts import Script
 #: again, where a dead one refuses at once. At most ``N - quorum`` masters are left out at a
 #: time, so leaving out never by itself makes a quorum impossible.
 SKIP_SILENT_FOR = 1.0
+
+#: How long a Cluster shard's request answered ``TRYAGAIN`` (a multi-key request during a slot
+#: migration, its keys split between the two shards for a moment) waits before its second try.
+TRY_AGAIN_AFTER = 0.005
 
 #: One Redis command: name then arguments.
 Command = tuple[Any, ...]
@@ -120,7 +124,14 @@ class Replies:
 Decides = Callable[[object], bool]
 
 
-Exchange = Generator[Connect | Replies, Any, RoundReplies]
+@dataclass(frozen=True, slots=True)
+class Delay:
+    """A round waits for: the time to pass ``until`` (monotonic), nothing else (``TRYAGAIN``)."""
+
+    until: float
+
+
+Exchange = Generator[Connect | Replies | Delay, Any, RoundReplies]
 
 #: How a driver finds a master's open pipe for this round (threads' or the running loop's).
 PipeOf = Callable[[Node], Pipe | None]
@@ -143,7 +154,9 @@ def exchange(
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
-    request's slot (``Node.route``), and its ``MOVED``/``ASK`` followed (``_vote``)."""
+    request's slot (``Node.route``), and its ``MOVED``/``ASK`` followed (``_vote``): so its
+    reply is awaited even once the round is decided, and it is never told without waiting
+    (a redirection read by no one would drop the request: a release would leave its key)."""
     began = time.monotonic()
     nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
@@ -158,7 +171,14 @@ def exchange(
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
-        if node.silent_until and node.silent_until > began and may_leave_out > 0:
+        if (
+            node.silent_until
+            and node.silent_until > began
+            and may_leave_out > 0
+            and (
+                not node.redirects  # (a Cluster shard's MOVED/ASK would be read by no one)
+            )
+        ):
             if pipe is None or owes:
                 may_leave_out -= 1
                 replies[i] = _tell(node, pipe, requests.for_node(node))
@@ -214,9 +234,17 @@ def exchange(
                 needed -= 1
         sent = later
         if enough is not None and needed <= 0:
+            # Decided. A Cluster shard's reply is still awaited (within its budget): it may be
+            # MOVED or ASK, whose request (a release's compare-and-delete) must then be sent on.
+            awaited = []
             for i, pipe, slot in sent:
-                replies[i] = unawaited(nodes[i], pipe, slot)
-            break
+                if nodes[i].redirects:
+                    awaited.append((i, pipe, slot))
+                else:
+                    replies[i] = unawaited(nodes[i], pipe, slot)
+            if not awaited:
+                break
+            sent, enough = awaited, None
     if asked_again:
         replies.asked_again = frozenset(asked_again)
     abstain(nodes, replies)
@@ -266,7 +294,7 @@ def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
     return max(slot.sent_at for _, _, slot in sent) + budget
 
 
-_SECOND_TRY = (Broken, NoScriptError, MovedError, AskError)
+_SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)
 
 
 def second_try(slot: Slot) -> bool:
@@ -283,7 +311,7 @@ def _vote(
     requests: Requests,
     began: float,
     budget: float,
-) -> Generator[Connect | Replies, Any, Reply]:
+) -> Generator[Connect | Replies | Delay, Any, Reply]:
     """What ``nodes[i]`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
@@ -291,8 +319,10 @@ def _vote(
     with ``MOVED`` or ``ASK`` goes to the shard it names, once, within a node budget of its own
     as any second try (the redirection came in time: a round that read it late, busy connecting
     to other masters, must not blame the shard for that), and ``nodes[i]`` becomes that shard:
-    its quarantine is the one that counts. Safe to repeat: our scripts are idempotent, and a
-    repeated SET NX can only under-count our votes."""
+    its quarantine is the one that counts; a shard's ``TRYAGAIN`` (the keys of a multi-key
+    request split by a migration under way) is asked once more on the same shard (after ASKING
+    again on an ASK detour) after ``TRY_AGAIN_AFTER``. Safe to repeat: our scripts are
+    idempotent, and a repeated SET NX can only under-count our votes."""
     node = nodes[i]
     reply = _late(node, pipe, slot)
     if _ask_again(pipe, slot, began):
@@ -302,6 +332,8 @@ def _vote(
         pipe = made
         reply = yield from _ask(node, pipe, requests.for_node(node), budget)
     asking = False  # an ASK detour: ASKING goes before each request to its target
+    if isinstance(reply, TryAgainError):
+        reply = yield from _try_again(node, pipe, requests, budget, asking=False)
     if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
         nodes[i] = node = target
         made = yield from _connect(node, budget)
@@ -310,6 +342,8 @@ def _vote(
         pipe = made
         asking = isinstance(reply, AskError)
         reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
+        if isinstance(reply, TryAgainError):
+            reply = yield from _try_again(node, pipe, requests, budget, asking=asking)
     if requests.forgot_script(node, reply):
         reply = yield from _ask(node, pipe, requests.with_source(), budget, asking=asking)
     if isinstance(reply, Broken):
@@ -360,6 +394,14 @@ def _ask(
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
         yield Replies([(pipe, slot)], slot.sent_at + budget)
     return _late(node, pipe, slot)
+
+
+def _try_again(
+    node: Node, pipe: Pipe, requests: Requests, budget: float, *, asking: bool
+) -> Generator[Replies | Delay, Any, Reply]:
+    """A ``TRYAGAIN``'s second try, once the migration had a moment to move the other keys."""
+    yield Delay(time.monotonic() + TRY_AGAIN_AFTER)
+    return (yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking))
 
 
 def _connect(node: Node, budget: float) -> Generator[Connect, Any, Pipe | Reply]:

@@ -34,6 +34,8 @@ MAP_TIMEOUT = 1.0
 class ShardNode(Node):
     """One primary of a cluster member: a plain ``Node`` whose redirections its member follows."""
 
+    redirects = True
+
     def __init__(
         self, member: ClusterMember, spec: NodeSpec, timeout: float, *, max_ttl: float | None
     ) -> None:
