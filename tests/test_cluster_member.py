@@ -204,6 +204,24 @@ def test_a_release_decided_before_the_cluster_answered_still_follows_its_moved(
         assert cluster.where(key(resource)) == [], f"attempt {attempt}: the release was dropped"
 
 
+def test_a_release_to_a_silent_shard_still_follows_its_moved(cluster, masters, redlock_of):
+    # The old owner of the slot let a request go unanswered for its whole budget (paused): it
+    # is "silent", and rounds told such a master their request without waiting. Its MOVED was
+    # then read by no one: the release never reached the new owner.
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[2], cluster.shards[1]
+    resource, other = tag_on(cluster, source, "silent"), tag_on(cluster, source, "other")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    lock = engine.lock(resource).acquire()
+    cluster.migrate_slot(slot, to=target)  # our map still names the source
+    source.call("CLIENT", "PAUSE", int((BUDGET + 0.2) * 1000))
+    engine.holder(other)  # no answer from the source within its budget: silent now
+    assert member(engine).shard(("127.0.0.1", source.port)).silent_until > time.monotonic()
+    lock.release()  # the source answers MOVED 200 ms later, within the release's budget
+    assert cluster.where(key(resource)) == []
+
+
 def test_a_map_entry_for_a_gone_primary_is_read_again_after_the_failed_connect(
     cluster, masters, redlock_of
 ):

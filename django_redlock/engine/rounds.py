@@ -175,9 +175,7 @@ def exchange(
             node.silent_until
             and node.silent_until > began
             and may_leave_out > 0
-            and (
-                not node.redirects  # (a Cluster shard's MOVED/ASK would be read by no one)
-            )
+            and not node.redirects  # (a Cluster shard's MOVED/ASK would be read by no one)
         ):
             if pipe is None or owes:
                 may_leave_out -= 1
