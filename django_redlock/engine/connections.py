@@ -23,7 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import protocol, sentinel
+from . import acks, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, mask_url, sentinel_identity
@@ -45,16 +45,20 @@ class NodeSpec:
     connection_kwargs: Mapping[str, Any]
     #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
     service: sentinel.Service | None = None
+    #: Its votes count only once its replicas acknowledged them (``?wait_replicas=``: ``acks``).
+    ack: acks.ReplicaAck | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        if sentinel.is_sentinel_url(check_url(url)):
-            service, plain = sentinel.parse(url, mask_url(url))
+        label = mask_url(check_url(url))
+        url, ack = acks.parse(url, label)
+        if sentinel.is_sentinel_url(url):
+            service, plain = sentinel.parse(url, label)
             pool = redis.ConnectionPool.from_url(plain)
             connection_class = sentinel.sentinel_connection(pool.connection_class, service)
-            return cls(mask_url(url), connection_class, dict(pool.connection_kwargs), service)
+            return cls(label, connection_class, dict(pool.connection_kwargs), service, ack)
         pool = redis.ConnectionPool.from_url(url)
-        return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
+        return cls(label, pool.connection_class, dict(pool.connection_kwargs), ack=ack)
 
     @classmethod
     def from_pool(cls, label: str, pool: redis.ConnectionPool) -> NodeSpec:
@@ -107,6 +111,10 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
+        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
+        self.ack = spec.ack
+        if self.ack is not None:
+            self.ack.check_fits(timeout, self.label)
         self._forget()
         _ALL_NODES.add(self)
 

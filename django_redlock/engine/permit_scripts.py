@@ -167,6 +167,7 @@ if ARGV[4] ~= '' then
 end
 return {0, soonest}
 """,
+    acked=True,
 )
 
 # KEYS[1] the slot's lock key; KEYS[2] the semaphore's waiter queue. ARGV[1] our full value;
@@ -248,4 +249,5 @@ if redis.call('pttl', KEYS[2]) < tonumber(ARGV[2]) then
 end
 return 1
 """,
+    acked=True,
 )

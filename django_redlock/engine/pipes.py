@@ -144,16 +144,21 @@ class Pipe:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def send(self, request: bytes, now: float) -> Slot | None:
+    def send(self, request: bytes, now: float, slots: tuple[Slot, ...] = ()) -> Slot | None:
         """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
-        pipe is closed (or broke now)."""
+        pipe is closed (or broke now). ``slots``: for a request of several commands, one slot
+        per reply, of the caller's making (see ``acks``); the last is returned."""
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
-        slot = Slot(now)
+        slot = slots[-1] if slots else Slot(now)
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
-            self._pending.append(slot)
-            self._unsent.append(slot)
+            if slots:
+                self._pending.extend(slots)
+                self._unsent.extend(slots)
+            else:
+                self._pending.append(slot)
+                self._unsent.append(slot)
             self._out += request
             if not self._in_tick and not self._writing:
                 self._in_tick = True
@@ -163,7 +168,10 @@ class Pipe:
         with self._write_lock:
             if self.closed:
                 return None
-            self._pending.append(slot)
+            if slots:
+                self._pending.extend(slots)
+            else:
+                self._pending.append(slot)
             slot.sent_at = time.monotonic()
             try:
                 self._sock.sendall(request)

@@ -14,6 +14,7 @@ import hiredis
 import redis
 from redis.exceptions import NoScriptError, ReadOnlyError
 
+from . import acks
 from .connections import Node
 from .errors import NodeFailure
 from .pipes import PENDING, Broken, Pipe, Slot
@@ -93,6 +94,15 @@ class Requests:
         if self.script is not None:
             node.warm.add(self.script.sha)
 
+    def send(self, node: Node, pipe: Pipe, now: float, *, source: bool = False) -> Slot | None:
+        """Write the request (``source``: as EVAL, with the script's source) on ``node``'s
+        ``pipe``; followed by ``WAIT`` in the same write where the member's replicas must
+        acknowledge it (``acks``)."""
+        request = self.with_source() if source else self.for_node(node)
+        if node.ack is not None and acks.wanted(self.command, self.script):
+            return node.ack.send(pipe, request, now, node.label)
+        return pipe.send(request, now)
+
 
 @dataclass(frozen=True, slots=True)
 class Connect:
@@ -167,7 +177,7 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        slot = None if pipe is None else pipe.send(requests.for_node(node), began)
+        slot = None if pipe is None else requests.send(node, pipe, began)
         if pipe is not None and slot is not None:
             sent.append((i, pipe, slot))
         else:
@@ -177,7 +187,7 @@ def exchange(
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             replies[i] = made
-        elif (slot := made.send(requests.for_node(node), time.monotonic())) is not None:
+        elif (slot := requests.send(node, made, time.monotonic())) is not None:
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
@@ -287,9 +297,9 @@ def _vote(
         if not isinstance(made, Pipe):
             return made
         pipe = made
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget)
+        reply = yield from _ask(node, pipe, requests, budget)
     if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), budget)
+        reply = yield from _ask(node, pipe, requests, budget, source=True)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -326,8 +336,10 @@ def _late(node: Node, pipe: Pipe, slot: Slot) -> Reply:
     return slot.reply
 
 
-def _ask(node: Node, pipe: Pipe, request: bytes, budget: float) -> Generator[Replies, Any, Reply]:
-    slot = pipe.send(request, time.monotonic())
+def _ask(
+    node: Node, pipe: Pipe, requests: Requests, budget: float, *, source: bool = False
+) -> Generator[Replies, Any, Reply]:
+    slot = requests.send(node, pipe, time.monotonic(), source=source)
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:

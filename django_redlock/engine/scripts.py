@@ -17,6 +17,9 @@ class Script:
     name: str
     source: str
     sha: str = field(init=False)
+    #: It writes what a vote counts on (a grant, an extension, a fence): on a member with
+    #: ``wait_replicas``, its vote counts only once that many replicas acknowledged it (``acks``).
+    acked: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())  # noqa: S324 (Redis names scripts by SHA-1)
@@ -139,6 +142,7 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """,
+    acked=True,
 )
 
 # A waiting lock over several resources: MULTI_ACQUIRE, queued like ACQUIRE_WAITING on every
@@ -217,6 +221,7 @@ for _, i in ipairs(free) do
 end
 return {0, longest}
 """,
+    acked=True,
 )
 
 # Shared by HOLDS and EXTEND: whether every key of KEYS still holds our value ARGV[1].
@@ -257,6 +262,7 @@ if redis.call('pttl', KEYS[2]) < wait_ms then
 end
 return {0, redis.call('pttl', KEYS[1])}
 """,
+    acked=True,
 )
 
 # KEYS the lock keys (one or several); ARGV[1] our full value; ARGV[2] new TTL in milliseconds.
@@ -274,6 +280,7 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """,
+    acked=True,
 )
 
 # A holder whose body ended before its ``at_least``. KEYS[1..n] the lock keys, KEYS[n+1..2n] their
@@ -303,6 +310,7 @@ for i = 1, n do
 end
 return 1
 """,
+    acked=True,
 )
 
 # KEYS[1] fence counter key; ARGV[1] a token just chosen from a quorum's counters.
@@ -319,6 +327,7 @@ if proposed > current then
 end
 return current
 """,
+    acked=True,
 )
 
 # KEYS[1] a lock key; ARGV[1] the most bytes to read of its value. Reads it without trusting it
