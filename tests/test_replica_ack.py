@@ -176,3 +176,34 @@ def _checks():
     from django_redlock.checks import check_settings
 
     return check_settings()
+
+
+def test_an_acl_without_wait_makes_a_failed_vote_that_says_so(pair, redlock_of):
+    """The lock's ACL user needs ``+wait`` on such a member: without it, WAIT's refusal is the
+    member's answer (a failed vote naming it), never a grant."""
+    from tests.test_security import LOCKER_RULES
+
+    primary, _, _ = pair
+    url = acked(f"redis://locker:pw@127.0.0.1:{primary.port}/0")
+    primary.call("ACL", "SETUSER", "locker", *LOCKER_RULES)
+    try:
+        with pytest.raises(QuorumUnavailable, match=r"error \(NoPermissionError.*wait"):
+            redlock_of([url], ttl=5, node_timeout=NODE_TIMEOUT).lock("acl").acquire()
+        primary.call("ACL", "SETUSER", "locker", "+wait")
+        with redlock_of([url], ttl=5, node_timeout=NODE_TIMEOUT).lock("acl"):
+            pass
+    finally:
+        primary.call("ACL", "DELUSER", "locker")
+
+
+def test_an_unacknowledged_vote_is_counted_in_the_node_failures_metric(pair, settings):
+    from django_redlock import redlock
+    from tests.test_quarantine import metric_value
+
+    primary, replica, _ = pair
+    settings.REDLOCK = {"NODES": [acked(primary.url)], "NODE_TIMEOUT": NODE_TIMEOUT}
+    before = metric_value(REASON)
+    replica.pause()
+    with pytest.raises(QuorumUnavailable), redlock("metered"):
+        pass
+    assert metric_value(REASON) == before + 1
