@@ -65,6 +65,20 @@ local function wake(queue, notice, inboxes)
 end
 """
 
+# Shared by RELEASE and a semaphore's PERMIT_RELEASE (``permit_scripts``): KEYS[1] the key;
+# KEYS[2] its waiter queue; ARGV[1] our full value; ARGV[5] the id the holder had queued under as a
+# waiter, or ''. Leaves the queue first (where the holder's SET lost, it is still queued), then
+# deletes the key only if it still holds our value; else the script returns 0 (not ours).
+DELETE_OURS = """
+if ARGV[5] ~= '' then
+    redis.call('zrem', KEYS[2], ARGV[5])
+end
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('del', KEYS[1])
+"""
+
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value (token + owner);
 # ARGV[2] '1' to wake the next waiter, or '' to undo a failed attempt quietly (it freed nothing
 # anyone was waiting for); ARGV[3] the notice: a digest of the lease (never the token); ARGV[4]
@@ -77,15 +91,8 @@ end
 RELEASE = Script(
     "release",
     _WAKE
-    + """
-if ARGV[5] ~= '' then
-    redis.call('zrem', KEYS[2], ARGV[5])
-end
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
-    return 0
-end
-redis.call('del', KEYS[1])
-if ARGV[2] == '' then
+    + DELETE_OURS
+    + """if ARGV[2] == '' then
     return 1
 end
 return 1 + wake(KEYS[2], ARGV[3], ARGV[4])
