@@ -7,7 +7,6 @@ refused before any connection."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from django.core.checks import Error
@@ -17,6 +16,7 @@ from django_redlock.engine import LockLost, QuorumUnavailable, Redlock
 from django_redlock.engine.acks import REASON
 from django_redlock.testing.masters import free_port
 from django_redlock.testing.sentinels import primary_and_replica
+from tests.conftest import wait_until
 
 #: WAIT's timeout, and the node budget it must fit in (generous: a loaded machine).
 WAIT_TIMEOUT = 0.15
@@ -38,10 +38,10 @@ def pair(_pair):
     link.delay = 0.0
     primary.call("FLUSHALL")
     offset = primary.call("INFO", "replication")["master_repl_offset"]
-    deadline = time.monotonic() + 10
-    while replica.call("INFO", "replication").get("slave_repl_offset", -1) < offset:
-        assert time.monotonic() < deadline, "the replica did not catch up"
-        time.sleep(0.02)
+    caught_up = wait_until(
+        lambda: replica.call("INFO", "replication").get("slave_repl_offset", -1) >= offset, 10
+    )
+    assert caught_up, "the replica did not catch up"
     return primary, replica, link
 
 
