@@ -10,6 +10,8 @@ rotated every round, so that load from elsewhere hits them alike. Rows:
 
 - ``off``: the member's plain URL, on this tree; ``on``: the same member with
   ``wait_replicas=1&wait_timeout=0.05`` (NODE_TIMEOUT 0.1);
+- ``on, its replica stopped``: on three members, the acked member's replica paused (SIGSTOP):
+  every grant there fails its vote after ``wait_timeout``, and the other two carry the quorum;
 - ``off (baseline)``: with ``--baseline DIR`` (a checkout of the code before this option, e.g.
   ``git archive main | tar -x -C DIR``), the plain URL on that code: what the option costs a
   member that does not use it.
@@ -44,7 +46,7 @@ NODE_TIMEOUT = 0.1
 #: (N cycles in each of T asyncio tasks at once: answers the wall time), one JSON line each.
 WORKER = """
 import asyncio, json, sys, time
-from django_redlock.engine import Redlock
+from django_redlock.engine import Redlock, RedlockError
 engine = Redlock(
     json.loads(sys.argv[1]), ttl=10, node_timeout=float(sys.argv[2]), key_prefix=sys.argv[3]
 )
@@ -53,22 +55,36 @@ def seq(n):
     cpu = time.process_time_ns()
     for i in range(n):
         began = time.perf_counter_ns()
-        with engine.lock(f"seq:{i % 50}"):
-            pass
+        try:
+            with engine.lock(f"seq:{i % 50}"):
+                pass
+        except RedlockError:
+            failed[0] += 1
         out.append(time.perf_counter_ns() - began)
     return [time.process_time_ns() - cpu, out]
 async def par(n, tasks):
     async def run(t):
         for _ in range(n):
-            async with engine.lock(f"par:{t}"):
-                pass
+            try:
+                async with engine.lock(f"par:{t}"):
+                    pass
+            except RedlockError:
+                failed[0] += 1
     began = time.perf_counter_ns()
     await asyncio.gather(*(run(t) for t in range(tasks)))
     return time.perf_counter_ns() - began
+failed = [0]
 loop = asyncio.new_event_loop()
 for line in sys.stdin:
     kind, *args = line.split()
-    if kind == "seq":
+    if kind == "failed":
+        answer = failed[0]
+    elif kind == "calls":  # Python function calls per cycle: what load cannot blur
+        import cProfile, pstats
+        profile = cProfile.Profile()
+        profile.runcall(seq, int(args[0]))
+        answer = pstats.Stats(profile).total_calls / int(args[0])
+    elif kind == "seq":
         answer = seq(int(args[0]))
     else:
         answer = loop.run_until_complete(par(int(args[0]), int(args[1])))
@@ -111,23 +127,28 @@ def uptime() -> str:
 
 
 @contextmanager
-def servers() -> Iterator[tuple[str, list[str]]]:
+def servers() -> Iterator[tuple[str, list[str], str]]:
+    """The primary's URL, the plain masters', and another primary's whose replica is stopped."""
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         primary, _, _ = stack.enter_context(primary_and_replica(work / "pair"))
         plain = stack.enter_context(local_masters(2, work / "plain"))
-        yield primary.url, [m.url for m in plain]
+        orphan, stopped, _ = stack.enter_context(primary_and_replica(work / "stopped"))
+        stopped.pause()
+        yield primary.url, [m.url for m in plain], orphan.url
 
 
 def run(rounds: int, cycles: int, tasks: int, baseline: Path | None) -> None:
     print(f"uptime before: {uptime()}")
-    with servers() as (primary, plain), ExitStack() as stack:
+    with servers() as (primary, plain, orphan), ExitStack() as stack:
         acked = f"{primary}?{ACK}"
         rows: list[Row] = []
         for members, extra in (("1 member", []), ("3 members", plain)):
             wanted = [("off", [primary, *extra], ROOT), ("on", [acked, *extra], ROOT)]
             if baseline is not None:
                 wanted.insert(0, ("off (baseline)", [primary, *extra], baseline))
+            if extra:  # (alone, it could grant nothing)
+                wanted.append(("on, its replica stopped", [f"{orphan}?{ACK}", *extra], ROOT))
             for name, urls, code in wanted:
                 row = Row(f"{members}: {name}", urls, code)
                 stack.callback(row.close)
@@ -150,16 +171,22 @@ def run(rounds: int, cycles: int, tasks: int, baseline: Path | None) -> None:
         )
         print(
             "| row | cycle median (us) | cycle p99 (us) | client CPU per cycle (us, median "
-            "of batches) | concurrent cycles/s (median) |"
+            "of batches) | Python calls per cycle | concurrent cycles/s (median) | cycles that "
+            "failed |"
         )
-        print("|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         for row in rows:
             ordered = sorted(row.cycles)
             median = statistics.median(ordered) / 1000
             p99 = ordered[int(len(ordered) * 0.99)] / 1000
             rate = statistics.median(row.rates)
             cpu = statistics.median(row.cpu) / 1000
-            print(f"| {row.name} | {median:.0f} | {p99:.0f} | {cpu:.0f} | {rate:.0f} |")
+            failed = row.ask("failed")
+            calls = row.ask(f"calls {cycles}")
+            print(
+                f"| {row.name} | {median:.0f} | {p99:.0f} | {cpu:.0f} | {calls:.1f} | {rate:.0f} "
+                f"| {failed} |"
+            )
 
 
 def main() -> None:
