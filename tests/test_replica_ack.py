@@ -7,6 +7,7 @@ refused before any connection."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from django.core.checks import Error
@@ -18,9 +19,10 @@ from django_redlock.testing.masters import free_port
 from django_redlock.testing.sentinels import primary_and_replica
 from tests.conftest import wait_until
 
-#: WAIT's timeout, and the node budget it must fit in (generous: a loaded machine).
+#: WAIT's timeout, and the node budget it must fit in: generous, so that on a loaded machine
+#: a member whose replica is stopped still answers (0/1) well within its budget.
 WAIT_TIMEOUT = 0.15
-NODE_TIMEOUT = 0.4
+NODE_TIMEOUT = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +102,7 @@ def test_with_the_replica_stopped_the_vote_fails_and_its_grant_is_cleaned_up(pai
 
 def test_an_extension_the_replica_did_not_acknowledge_does_not_count(pair, redlock_of):
     primary, replica, _ = pair
-    engine = redlock_of([acked(primary.url)], ttl=1.0, node_timeout=NODE_TIMEOUT)
+    engine = redlock_of([acked(primary.url)], ttl=1.5, node_timeout=0.7)
     lock = engine.lock("x")
     lock.acquire()
     replica.pause()
@@ -125,9 +127,32 @@ def test_on_three_members_the_acknowledging_one_decides_when_it_is_needed(
     reasons = sorted(f.reason for f in failed.value.failures)
     assert reasons == [REASON, "timeout"]
     assert (primary.call("EXISTS", key("q")), others[0].call("EXISTS", key("q"))) == (0, 0)
-    replica.resume()  # it votes again
-    with engine.lock("q"):
-        pass
+    replica.resume()  # it votes again, once it has sat out acks.SIT_OUT (1 s)
+    assert wait_until(lambda: _acquired_and_released(engine, "q"), 5.0)
+
+
+def _acquired_and_released(engine: Redlock, resource: str) -> bool:
+    try:
+        with engine.lock(resource):
+            return True
+    except QuorumUnavailable:
+        return False
+
+
+def test_after_a_missed_acknowledgement_the_member_sits_out_grants_for_a_while(pair, redlock_of):
+    """Each grant there would hold its connection for wait_timeout while its replica is missing:
+    for acks.SIT_OUT it is not asked for grants (a failed vote saying so); releases still go."""
+    primary, replica, _ = pair
+    engine = redlock_of([acked(primary.url)], ttl=5, node_timeout=NODE_TIMEOUT)
+    replica.pause()
+    with pytest.raises(QuorumUnavailable, match=r"replica ack \(0/1"):
+        engine.lock("s").acquire()
+    waits = primary.call("INFO", "commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    with pytest.raises(QuorumUnavailable, match=r"replica ack \(not asked") as again:
+        engine.lock("s").acquire()
+    assert "asked again in" in str(again.value)
+    assert primary.call("INFO", "commandstats")["cmdstat_wait"]["calls"] == waits
+    assert primary.call("EXISTS", key("s")) == 0
 
 
 @pytest.mark.parametrize(
@@ -207,3 +232,32 @@ def test_an_unacknowledged_vote_is_counted_in_the_node_failures_metric(pair, set
     with pytest.raises(QuorumUnavailable), redlock("metered"):
         pass
     assert metric_value(REASON) == before + 1
+
+
+def test_a_missed_acknowledgement_the_round_did_not_wait_for_still_counts(
+    pair, masters, redlock_of
+):
+    """On three members the round returns at quorum without the one whose replica is stopped;
+    its WAIT's answer, read later, still makes it sit out: no request piles up behind WAITs."""
+    primary, replica, _ = pair
+    engine = redlock_of(
+        [acked(primary.url), *(m.url for m in masters[:2])], ttl=5, node_timeout=NODE_TIMEOUT
+    )
+    with engine.lock("warm"):  # connected, scripts loaded
+        pass
+    replica.pause()
+    with engine.lock("u"):  # won at quorum by the other two
+        pass
+
+    def waits() -> int:
+        return primary.call("INFO", "commandstats").get("cmdstat_wait", {}).get("calls", 0)
+
+    time.sleep(WAIT_TIMEOUT + 0.2)  # its WAIT answered meanwhile: read by the next round
+    with engine.lock("u"):
+        pass
+    assert engine.nodes[0].unacked_until > 0
+    before = waits()
+    for _ in range(5):
+        with engine.lock("u"):
+            pass
+    assert waits() == before

@@ -22,6 +22,7 @@ of a member whose replicas are down would come after its budget, as a timeout.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,12 @@ from .scripts import Script
 
 #: The ``NodeFailure.reason`` of a vote that too few replicas acknowledged.
 REASON = "replica ack"
+
+#: After a vote its replicas did not acknowledge, the member sits out grants this long: its
+#: replicas are most likely still missing, and each such request would hold its connection for
+#: ``wait_timeout`` (Redis runs what follows a blocked ``WAIT`` only after it), so that a busy
+#: process would pile up requests there faster than the member can answer them.
+SIT_OUT = 1.0
 
 REPLICAS_OPTION = "wait_replicas"
 TIMEOUT_OPTION = "wait_timeout"
@@ -62,10 +69,25 @@ class ReplicaAck:
                 f"answer after its budget (use a {TIMEOUT_OPTION} well under it, half or less)"
             )
 
-    def send(self, pipe: Pipe, request: bytes, now: float, label: str) -> Slot | None:
-        """Write ``request`` and ``WAIT`` behind it in one write; the slot answers for both."""
-        slot = Acked(now, self, label)
+    def send(
+        self, pipe: Pipe, request: bytes, now: float, label: str, missed: Callable[[], None]
+    ) -> Slot | None:
+        """Write ``request`` and ``WAIT`` behind it in one write; the slot answers for both
+        (``missed`` is told when too few replicas acknowledged)."""
+        slot = Acked(now, self, label, missed)
         return pipe.send(request + self.command, now, (slot.first, slot))
+
+    def sitting_out(self, label: str, until: float, now: float) -> NodeFailure | None:
+        """The failed vote of a member that sits out grants until ``until`` (see ``SIT_OUT``),
+        not asked; None if it does not."""
+        if until <= now:
+            return None
+        return NodeFailure(
+            label,
+            REASON,
+            f"not asked: its replicas did not acknowledge a grant within {self.timeout} s, "
+            f"{SIT_OUT - (until - now):.2f} s ago; asked again in {until - now:.2f} s",
+        )
 
     def judge(self, answer: object, acknowledged: object, label: str) -> object:
         """The request's ``answer``, if ``acknowledged`` (what ``WAIT`` said) is enough; else a
@@ -94,13 +116,18 @@ def wanted(command: tuple[Any, ...], script: Script | None) -> bool:
 class Acked(Slot):
     """The slot of a request followed by ``WAIT``: queued behind ``first``, which takes the
     request's own reply; its own reply is ``WAIT``'s, and what it holds once that came is the
-    two judged together (``ReplicaAck.judge``). Rounds see only this one."""
+    two judged together (``ReplicaAck.judge``). Rounds see only this one. Given up on by a round
+    (it returned at quorum, or its budget ran out), it still takes its replies when they come
+    (``keeps_late``): a missing acknowledgement seen late still makes the member sit out grants
+    (``missed``, see ``SIT_OUT``)."""
 
-    __slots__ = ("_reply", "ack", "first", "label")
+    __slots__ = ("_reply", "ack", "first", "label", "missed")
+    keeps_late = True
 
-    def __init__(self, now: float, ack: ReplicaAck, label: str) -> None:
+    def __init__(self, now: float, ack: ReplicaAck, label: str, missed: Callable[[], None]) -> None:
         self.ack = ack
         self.label = label
+        self.missed = missed
         self.first = _First(now, self)
         super().__init__(now)
 
@@ -112,6 +139,8 @@ class Acked(Slot):
     def reply(self, value: object) -> None:
         if value is not PENDING:
             value = self.ack.judge(self.first.reply, value, self.label)
+            if isinstance(value, NodeFailure):
+                self.missed()
         self._reply = value
 
 
@@ -120,6 +149,7 @@ class _First(Slot):
     is one given up on owes replies (its master is silent), whichever of the two is oldest."""
 
     __slots__ = ("pair",)
+    keeps_late = True
 
     def __init__(self, now: float, pair: Acked) -> None:
         self.pair = pair

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -111,10 +112,12 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
-        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
+        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it; and until
+        #: when (monotonic) it sits out grants after one its replicas did not acknowledge.
         self.ack = spec.ack
         if self.ack is not None:
             self.ack.check_fits(timeout, self.label)
+        self.unacked_until = 0.0
         self._forget()
         _ALL_NODES.add(self)
 
@@ -261,6 +264,10 @@ class Node:
             conn.disconnect()
             raise
         self.watch.judge(identity)
+
+    def replicas_missed(self) -> None:
+        """Too few of its replicas acknowledged a grant: it sits out grants for a while."""
+        self.unacked_until = time.monotonic() + acks.SIT_OUT
 
     def primary_moved(self) -> None:
         """A Sentinel member's primary moved (``+switch-master``, told on the Sentinel listener's

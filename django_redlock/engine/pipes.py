@@ -58,6 +58,10 @@ class Slot:
 
     __slots__ = ("abandoned", "on_reply", "reply", "sent_at")
 
+    #: Whether its reply is still stored once given up on (read by no round, but by the slot
+    #: itself: see ``acks``); else it is dropped.
+    keeps_late = False
+
     def __init__(self, sent_at: float) -> None:
         #: Monotonic time the request left (an async pipe stamps it at the flush): the master's
         #: budget runs from here, not from when the round began, so that a busy client (a
@@ -233,6 +237,8 @@ class Pipe:
                         slot.reply = reply
                         if slot.on_reply is not None:
                             slot.on_reply(slot)
+                    elif slot.keeps_late:
+                        slot.reply = reply
                     reply = reader.gets()
                 if received < len(self._buffer):
                     return

@@ -100,8 +100,16 @@ class Requests:
         acknowledge it (``acks``)."""
         request = self.with_source() if source else self.for_node(node)
         if node.ack is not None and acks.wanted(self.command, self.script):
-            return node.ack.send(pipe, request, now, node.label)
+            return node.ack.send(pipe, request, now, node.label, node.replicas_missed)
         return pipe.send(request, now)
+
+    def sitting_out(self, node: Node, now: float) -> NodeFailure | None:
+        """The failed vote of a member whose replicas missed a grant lately, for a grant: it is
+        not asked (``acks.SIT_OUT``); None to ask it."""
+        ack = node.ack
+        if ack is None or not acks.wanted(self.command, self.script):
+            return None
+        return ack.sitting_out(node.label, node.unacked_until, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +174,9 @@ def exchange(
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
+        if node.ack is not None and (out := requests.sitting_out(node, began)) is not None:
+            replies[i] = out
+            continue
         if node.silent_until and node.silent_until > began and may_leave_out > 0:
             if pipe is None or owes:
                 may_leave_out -= 1
