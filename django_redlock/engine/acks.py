@@ -11,9 +11,10 @@ How: ``WAIT`` goes right behind the request (the acquire, extend or fence write:
 costs no extra round trip: two replies come back, and the round sees one answer (``Acked``): the
 request's, if enough replicas acknowledged it, else a failed vote, reason ``"replica ack"``
 ("0/1 replicas acknowledged within 0.02 s"). What the request wrote stays on the member and is
-cleaned up as after any failed vote (a failed attempt's release, the holder's). Other requests
-(releases, reads) go without ``WAIT``. ``WAITAOF`` (Redis 7.2) is not used: the servers we test on
-run 7.0.
+cleaned up as after any failed vote (a failed attempt's release, the holder's). After a missed
+acknowledgement the member sits out grants for ``SIT_OUT`` (not asked: a failed vote saying so).
+Other requests (releases, reads) go without ``WAIT``. ``WAITAOF`` (Redis 7.2) is not used: the
+servers we test on run 7.0.
 
 A member's ``wait_timeout`` must fit inside the per-node budget (``NODE_TIMEOUT``), or the reply
 of a member whose replicas are down would come after its budget, as a timeout.
