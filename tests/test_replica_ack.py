@@ -184,7 +184,7 @@ def test_the_system_checks_name_the_member_and_its_timeout(settings):
     reported = [p for p in conf.problems() if p.is_error]
     assert [(p.id, p.message) for p in reported] == [
         (
-            "E008",
+            "E009",
             f"REDLOCK['NODES'] entry: node {member!r}: wait_timeout=0.05 does not fit in the "
             f"per-node budget node_timeout=0.05: a member whose replicas are down would answer "
             f"after its budget (use a wait_timeout well under it, half or less)",
@@ -255,9 +255,15 @@ def test_a_missed_acknowledgement_the_round_did_not_wait_for_still_counts(
     time.sleep(WAIT_TIMEOUT + 0.2)  # its WAIT answered meanwhile: read by the next round
     with engine.lock("u"):
         pass
-    assert engine.nodes[0].unacked_until > 0
+    assert engine.nodes[0].acks.until > 0
     before = waits()
     for _ in range(5):
         with engine.lock("u"):
             pass
     assert waits() == before
+
+
+def test_a_cluster_member_cannot_take_the_option_yet():
+    url = f"redis+cluster://127.0.0.1:{free_port()}/?wait_replicas=1&wait_timeout=0.01"
+    with pytest.raises(ValueError, match="wait_replicas is not supported on a redis\\+cluster"):
+        Redlock([url], ttl=5, node_timeout=0.05)

@@ -23,6 +23,7 @@ of a member whose replicas are down would come after its budget, as a timeout.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,26 +71,6 @@ class ReplicaAck:
                 f"answer after its budget (use a {TIMEOUT_OPTION} well under it, half or less)"
             )
 
-    def send(
-        self, pipe: Pipe, request: bytes, now: float, label: str, missed: Callable[[], None]
-    ) -> Slot | None:
-        """Write ``request`` and ``WAIT`` behind it in one write; the slot answers for both
-        (``missed`` is told when too few replicas acknowledged)."""
-        slot = Acked(now, self, label, missed)
-        return pipe.send(request + self.command, now, (slot.first, slot))
-
-    def sitting_out(self, label: str, until: float, now: float) -> NodeFailure | None:
-        """The failed vote of a member that sits out grants until ``until`` (see ``SIT_OUT``),
-        not asked; None if it does not."""
-        if until <= now:
-            return None
-        return NodeFailure(
-            label,
-            REASON,
-            f"not asked: its replicas did not acknowledge a grant within {self.timeout} s, "
-            f"{SIT_OUT - (until - now):.2f} s ago; asked again in {until - now:.2f} s",
-        )
-
     def judge(self, answer: object, acknowledged: object, label: str) -> object:
         """The request's ``answer``, if ``acknowledged`` (what ``WAIT`` said) is enough; else a
         failed vote. An error of the request, or a broken pipe, stays what it is (a script the
@@ -105,6 +86,40 @@ class ReplicaAck:
             label,
             REASON,
             f"{acknowledged}/{self.replicas} replicas acknowledged within {self.timeout} s",
+        )
+
+
+class Acks:
+    """A member's replica acknowledgement in this process: what it asks (``ask``), and until
+    when (monotonic) it sits out grants after one its replicas did not acknowledge."""
+
+    def __init__(self, ask: ReplicaAck, node_timeout: float, label: str) -> None:
+        ask.check_fits(node_timeout, label)
+        self.ask = ask
+        self.label = label
+        self.until = 0.0
+
+    def missed(self) -> None:
+        self.until = time.monotonic() + SIT_OUT
+
+    def send(self, pipe: Pipe, request: bytes, now: float, preamble: bytes = b"") -> Slot | None:
+        """Write ``request`` and ``WAIT`` behind it in one write; the slot answers for both
+        (``preamble``: see ``Pipe.send``)."""
+        slot = Acked(now, self.ask, self.label, self.missed)
+        return pipe.send(request + self.ask.command, now, (slot.first, slot), preamble=preamble)
+
+    def sitting_out(
+        self, command: tuple[Any, ...], script: Script | None, now: float
+    ) -> NodeFailure | None:
+        """For a grant while the member sits out (see ``SIT_OUT``): its failed vote, not asked;
+        else None (ask it)."""
+        if self.until <= now or not wanted(command, script):
+            return None
+        return NodeFailure(
+            self.label,
+            REASON,
+            f"not asked: its replicas did not acknowledge a grant within {self.ask.timeout} s, "
+            f"{SIT_OUT - (self.until - now):.2f} s ago; asked again in {self.until - now:.2f} s",
         )
 
 

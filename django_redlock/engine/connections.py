@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,10 +23,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import acks, protocol, sentinel
+from . import acks, cluster, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
-from .urls import check_url, mask_url, sentinel_identity
+from .urls import check_url, cluster_identity, mask_url, sentinel_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
@@ -46,18 +45,25 @@ class NodeSpec:
     connection_kwargs: Mapping[str, Any]
     #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
     service: sentinel.Service | None = None
+    #: A Redis Cluster: the nodes its URL names (see ``cluster`` and ``shards``).
+    seeds: cluster.Seeds | None = None
     #: Its votes count only once its replicas acknowledged them (``?wait_replicas=``: ``acks``).
     ack: acks.ReplicaAck | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
         label = mask_url(check_url(url))
+        if cluster.is_cluster_url(url):  # (check_url refused our options on it)
+            seeds, plain = cluster.parse(url, label)
+            pool = redis.ConnectionPool.from_url(plain)
+            kwargs = dict(pool.connection_kwargs)
+            return cls(label, pool.connection_class, kwargs, seeds=seeds)
         url, ack = acks.parse(url, label)
         if sentinel.is_sentinel_url(url):
             service, plain = sentinel.parse(url, label)
             pool = redis.ConnectionPool.from_url(plain)
             connection_class = sentinel.sentinel_connection(pool.connection_class, service)
-            return cls(label, connection_class, dict(pool.connection_kwargs), service, ack)
+            return cls(label, connection_class, dict(pool.connection_kwargs), service, ack=ack)
         pool = redis.ConnectionPool.from_url(url)
         return cls(label, pool.connection_class, dict(pool.connection_kwargs), ack=ack)
 
@@ -71,7 +77,10 @@ class NodeSpec:
         """Which redis-server this is, whatever the spelling: host and port (or socket path),
         loopback however written, not the db number. Two entries with one identity are one
         failure domain and must not vote twice. (Other names are compared as written: no DNS
-        lookup at configuration time.) A Sentinel member: its service name and Sentinels."""
+        lookup at configuration time.) A Sentinel member: its service name and Sentinels. A
+        Cluster member: its seeds."""
+        if self.seeds is not None:
+            return cluster_identity(self.seeds)
         if self.service is not None:
             return sentinel_identity(self.service)
         return protocol.server_identity(self.connection_kwargs)
@@ -112,12 +121,8 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
-        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it; and until
-        #: when (monotonic) it sits out grants after one its replicas did not acknowledge.
-        self.ack = spec.ack
-        if self.ack is not None:
-            self.ack.check_fits(timeout, self.label)
-        self.unacked_until = 0.0
+        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
+        self.acks = None if spec.ack is None else acks.Acks(spec.ack, timeout, self.label)
         self._forget()
         _ALL_NODES.add(self)
 
@@ -136,6 +141,15 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.label}>"
+
+    def route(self, command: tuple[Any, ...]) -> Node:
+        """The node a round sends ``command`` to for this member: itself (a Cluster member: the
+        shard that owns the command's slot, see ``shards``)."""
+        return self
+
+    def redirected(self, error: redis.ResponseError) -> Node | None:
+        """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
+        return None
 
     # --- the threads' pipe ---------------------------------------------------------------------
 
@@ -265,10 +279,6 @@ class Node:
             raise
         self.watch.judge(identity)
 
-    def replicas_missed(self) -> None:
-        """Too few of its replicas acknowledged a grant: it sits out grants for a while."""
-        self.unacked_until = time.monotonic() + acks.SIT_OUT
-
     def primary_moved(self) -> None:
         """A Sentinel member's primary moved (``+switch-master``, told on the Sentinel listener's
         thread): close our pipes to the old one, each on its own loop, so that the next round
@@ -297,13 +307,16 @@ class Node:
             if attempt.made is not None:
                 attempt.made.add_done_callback(_discard)
 
-    def client(self) -> redis.Redis:
-        """A plain redis-py client with this node's settings, for one-off admin commands
-        (status, inventory, tests). Not for the lock path: it sends one command at a time."""
+    def client(self, timeout: float | None = None) -> redis.Redis:
+        """A plain redis-py client with this node's settings (``timeout``: for connecting and for
+        each answer), for one-off admin commands (status, inventory, tests). Not for the lock
+        path: it sends one command at a time."""
         # The spec's own protocol (RESP2 is only forced on the lock path): redis-py's pub/sub
         # and maintenance-notification machinery expect to choose it.
         kwargs = {k: v for k, v in self._kwargs.items() if k != "protocol"}
         kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
+        if timeout is not None:
+            kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout)
         pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
         return redis.Redis(connection_pool=pool)
 

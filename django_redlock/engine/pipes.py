@@ -148,18 +148,29 @@ class Pipe:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def send(self, request: bytes, now: float, slots: tuple[Slot, ...] = ()) -> Slot | None:
+    def send(
+        self, request: bytes, now: float, slots: tuple[Slot, ...] = (), *, preamble: bytes = b""
+    ) -> Slot | None:
         """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
         pipe is closed (or broke now). ``slots``: for a request of several commands, one slot
-        per reply, of the caller's making (see ``acks``); the last is returned."""
+        per reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
+        command written just before it, in the same write (no other round's request between
+        them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
+        dropped."""
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else Slot(now)
+        queued = slots
+        if preamble:
+            first = Slot(now)
+            first.abandoned = True
+            request = preamble + request
+            queued = (first, *(slots or (slot,)))
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
-            if slots:
-                self._pending.extend(slots)
-                self._unsent.extend(slots)
+            if queued:
+                self._pending.extend(queued)
+                self._unsent.extend(queued)
             else:
                 self._pending.append(slot)
                 self._unsent.append(slot)
@@ -172,8 +183,8 @@ class Pipe:
         with self._write_lock:
             if self.closed:
                 return None
-            if slots:
-                self._pending.extend(slots)
+            if queued:
+                self._pending.extend(queued)
             else:
                 self._pending.append(slot)
             slot.sent_at = time.monotonic()

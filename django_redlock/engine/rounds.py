@@ -12,7 +12,7 @@ from typing import Any
 
 import hiredis
 import redis
-from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError
 
 from . import acks
 from .connections import Node
@@ -94,22 +94,13 @@ class Requests:
         if self.script is not None:
             node.warm.add(self.script.sha)
 
-    def send(self, node: Node, pipe: Pipe, now: float, *, source: bool = False) -> Slot | None:
-        """Write the request (``source``: as EVAL, with the script's source) on ``node``'s
-        ``pipe``; followed by ``WAIT`` in the same write where the member's replicas must
-        acknowledge it (``acks``)."""
-        request = self.with_source() if source else self.for_node(node)
-        if node.ack is not None and acks.wanted(self.command, self.script):
-            return node.ack.send(pipe, request, now, node.label, node.replicas_missed)
-        return pipe.send(request, now)
-
-    def sitting_out(self, node: Node, now: float) -> NodeFailure | None:
-        """The failed vote of a member whose replicas missed a grant lately, for a grant: it is
-        not asked (``acks.SIT_OUT``); None to ask it."""
-        ack = node.ack
-        if ack is None or not acks.wanted(self.command, self.script):
-            return None
-        return ack.sitting_out(node.label, node.unacked_until, now)
+    def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
+        """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
+        the same write where the member's replicas must acknowledge it (``acks``)."""
+        request = self.for_node(node)
+        if node.acks is not None and acks.wanted(self.command, self.script):
+            return node.acks.send(pipe, request, now, preamble)
+        return pipe.send(request, now, preamble=preamble)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +151,10 @@ def exchange(
     next rounds tell it their request without waiting (so that a release still follows its SET
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
-    so to one that answers NOSCRIPT."""
+    so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
+    request's slot (``Node.route``), and its ``MOVED``/``ASK`` followed (``_vote``)."""
     began = time.monotonic()
+    nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] = set()
@@ -174,8 +167,8 @@ def exchange(
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
-        if node.ack is not None and (out := requests.sitting_out(node, began)) is not None:
-            replies[i] = out
+        if node.acks is not None and (out := node.acks.sitting_out(command, script, began)):
+            replies[i] = out  # (see acks.SIT_OUT)
             continue
         if node.silent_until and node.silent_until > began and may_leave_out > 0:
             if pipe is None or owes:
@@ -221,7 +214,7 @@ def exchange(
                 later.append((i, pipe, slot))
                 continue
             else:
-                replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
+                replies[i] = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
             if (
@@ -285,7 +278,7 @@ def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
     return max(slot.sent_at for _, _, slot in sent) + budget
 
 
-_SECOND_TRY = (Broken, NoScriptError)
+_SECOND_TRY = (Broken, NoScriptError, MovedError, AskError)
 
 
 def second_try(slot: Slot) -> bool:
@@ -295,13 +288,24 @@ def second_try(slot: Slot) -> bool:
 
 
 def _vote(
-    node: Node, pipe: Pipe, slot: Slot, requests: Requests, began: float, budget: float
+    nodes: list[Node],
+    i: int,
+    pipe: Pipe,
+    slot: Slot,
+    requests: Requests,
+    began: float,
+    budget: float,
 ) -> Generator[Connect | Replies, Any, Reply]:
-    """What ``node`` answered, after the second try it may need: a pipe that was open before
+    """What ``nodes[i]`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
-    script is asked again with its source. Safe to repeat: our scripts are idempotent, and a
+    script is asked again with its source; a Cluster member's request that a shard answered
+    with ``MOVED`` or ``ASK`` goes to the shard it names, once, within a node budget of its own
+    as any second try (the redirection came in time: a round that read it late, busy connecting
+    to other masters, must not blame the shard for that), and ``nodes[i]`` becomes that shard:
+    its quarantine is the one that counts. Safe to repeat: our scripts are idempotent, and a
     repeated SET NX can only under-count our votes."""
+    node = nodes[i]
     reply = _late(node, pipe, slot)
     if _ask_again(pipe, slot, began):
         made = yield from _connect(node, budget)
@@ -309,8 +313,17 @@ def _vote(
             return made
         pipe = made
         reply = yield from _ask(node, pipe, requests, budget)
-    if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests, budget, source=True)
+    asking = False  # an ASK detour: ASKING goes before each request to its target
+    if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
+        nodes[i] = node = target
+        made = yield from _connect(node, budget)
+        if not isinstance(made, Pipe):
+            return made
+        pipe = made
+        asking = isinstance(reply, AskError)
+        reply = yield from _ask(node, pipe, requests, budget, asking=asking)
+    if requests.forgot_script(node, reply):  # (asked again with the source: it is not warm)
+        reply = yield from _ask(node, pipe, requests, budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -347,10 +360,13 @@ def _late(node: Node, pipe: Pipe, slot: Slot) -> Reply:
     return slot.reply
 
 
+_ASKING = pack(("ASKING",))
+
+
 def _ask(
-    node: Node, pipe: Pipe, requests: Requests, budget: float, *, source: bool = False
+    node: Node, pipe: Pipe, requests: Requests, budget: float, *, asking: bool = False
 ) -> Generator[Replies, Any, Reply]:
-    slot = requests.send(node, pipe, time.monotonic(), source=source)
+    slot = requests.send(node, pipe, time.monotonic(), _ASKING if asking else b"")
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
