@@ -216,8 +216,7 @@ def test_a_release_to_a_silent_shard_still_follows_its_moved(cluster, masters, r
     lock = engine.lock(resource).acquire()
     cluster.migrate_slot(slot, to=target)  # our map still names the source
     source.call("CLIENT", "PAUSE", int((BUDGET + 0.2) * 1000))
-    engine.holder(other)  # no answer from the source within its budget: silent now
-    assert member(engine).shard(("127.0.0.1", source.port)).silent_until > time.monotonic()
+    engine.holder(other)  # no answer from the source within its budget (a plain one: silent)
     lock.release()  # the source answers MOVED 200 ms later, within the release's budget
     assert cluster.where(key(resource)) == []
 

@@ -142,6 +142,17 @@ def check_hash_tags(key_prefix: str, resources: Sequence[str]) -> None:
         )
 
 
+def refuse_semaphore(limit: object) -> None:
+    """``ValueError``: a semaphore's scripts touch all ``limit`` permit keys without declaring
+    them, which a cluster routes by (a script with no key goes to any shard: "non local key")
+    and guards during a migration by (a permit key already moved could be granted twice)."""
+    raise ValueError(
+        f"limit={limit!r}: no semaphore on a Redlock with a Redis Cluster member: its scripts "
+        f"touch all {limit} permit keys without declaring them, which a cluster can neither "
+        f"route nor guard during a slot migration (see docs/deployment.md)"
+    )
+
+
 # --- the slot map ---------------------------------------------------------------------------------
 
 

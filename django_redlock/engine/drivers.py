@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from .connections import Node
+from .detours import Delay
 from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
 from .rounds import (
@@ -25,7 +26,6 @@ from .rounds import (
     Command,
     Connect,
     Decides,
-    Delay,
     Exchange,
     Replies,
     RoundReplies,
@@ -124,7 +124,7 @@ def fan_out(
         try:
             if isinstance(wait, Replies):
                 _wait_replies(wait)
-            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN)
+            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
                 time.sleep(max(0.0, wait.until - time.monotonic()))
             else:
                 answer = wait.node.connect(wait.budget)
@@ -243,7 +243,7 @@ async def afan_out(
         try:
             if isinstance(wait, Replies):
                 await _replies(loop, wait)
-            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN)
+            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
                 await asyncio.sleep(max(0.0, wait.until - time.monotonic()))
             else:
                 answer = await wait.node.aconnect(loop, wait.budget)

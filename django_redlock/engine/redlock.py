@@ -243,11 +243,7 @@ class Redlock:
         exclusive lock only."""
         mode = check_mode(limit, shared, reentrant)
         if self.clustered and limit is not None:
-            raise ValueError(
-                f"limit={limit!r}: no semaphore on a Redlock with a Redis Cluster member: its "
-                f"scripts touch all {limit} permit keys without declaring them, which a cluster "
-                f"can neither route nor guard during a slot migration (see docs/deployment.md)"
-            )
+            cluster.refuse_semaphore(limit)
         check_bounds_for(mode, at_least, at_most)
         self.check_resources(resources)
         return mode(

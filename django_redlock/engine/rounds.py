@@ -14,6 +14,7 @@ import hiredis
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError, TryAgainError
 
+from . import acks, detours
 from .connections import Node
 from .errors import NodeFailure
 from .pipes import PENDING, Broken, Pipe, Slot
@@ -25,10 +26,6 @@ from .scripts import Script
 #: again, where a dead one refuses at once. At most ``N - quorum`` masters are left out at a
 #: time, so leaving out never by itself makes a quorum impossible.
 SKIP_SILENT_FOR = 1.0
-
-#: How long a Cluster shard's request answered ``TRYAGAIN`` (a multi-key request during a slot
-#: migration, its keys split between the two shards for a moment) waits before its second try.
-TRY_AGAIN_AFTER = 0.005
 
 #: One Redis command: name then arguments.
 Command = tuple[Any, ...]
@@ -97,6 +94,14 @@ class Requests:
         if self.script is not None:
             node.warm.add(self.script.sha)
 
+    def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
+        """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
+        the same write where the member's replicas must acknowledge it (``acks``)."""
+        request = self.for_node(node)
+        if node.acks is not None and acks.wanted(self.command, self.script):
+            return node.acks.send(pipe, request, now, preamble)
+        return pipe.send(request, now, preamble=preamble)
+
 
 @dataclass(frozen=True, slots=True)
 class Connect:
@@ -124,14 +129,7 @@ class Replies:
 Decides = Callable[[object], bool]
 
 
-@dataclass(frozen=True, slots=True)
-class Delay:
-    """A round waits for: the time to pass ``until`` (monotonic), nothing else (``TRYAGAIN``)."""
-
-    until: float
-
-
-Exchange = Generator[Connect | Replies | Delay, Any, RoundReplies]
+Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
 #: How a driver finds a master's open pipe for this round (threads' or the running loop's).
 PipeOf = Callable[[Node], Pipe | None]
@@ -154,9 +152,7 @@ def exchange(
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
-    request's slot (``Node.route``), and its ``MOVED``/``ASK`` followed (``_vote``): so its
-    reply is awaited even once the round is decided, and it is never told without waiting
-    (a redirection read by no one would drop the request: a release would leave its key)."""
+    request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``)."""
     began = time.monotonic()
     nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
@@ -171,12 +167,10 @@ def exchange(
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
-        if (
-            node.silent_until
-            and node.silent_until > began
-            and may_leave_out > 0
-            and not node.redirects  # (a Cluster shard's MOVED/ASK would be read by no one)
-        ):
+        if node.acks is not None and (out := node.acks.sitting_out(command, script, began)):
+            replies[i] = out  # (see acks.SIT_OUT)
+            continue
+        if node.silent_until and node.silent_until > began and may_leave_out > 0:
             if pipe is None or owes:
                 may_leave_out -= 1
                 replies[i] = _tell(node, pipe, requests.for_node(node))
@@ -187,7 +181,7 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        slot = None if pipe is None else pipe.send(requests.for_node(node), began)
+        slot = None if pipe is None else requests.send(node, pipe, began)
         if pipe is not None and slot is not None:
             sent.append((i, pipe, slot))
         else:
@@ -197,7 +191,7 @@ def exchange(
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             replies[i] = made
-        elif (slot := made.send(requests.for_node(node), time.monotonic())) is not None:
+        elif (slot := requests.send(node, made, time.monotonic())) is not None:
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
@@ -232,13 +226,9 @@ def exchange(
                 needed -= 1
         sent = later
         if enough is not None and needed <= 0:
-            # Decided. A Cluster shard's reply is still awaited (within its budget): it may be
-            # MOVED or ASK, whose request (a release's compare-and-delete) must then be sent on.
-            awaited = []
+            awaited = [each for each in sent if nodes[each[0]].redirects]  # (see ``detours``)
             for i, pipe, slot in sent:
-                if nodes[i].redirects:
-                    awaited.append((i, pipe, slot))
-                else:
+                if not nodes[i].redirects:
                     replies[i] = unawaited(nodes[i], pipe, slot)
             if not awaited:
                 break
@@ -309,18 +299,15 @@ def _vote(
     requests: Requests,
     began: float,
     budget: float,
-) -> Generator[Connect | Replies | Delay, Any, Reply]:
+) -> Generator[Connect | Replies | detours.Delay, Any, Reply]:
     """What ``nodes[i]`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
-    script is asked again with its source; a Cluster member's request that a shard answered
-    with ``MOVED`` or ``ASK`` goes to the shard it names, once, within a node budget of its own
-    as any second try (the redirection came in time: a round that read it late, busy connecting
-    to other masters, must not blame the shard for that), and ``nodes[i]`` becomes that shard:
-    its quarantine is the one that counts; a shard's ``TRYAGAIN`` (the keys of a multi-key
-    request split by a migration under way) is asked once more on the same shard (after ASKING
-    again on an ASK detour) after ``TRY_AGAIN_AFTER``. Safe to repeat: our scripts are
-    idempotent, and a repeated SET NX can only under-count our votes."""
+    script is asked again with its source; a Cluster shard's ``MOVED``, ``ASK``, ``TRYAGAIN``
+    is followed (``detours``), within a node budget of its own as any second try (the
+    redirection came in time: a round that read it late, busy connecting to other masters,
+    must not blame the shard for that). Safe to repeat: our scripts are idempotent, and a
+    repeated SET NX can only under-count our votes."""
     node = nodes[i]
     reply = _late(node, pipe, slot)
     if _ask_again(pipe, slot, began):
@@ -328,22 +315,15 @@ def _vote(
         if not isinstance(made, Pipe):
             return made
         pipe = made
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget)
+        reply = yield from _ask(node, pipe, requests, budget)
     asking = False  # an ASK detour: ASKING goes before each request to its target
-    if isinstance(reply, TryAgainError):
-        reply = yield from _try_again(node, pipe, requests, budget, asking=False)
-    if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
-        nodes[i] = node = target
-        made = yield from _connect(node, budget)
-        if not isinstance(made, Pipe):
-            return made
-        pipe = made
-        asking = isinstance(reply, AskError)
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
-        if isinstance(reply, TryAgainError):
-            reply = yield from _try_again(node, pipe, requests, budget, asking=asking)
-    if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), budget, asking=asking)
+    if node.redirects:
+        pipe, reply, asking = yield from detours.follow(
+            nodes, i, pipe, reply, requests, budget, _ask, _connect
+        )
+        node = nodes[i]
+    if requests.forgot_script(node, reply):  # (asked again with the source: it is not warm)
+        reply = yield from _ask(node, pipe, requests, budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -384,22 +364,14 @@ _ASKING = pack(("ASKING",))
 
 
 def _ask(
-    node: Node, pipe: Pipe, request: bytes, budget: float, *, asking: bool = False
+    node: Node, pipe: Pipe, requests: Requests, budget: float, *, asking: bool = False
 ) -> Generator[Replies, Any, Reply]:
-    slot = pipe.send(request, time.monotonic(), preamble=_ASKING if asking else b"")
+    slot = requests.send(node, pipe, time.monotonic(), _ASKING if asking else b"")
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
         yield Replies([(pipe, slot)], slot.sent_at + budget)
     return _late(node, pipe, slot)
-
-
-def _try_again(
-    node: Node, pipe: Pipe, requests: Requests, budget: float, *, asking: bool
-) -> Generator[Replies | Delay, Any, Reply]:
-    """A ``TRYAGAIN``'s second try, once the migration had a moment to move the other keys."""
-    yield Delay(time.monotonic() + TRY_AGAIN_AFTER)
-    return (yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking))
 
 
 def _connect(node: Node, budget: float) -> Generator[Connect, Any, Pipe | Reply]:

@@ -36,6 +36,17 @@ class ShardNode(Node):
 
     redirects = True
 
+    @property
+    def silent_until(self) -> float:
+        """Never left out of a round as silent (``rounds.SKIP_SILENT_FOR``): a silent master is
+        told its request without waiting, and a shard's ``MOVED``/``ASK`` would then be read
+        by no one (``detours``)."""
+        return 0.0
+
+    @silent_until.setter
+    def silent_until(self, value: float) -> None:
+        pass
+
     def __init__(
         self, member: ClusterMember, spec: NodeSpec, timeout: float, *, max_ttl: float | None
     ) -> None:
