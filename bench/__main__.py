@@ -25,6 +25,7 @@ from . import (
 )
 
 DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
+FLEET_DOCS_PNG = DOCS_PNG.with_name("fleet.png")
 
 Scenario = Callable[[argparse.Namespace], tuple[str, dict[str, Any]]]
 
@@ -215,6 +216,8 @@ def main() -> None:
         text += "\n\n" + report.cpu_note(before, report.cpu_times())
         print(text, f"\n(saved to {report.save(key, text, data)})\n", flush=True)
     draw(copy_to_docs=full)  # from every scenario's last saved numbers
+    if full or "i" in wanted:
+        draw_fleet()
     if full:
         print(f"All scenarios took {time.monotonic() - started:.0f} s.")
 
@@ -235,6 +238,16 @@ def draw(*, copy_to_docs: bool) -> None:
         DOCS_PNG.parent.mkdir(exist_ok=True)
         shutil.copyfile(path, DOCS_PNG)
         print(f"Copied to {DOCS_PNG} (docs/performance.md shows it).")
+
+
+def draw_fleet() -> None:
+    """The fleet's curve alone, copied to docs/fleet.png (docs/scaling.md shows it)."""
+    if not chart.available():
+        return
+    path = chart.draw_fleet()
+    if path is not None:
+        shutil.copyfile(path, FLEET_DOCS_PNG)
+        print(f"Fleet chart: {path}, copied to {FLEET_DOCS_PNG} (docs/scaling.md shows it).")
 
 
 def _alias(key: str) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 from . import report
 
 PNG = report.RESULTS / "performance.png"
+#: The fleet's curve alone (scenario i), the picture of docs/scaling.md.
+FLEET_PNG = report.RESULTS / "fleet.png"
 
 OURS = "#c0392b"
 FLOOR = "#7f8c8d"
@@ -72,6 +74,27 @@ def draw(path: Path = PNG) -> Path | None:
     )
     fig.text(0.5, 0.005, environment, ha="center", fontsize=8, color="#555555")
     fig.tight_layout(rect=(0, 0.015, 1, 0.97))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def draw_fleet(path: Path = FLEET_PNG) -> Path | None:
+    """The fleet's curve (scenario i) alone; None if it has not been run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = report.load("i")
+    if data is None:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.set_title("(i) lock cycles/s with 1-32 client processes, 5 masters", fontsize=11, loc="left")
+    _fleet(ax, data)
+    fig.text(0.5, 0.005, data["environment"], ha="center", fontsize=6, color="#555555")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)

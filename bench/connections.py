@@ -4,7 +4,7 @@ pub/sub ones), with real processes (``bench/worker.py idle``) on 5 local masters
 
 - ``cycle``: each process made one acquire+release (sync) and keeps its engine;
 - ``sync+async``: one cycle from a thread and one in a long-lived event loop (an ASGI worker);
-- ``auto_extend``: each process holds a lease renewed by the watchdog (ttl 2 s);
+- ``auto_extend``: each process holds a lease renewed by the watchdog (ttl 10 s);
 - ``wait``: each process waits for a key the benchmark holds (a queued waiter, listening to its
   process's inbox for the wake-up notice).
 
@@ -46,6 +46,19 @@ def census(masters: Sequence[LocalMaster]) -> list[tuple[int, int]]:
         finally:
             client.close()
     return counts
+
+
+def client_memory(masters: Sequence[LocalMaster]) -> list[int]:
+    """Per master: bytes its clients' buffers and structures take (``mem_clients_normal``;
+    pub/sub subscribers are normal clients)."""
+    found = []
+    for master in masters:
+        client = master.client()
+        try:
+            found.append(int(client.info("memory")["mem_clients_normal"]))
+        finally:
+            client.close()
+    return found
 
 
 @contextlib.contextmanager
@@ -90,7 +103,11 @@ def settle(masters: Sequence[LocalMaster], expected: list[int], deadline: float 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.connections", description=__doc__)
     parser.add_argument("--processes", type=int, default=50, help="client processes (50)")
+    parser.add_argument("what", nargs="*", help=f"rows: {' '.join(WHAT)} (default: all)")
     args = parser.parse_args(argv)
+    unknown = [w for w in args.what if w not in WHAT]
+    if unknown:
+        parser.error(f"unknown row {', '.join(unknown)}; choose from {' '.join(WHAT)}")
     if args.processes < 1:
         parser.error(f"--processes must be >= 1, got {args.processes}")
     lines = [f"`{uptime()}`", ""]
@@ -101,19 +118,27 @@ def main(argv: list[str] | None = None) -> None:
         lines.append("")
         headers = ["each process", "connections per master, all processes (min-max)"]
         headers += ["of which pub/sub", "per process per master", "1,000 processes"]
+        headers += ["master memory per connection, KiB"]
         rows = []
-        for what in WHAT:
-            held = holder.lock("bench:connections", ttl=60).acquire() if what == "wait" else None
+        for what in args.what or WHAT:
+            # Long enough for 50 processes to start on a loaded machine.
+            held = holder.lock("bench:connections", ttl=600).acquire() if what == "wait" else None
             baseline = census(masters)
+            memory_before = client_memory(masters)
             with processes(what, urls, args.processes):
-                time.sleep(0.3)  # a watchdog's first renewal, a waiter's subscription
+                # A waiter's subscription is made before it is ready; a watchdog connects its
+                # own loop's pipes at its first renewal, a third of the TTL (10 s) in.
+                time.sleep(4.5 if what == "auto_extend" else 0.3)
                 up = census(masters)
+                memory_up = client_memory(masters)
             if held is not None:
                 held.release()
             settle(masters, [c for c, _ in baseline])
             added = [u[0] - b[0] for u, b in zip(up, baseline, strict=True)]
             pubsub = [u[1] - b[1] for u, b in zip(up, baseline, strict=True)]
             per = max(added) / args.processes
+            memory = [u - b for u, b in zip(memory_up, memory_before, strict=True)]
+            per_connection = max(memory) / max(max(added), 1)
             rows.append(
                 [
                     what,
@@ -121,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{min(pubsub)}-{max(pubsub)}",
                     f"{per:.2f}",
                     f"{per * 1000:,.0f}",
+                    f"{per_connection / 1024:,.1f}",
                 ]
             )
         holder.close()

@@ -19,6 +19,16 @@ Modes:
   happened as one JSON line (monotonic nanoseconds; ``CLOCK_MONOTONIC`` is one clock for every
   process on the machine, so the parent can merge the timelines of all workers).
 
+- ``fleet`` (scenario i, ``bench/fleet_cycles.py``): prints ``{"ready": true}`` once warm, waits
+  for ``go``, then cycles keys of its own for ``config["duration"]`` seconds and reports its
+  cycles, failures and CPU time.
+- ``idle`` (``bench/connections.py``): does ``config["what"]`` once, prints ready and keeps its
+  connections open until stdin ends, for the masters to be counted.
+
+``ours-django`` and ``django-redis`` configure Django in the worker process (``settings.
+configure``), as a project's settings would: ours through ``django_redlock.redlock()``,
+django-redis through ``cache.lock()``.
+
 ``config``: ``urls`` (the masters), ``ttl`` (seconds), ``timeout`` (per-request socket budget in
 seconds, or null for the library's default), and the mode's keys above.
 """
@@ -613,7 +623,7 @@ def idle(name: str, config: dict[str, Any]) -> None:
     """For counting connections (``bench.connections``): do ``config["what"]`` once, say
     ready, and keep everything open until stdin ends. ``cycle``: one acquire+release;
     ``sync+async``: one cycle from a thread and one in a long-lived event loop;
-    ``auto_extend``: hold a lease that the watchdog renews; ``wait``: wait for
+    ``auto_extend``: hold a lease that the watchdog renews (ttl 10 s); ``wait``: wait for
     ``config["key"]``, held by someone else (a queued waiter, listening to its inbox)."""
     impl = IMPLEMENTATIONS[name](config)
     what = config["what"]
@@ -622,7 +632,7 @@ def idle(name: str, config: dict[str, Any]) -> None:
         cycle(impl, f"{config['key']}:{os.getpid()}")
     elif what == "auto_extend":
         assert isinstance(impl, Ours)  # noqa: S101 (only ours renews leases)
-        held = impl.redlock.lock(f"{config['key']}:{os.getpid()}", ttl=2.0, auto_extend=True)
+        held = impl.redlock.lock(f"{config['key']}:{os.getpid()}", ttl=10.0, auto_extend=True)
         held.acquire()
     elif what == "sync+async":
         assert isinstance(impl, Ours)  # noqa: S101
@@ -645,7 +655,8 @@ def idle(name: str, config: dict[str, Any]) -> None:
     reply({"ready": True})
     sys.stdin.read()
     if held is not None:
-        held.release()
+        with contextlib.suppress(Exception):  # on a loaded machine the lease may be lost
+            held.release()
 
 
 async def _async_cycle(impl: Ours, key: str) -> None:
