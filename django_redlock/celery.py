@@ -43,7 +43,7 @@ from celery.result import AsyncResult
 from kombu.utils.uuid import uuid
 
 from . import metrics
-from .engine import LockContended, LockLost, NodeFailure, QuorumUnavailable, protocol
+from .engine import LockContended, LockLost, QuorumUnavailable, protocol
 from .engine.drivers import fan_out
 from .engine.locking import resources_of
 from .engine.values import UnreadableValue, parse_value
@@ -231,31 +231,21 @@ def _label(task_id: str, queued: bool) -> str:
 
 def _task_of(engine: Any, resource: str) -> str | None:
     """The id of the task whose lock (queued marker or run lock) holds ``resource`` on a quorum;
-    None if none does, or if its holder is not a task. Masters that fail to answer leave it
-    unknown (a quorum of copies may be among them): then it asks again, a few times, and raises
-    ``QuorumUnavailable`` rather than take "unknown" for "free" and enqueue a duplicate."""
-    key = engine.lock_key(resource)
-    for _ in range(UNKNOWN_TRIES):
-        replies = fan_out(engine.nodes, ("GET", key), engine.node_timeout)
-        values = [r for r in replies if isinstance(r, bytes)]
-        failed = sum(isinstance(r, NodeFailure) for r in replies)
-        value = max(set(values), key=values.count, default=None)
-        copies = 0 if value is None else values.count(value)
-        if value is not None and copies >= engine.quorum:
-            try:
-                label = parse_value(value)[1].label or ""
-            except UnreadableValue:
-                return None
-            match = _LABEL.fullmatch(label)
-            return match["id"] if match else None
-        if copies + failed < engine.quorum:
-            return None  # no quorum can hold it, whatever the silent masters have
-        time.sleep(engine.retry_delay)
-    raise QuorumUnavailable(
-        resource,
-        f"cannot tell whether a task holds {resource!r}: too few masters answered",
-        [r for r in replies if isinstance(r, NodeFailure)],
-    )
+    None if none does, or if its holder is not a task. Read as ``Redlock.holder`` reads (values
+    capped, never trusted); when too few masters answer to tell (a quorum of copies may be among
+    them) it asks again, a few times, and then raises ``QuorumUnavailable`` rather than take
+    "unknown" for "free" and enqueue a duplicate."""
+    for attempt in range(UNKNOWN_TRIES):
+        try:
+            held = engine.holder(resource)
+        except QuorumUnavailable:
+            if attempt == UNKNOWN_TRIES - 1:
+                raise
+            time.sleep(engine.retry_delay)
+            continue
+        match = None if held is None else _LABEL.fullmatch(held.owner.label or "")
+        return match["id"] if match else None
+    raise AssertionError("unreachable")  # pragma: no cover (the last attempt returns or raises)
 
 
 def _clear_marker(engine: Any, queued: str, task_id: str) -> None:

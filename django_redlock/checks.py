@@ -1,7 +1,9 @@
-"""System checks for the REDLOCK setting (no network: ``manage.py redlock_status`` probes masters).
+"""System checks for the REDLOCK setting (no network, but for E008: ``manage.py redlock_status``
+probes masters).
 
 Ids: E001 no nodes, E002 malformed setting, E003 bad node entry, E004 duplicate node,
 E005 bad number, E006 NODE_TIMEOUT not small next to TTL, E007 QUARANTINE without MAX_TTL,
+E008 a Redis Cluster member none of whose seeds tells the slot map (0.5 s a seed),
 W001 even number of nodes, W002 one node (development: no fault tolerance), W003 Sentinel
 members without quarantine.
 """
@@ -22,5 +24,5 @@ def check_settings(
 ) -> list[CheckMessage]:
     return [
         (Error if p.is_error else Warning)(p.message, hint=p.hint, id=f"django_redlock.{p.id}")
-        for p in conf.problems()
+        for p in [*conf.problems(), *conf.unreachable_clusters()]
     ]

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .engine import Redlock, protocol
+from .engine import Redlock, cluster, protocol
 from .engine.connections import NodeSpec
+from .engine.redlock import duplicate_masters
 from .engine.sentinel import is_sentinel_url
 from .engine.urls import check_url, mask_url
 
@@ -201,6 +203,45 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: How long the check waits for each seed of a Cluster member.
+SEED_TIMEOUT = 0.5
+
+
+def unreachable_clusters() -> list[Problem]:
+    """The Cluster members of ``REDLOCK`` no seed of which tells the slot map: without one, the
+    member can never learn where a key goes. The system checks' one network call (each seed
+    within ``SEED_TIMEOUT``); not part of ``problems()``, so that a cluster down when a process
+    starts fails that member's votes, not the process."""
+    try:
+        nodes = raw_setting()["NODES"]
+    except ImproperlyConfigured:
+        return []  # (problems() says why)
+    found = []
+    for entry in nodes if isinstance(nodes, list | tuple) else []:
+        if not (isinstance(entry, str) and cluster.is_cluster_url(entry) and _valid(entry)):
+            continue
+        spec = NodeSpec.from_url(entry)
+        assert spec.seeds is not None  # noqa: S101
+        try:
+            cluster.read_slots(
+                spec.seeds.addresses,
+                spec.connection_class,
+                dict(spec.connection_kwargs),
+                SEED_TIMEOUT,
+            )
+        except (redis.RedisError, OSError) as exc:
+            found.append(
+                Problem(
+                    "E008",
+                    f"REDLOCK['NODES'] entry {spec.label!r}: no seed of this Redis Cluster "
+                    f"told its slot map ({exc})",
+                    hint="list at least one reachable node of the cluster (host:port), with "
+                    "the cluster's user and password if it needs them",
+                )
+            )
+    return found
+
+
 def _node_problems(nodes: object) -> list[Problem]:
     if isinstance(nodes, str) or not isinstance(nodes, list | tuple):
         return [Problem("E003", f"REDLOCK['NODES'] must be a list, got {nodes!r}")]
@@ -219,7 +260,7 @@ def _node_problems(nodes: object) -> list[Problem]:
             specs.append(node_spec(entry))
         except (ValueError, ImproperlyConfigured) as exc:
             found.append(Problem("E003", f"REDLOCK['NODES'] entry: {exc}"))
-    duplicates = protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
+    duplicates = duplicate_masters(specs)
     if duplicates:
         found.append(
             Problem(

@@ -27,6 +27,7 @@ import redis
 
 from .engine import Redlock
 from .engine.connections import Node
+from .engine.shards import ClusterMember
 
 T = TypeVar("T")
 
@@ -186,6 +187,8 @@ def abstention(node: Node, info: dict[str, Any]) -> str | None:
 
 def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
     """Probe one master; never raises for a master's failure (it is reported instead)."""
+    if isinstance(node, ClusterMember):
+        return probe_cluster(node, timeout=timeout)
     client = admin_client(node, timeout)
     try:
         client.ping()  # connects (and authenticates): not part of the round trip we report
@@ -216,6 +219,35 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
     return _with_warnings(health, node.timeout)
 
 
+def probe_cluster(member: ClusterMember, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
+    """A Redis Cluster member: every primary of its slot map, each probed as a master. It is
+    reachable only if all are (a shard down fails the member's vote for the keys it owns); its
+    round trip is the slowest shard's, its warnings each shard's, named."""
+    try:
+        member.refresh(timeout)
+    except (redis.RedisError, OSError) as exc:
+        return NodeHealth(
+            member.label, reachable=False, error=f"no seed told the slot map: {failure_text(exc)}"
+        )
+    shards = [probe(member.shard(address), timeout=timeout) for address in member.map.primaries()]
+    down = [shard for shard in shards if not shard.reachable]
+    if down:
+        return NodeHealth(
+            member.label,
+            reachable=False,
+            error="; ".join(f"{shard.node}: {shard.error}" for shard in down)
+            + " (votes for the keys in its slots fail)",
+        )
+    return replace(
+        shards[0],
+        node=member.label,
+        rtt=max(shard.rtt or 0.0 for shard in shards),
+        run_id=None,  # several processes
+        warnings=tuple(f"{shard.node}: {w}" for shard in shards for w in shard.warnings),
+        abstains="; ".join(f"{s.node}: {s.abstains}" for s in shards if s.abstains) or None,
+    )
+
+
 def failure_text(exc: BaseException) -> str:
     """Why a master could not be probed, in the words an operator acts on: a wrong password is
     not an unreachable master, and a port that is not Redis gets a hint instead of a bare
@@ -236,13 +268,9 @@ def failure_text(exc: BaseException) -> str:
 
 
 def admin_client(node: Node, timeout: float) -> redis.Redis:
-    """``node.client()`` with ``timeout`` for connecting and for each answer; close it."""
-    client = node.client()
-    # No connection exists yet, so the pool's kwargs still decide every connection's timeouts.
-    client.connection_pool.connection_kwargs.update(
-        socket_timeout=timeout, socket_connect_timeout=timeout
-    )
-    return client
+    """``node.client()`` with ``timeout`` for connecting and for each answer; close it. (A Redis
+    Cluster member's is a ``RedisCluster``: SCAN and pipelines reach every primary.)"""
+    return node.client(timeout)
 
 
 def _ask(command: Callable[..., T], *args: Any) -> T | None:

@@ -79,6 +79,20 @@ def busy_retry(n: int) -> str:
     return "ran"
 
 
+@app.task(
+    base=RedlockTask, lock_key="busy:{n}", lock_unique=False, lock_busy="wait", lock_wait=10.0
+)
+def busy_wait(n: int) -> str:
+    _record(f"busy:{n}", None, time.time())
+    return "ran"
+
+
+@app.task(base=RedlockTask, lock_key="busy:{n}", lock_unique=False, lock_busy="wait", lock_wait=0.5)
+def busy_wait_briefly(n: int) -> str:
+    _record(f"busy:{n}", None, time.time())
+    return "ran"
+
+
 @app.task(base=RedlockTask, lock_key="lost:{n}", lock_queue_timeout=1.0)
 def never_consumed(n: int) -> None:
     """Sent to a queue no worker reads: a message the broker lost, as far as the key can tell."""

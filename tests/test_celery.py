@@ -168,6 +168,27 @@ def test_a_busy_key_is_retried(tasks: Any) -> None:
     assert len(runs(tasks, "busy:2")) == 1
 
 
+def test_a_busy_key_is_waited_for_and_the_task_runs_after_the_release(tasks: Any) -> None:
+    holder = redlock("busy:3", ttl=10)
+    holder.acquire()
+    result = tasks.busy_wait.delay(3)
+    time.sleep(1.0)  # the task waits in its worker (lock_wait=10 s), it does not run
+    assert runs(tasks, "busy:3") == []
+    released = time.time()
+    holder.release()
+    assert result.get(timeout=20) == "ran"
+    ((_, _, began, _),) = runs(tasks, "busy:3")
+    assert float(began) >= released - 0.05  # (wall clocks of one machine: a small allowance)
+
+
+def test_a_busy_key_held_past_the_wait_is_skipped(tasks: Any) -> None:
+    with redlock("busy:4", ttl=10):
+        started = time.monotonic()
+        assert tasks.busy_wait_briefly.delay(4).get(timeout=20) is None
+        assert time.monotonic() - started >= 0.5  # it waited its lock_wait first
+    assert runs(tasks, "busy:4") == []
+
+
 def test_a_task_the_broker_lost_frees_its_key_after_the_queue_timeout(tasks: Any) -> None:
     lost = tasks.never_consumed.apply_async((1,), queue="nowhere")
     assert tasks.never_consumed.apply_async((1,), queue="nowhere").id == lost.id

@@ -123,7 +123,7 @@ def test_bad_url(settings, urls):
     assert ours() == [
         error(
             "REDLOCK['NODES'] entry: node 'http://127.0.0.1:1/0' is not a redis://, rediss://, "
-            "unix:// or redis+sentinel:// URL",
+            "unix://, redis+sentinel:// or redis+cluster:// URL",
             "E003",
         )
     ]
@@ -133,7 +133,7 @@ def test_bad_url(settings, urls):
     ("entry", "message"),
     [
         ("redis+sentinel://127.0.0.1:26379/", "names no Sentinel service"),
-        ("redis+cluster://127.0.0.1:7000/", "is not a redis://, rediss://, unix:// or redis+s"),
+        ("redis+cluster://127.0.0.1:7000/9", "a Redis Cluster has only db 0"),
         ("rediss+sentinel+redis://127.0.0.1:7000/m", "is not a redis://"),
     ],
 )

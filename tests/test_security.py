@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from io import StringIO
@@ -197,13 +198,16 @@ def test_admin_pages_show_fingerprints_not_tokens(redlock_settings, client, djan
 #: PEXPIRE, SET, PUBLISH, TIME, PTTL and the waiter queue's ZADD, ZREM, ZPOPMIN, ZCARD), release
 #: notices (SUBSCRIBE), and the read-only status/admin probes (PING, INFO, TIME, SCAN, PTTL, and
 #: TYPE, STRLEN, GETRANGE to read a key without trusting it: the inventory, and holder() inside a
-#: script). No CONFIG: the status command must cope with its refusal.
+#: script), and for semaphores and readers: MGET (their holders), the readers' sorted set and the
+#: queued readers' set (ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, SADD, SREM, SISMEMBER). No
+#: CONFIG: the status command must cope with its refusal.
 LOCKER_RULES = [
     "reset", "on", ">pw", "~redlock:*", "resetchannels", "&redlock:*", "-@all",
     "+set", "+get", "+evalsha", "+eval", "+del", "+pexpire", "+publish",
     "+zadd", "+zrem", "+zpopmin", "+zcard",
     "+subscribe", "+unsubscribe", "+ping", "+info", "+time", "+scan", "+pttl",
-    "+type", "+strlen", "+getrange",
+    "+type", "+strlen", "+getrange", "+mget",
+    "+sadd", "+srem", "+sismember", "+zrange", "+zrangebyscore", "+zremrangebyscore",
 ]  # fmt: skip
 
 
@@ -281,6 +285,60 @@ def test_the_acl_user_can_ask_who_holds_and_wait_for_several_resources(acl_maste
     finally:
         for engine in engines:
             engine.close()
+
+
+def test_the_acl_user_can_take_permits_and_share_as_readers(acl_masters):
+    """Semaphores (``limit``) and readers (``shared``) run their own scripts (slot scans, the
+    readers set, queues by deadline): within the locker's rules too, waiting included."""
+    engine = Redlock(locker_urls(acl_masters), node_timeout=0.2, retry_delay=3.0)
+    try:
+        one = engine.lock("pool", limit=2, ttl=5).acquire()
+        with engine.lock("pool", limit=2, ttl=5):
+            assert one.extend() > 4
+            with pytest.raises(LockContended):
+                engine.lock("pool", limit=2, ttl=5).acquire()
+            held = engine.holder("pool")
+            assert held is not None
+            assert len(held.holders) == 2
+            got: list[float] = []
+
+            def third() -> None:
+                with engine.lock("pool", limit=2, ttl=5, wait=5):
+                    got.append(time.monotonic())
+
+            waiter = threading.Thread(target=third)
+            waiter.start()
+            time.sleep(0.3)
+            one.release()
+            waiter.join(10)
+            assert got, "the third caller never got a permit"
+        with engine.lock("prices", shared=True, ttl=5) as a, engine.lock("prices", shared=True):
+            assert a.extend() > 4
+            held = engine.holder("prices")
+            assert held is not None
+            assert len(held.holders) == 2
+            with pytest.raises(LockContended, match="held by readers"):
+                engine.lock("prices", ttl=5).acquire()
+        writer = engine.lock("prices", ttl=5).acquire()  # the writer, once the readers left
+        read: list[float] = []
+
+        def reader() -> None:  # queued behind the writer (the queued readers' set)
+            with engine.lock("prices", shared=True, ttl=5, wait=5):
+                read.append(time.monotonic())
+
+        waiting = threading.Thread(target=reader)
+        waiting.start()
+        time.sleep(0.3)
+        writer.release()
+        waiting.join(10)
+        assert read, "the reader queued behind the writer never got in"
+        for master in acl_masters:  # (the semaphore's marker outlives its permits by its TTL)
+            client = master.client()
+            assert client.keys("redlock:lock:*") == [b"redlock:lock:pool"]
+            assert 0 < client.pttl("redlock:lock:pool") <= 5000
+            client.close()
+    finally:
+        engine.close()
 
 
 def test_the_acl_user_is_refused_outside_the_prefix(acl_masters):

@@ -227,9 +227,11 @@ def test_a_key_of_another_type_is_not_free(masters, redlock_of):
 def test_extend_to_a_new_duration(masters, redlock_of):
     with redlock_of(masters).lock("r", ttl=1) as lock:
         assert lock.validity < 1
-        assert 4.9 < lock.extend(ttl=5) <= 5
+        # (> 4.5: far above the old TTL of 1 s, and the round's time may be most of 0.1 s on a
+        # loaded machine: 4.88 was seen with a bound of 4.9)
+        assert 4.5 < lock.extend(ttl=5) <= 5
         assert all(4000 < m.call("PTTL", lock.key) <= 5000 for m in masters)
-        assert 4.9 < lock.extend() <= 5  # the new duration is the lease's TTL from now on
+        assert 4.5 < lock.extend() <= 5  # the new duration is the lease's TTL from now on
 
 
 def test_max_extensions_counts_manual_and_automatic_extensions(masters, redlock_of):

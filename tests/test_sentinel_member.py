@@ -102,7 +102,7 @@ def test_two_entries_for_one_sentinel_service_are_one_member():
     [
         ("redis+sentinel://127.0.0.1:26379/", "names no Sentinel service"),
         ("redis+sentinel://127.0.0.1:26379", "names no Sentinel service"),
-        ("redis+cluster://127.0.0.1:7000/", "is not a redis://, rediss://, unix:// or redis+s"),
+        ("redis+cluster://127.0.0.1:7000/9", "a Redis Cluster has only db 0"),
         ("redis+sentinel+cluster://h:1/m", "is not a redis://"),
         ("redis+sentinel://:secret@127.0.0.1:x/m", "bad Sentinel address"),
         ("redis+sentinel://127.0.0.1:26379/m/x", "db that is not a number"),

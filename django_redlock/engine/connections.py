@@ -23,10 +23,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import protocol, sentinel
+from . import cluster, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
-from .urls import check_url, mask_url, sentinel_identity
+from .urls import check_url, cluster_identity, mask_url, sentinel_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
 CONNECT_GRACE = 0.05
@@ -45,10 +45,17 @@ class NodeSpec:
     connection_kwargs: Mapping[str, Any]
     #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
     service: sentinel.Service | None = None
+    #: A Redis Cluster: the nodes its URL names (see ``cluster`` and ``shards``).
+    seeds: cluster.Seeds | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        if sentinel.is_sentinel_url(check_url(url)):
+        if cluster.is_cluster_url(check_url(url)):
+            seeds, plain = cluster.parse(url, mask_url(url))
+            pool = redis.ConnectionPool.from_url(plain)
+            kwargs = dict(pool.connection_kwargs)
+            return cls(mask_url(url), pool.connection_class, kwargs, seeds=seeds)
+        if sentinel.is_sentinel_url(url):
             service, plain = sentinel.parse(url, mask_url(url))
             pool = redis.ConnectionPool.from_url(plain)
             connection_class = sentinel.sentinel_connection(pool.connection_class, service)
@@ -66,7 +73,10 @@ class NodeSpec:
         """Which redis-server this is, whatever the spelling: host and port (or socket path),
         loopback however written, not the db number. Two entries with one identity are one
         failure domain and must not vote twice. (Other names are compared as written: no DNS
-        lookup at configuration time.) A Sentinel member: its service name and Sentinels."""
+        lookup at configuration time.) A Sentinel member: its service name and Sentinels. A
+        Cluster member: its seeds."""
+        if self.seeds is not None:
+            return cluster_identity(self.seeds)
         if self.service is not None:
             return sentinel_identity(self.service)
         return protocol.server_identity(self.connection_kwargs)
@@ -125,6 +135,15 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.label}>"
+
+    def route(self, command: tuple[Any, ...]) -> Node:
+        """The node a round sends ``command`` to for this member: itself (a Cluster member: the
+        shard that owns the command's slot, see ``shards``)."""
+        return self
+
+    def redirected(self, error: redis.ResponseError) -> Node | None:
+        """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
+        return None
 
     # --- the threads' pipe ---------------------------------------------------------------------
 
@@ -282,13 +301,16 @@ class Node:
             if attempt.made is not None:
                 attempt.made.add_done_callback(_discard)
 
-    def client(self) -> redis.Redis:
-        """A plain redis-py client with this node's settings, for one-off admin commands
-        (status, inventory, tests). Not for the lock path: it sends one command at a time."""
+    def client(self, timeout: float | None = None) -> redis.Redis:
+        """A plain redis-py client with this node's settings (``timeout``: for connecting and for
+        each answer), for one-off admin commands (status, inventory, tests). Not for the lock
+        path: it sends one command at a time."""
         # The spec's own protocol (RESP2 is only forced on the lock path): redis-py's pub/sub
         # and maintenance-notification machinery expect to choose it.
         kwargs = {k: v for k, v in self._kwargs.items() if k != "protocol"}
         kwargs["protocol"] = self.spec.connection_kwargs.get("protocol")
+        if timeout is not None:
+            kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout)
         pool = redis.ConnectionPool(connection_class=self.spec.connection_class, **kwargs)
         return redis.Redis(connection_pool=pool)
 

@@ -144,14 +144,24 @@ class Pipe:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def send(self, request: bytes, now: float) -> Slot | None:
+    def send(self, request: bytes, now: float, *, preamble: bytes = b"") -> Slot | None:
         """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
-        pipe is closed (or broke now)."""
+        pipe is closed (or broke now). ``preamble``: one command written just before it, in the
+        same write (no other round's request between them: a Cluster's ``ASKING``, which
+        applies to the next command only), whose reply is dropped."""
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
         slot = Slot(now)
+        first = None
+        if preamble:
+            first = Slot(now)
+            first.abandoned = True
+            request = preamble + request
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
+            if first is not None:
+                self._pending.append(first)
+                self._unsent.append(first)
             self._pending.append(slot)
             self._unsent.append(slot)
             self._out += request
@@ -163,6 +173,8 @@ class Pipe:
         with self._write_lock:
             if self.closed:
                 return None
+            if first is not None:
+                self._pending.append(first)
             self._pending.append(slot)
             slot.sent_at = time.monotonic()
             try:

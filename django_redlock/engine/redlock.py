@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from . import protocol, scripts
+from . import cluster, protocol, scripts
 from .admission import Admission
 from .connections import Node, NodeSpec
 from .drivers import arun, run
@@ -22,6 +22,7 @@ from .modes import check_mode
 from .notices import LocalQueues, ReleaseNotices
 from .reentry import Holders
 from .rounds import Command, Reply
+from .shards import ClusterMember
 from .steps import Procedure, Round
 from .values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value
 from .watchdog import WATCHDOG
@@ -115,8 +116,10 @@ def check_bounds_for(mode: type[Lock], at_least: object, at_most: object) -> Non
 
 def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
     """The entries that name a redis-server already named (by host and port or socket path,
-    loopback however spelled, whatever the db number)."""
-    return protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
+    loopback however spelled, whatever the db number; a Cluster member by any of its seeds)."""
+    found = protocol.duplicate_servers([(spec.label, spec.identity) for spec in specs])
+    named = [(spec.label, address) for spec in specs for address in cluster.servers_named(spec)]
+    return found + [d for d in protocol.duplicate_servers(named) if d not in found]
 
 
 class Redlock:
@@ -172,7 +175,17 @@ class Redlock:
         self.retry_delay = protocol.check_seconds("retry_delay", retry_delay, allow_zero=False)
         self.observer: Observer = observer or NullObserver()
         watch = self.max_ttl if self.quarantine else None
-        self.nodes = tuple(Node(spec, self.node_timeout, max_ttl=watch) for spec in specs)
+        self.nodes = tuple(
+            (ClusterMember if spec.seeds is not None else Node)(
+                spec, self.node_timeout, max_ttl=watch
+            )
+            for spec in specs
+        )
+        #: A Redis Cluster member routes each request by its keys' hash slot: every resource
+        #: must name a hash tag (``check_resources``).
+        self.clustered = any(spec.seeds is not None for spec in specs)
+        if self.clustered:
+            cluster.check_hash_tags(key_prefix, ())
         self.quorum = protocol.quorum(len(self.nodes))
         self.watchdog = WATCHDOG
         #: Leases held in this process, under each of their keys: how re-entry is recognized.
@@ -230,6 +243,7 @@ class Redlock:
         exclusive lock only."""
         mode = check_mode(limit, shared, reentrant)
         check_bounds_for(mode, at_least, at_most)
+        self.check_resources(resources)
         return mode(
             self,
             *resources,
@@ -308,7 +322,18 @@ class Redlock:
     async def ais_locked(self, resource: str) -> bool:
         return await self.aholder(resource) is not None
 
+    def check_resources(self, resources: Sequence[str]) -> None:
+        """With a Redis Cluster member: ``ValueError`` unless the keys of ``resources`` share one
+        hash slot (``cluster.check_hash_tags``: a script runs on one shard). Why not fan out per
+        slot instead: the member's vote must be all of its resources or none, as a plain
+        member's one script gives; granted per slot, a shard failing between two scripts would
+        leave partial grants to undo, and two lockers could each hold part of a set and both
+        fail. One slot keeps one script, one shard, one atomic vote."""
+        if self.clustered:
+            cluster.check_hash_tags(self.key_prefix, resources)
+
     def _peek(self, resource: str) -> Command:
+        self.check_resources((resource,))
         key = self.lock_key(protocol.check_resource(resource))
         return scripts.PEEK.evalsha((key,), (MAX_VALUE_BYTES,))
 

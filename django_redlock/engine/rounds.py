@@ -12,7 +12,7 @@ from typing import Any
 
 import hiredis
 import redis
-from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError
 
 from .connections import Node
 from .errors import NodeFailure
@@ -142,8 +142,10 @@ def exchange(
     next rounds tell it their request without waiting (so that a release still follows its SET
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
-    so to one that answers NOSCRIPT."""
+    so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
+    request's slot (``Node.route``), and its ``MOVED``/``ASK`` followed (``_vote``)."""
     began = time.monotonic()
+    nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] = set()
@@ -200,7 +202,7 @@ def exchange(
                 later.append((i, pipe, slot))
                 continue
             else:
-                replies[i] = yield from _vote(nodes[i], pipe, slot, requests, began, budget)
+                replies[i] = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
             if (
@@ -264,7 +266,7 @@ def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
     return max(slot.sent_at for _, _, slot in sent) + budget
 
 
-_SECOND_TRY = (Broken, NoScriptError)
+_SECOND_TRY = (Broken, NoScriptError, MovedError, AskError)
 
 
 def second_try(slot: Slot) -> bool:
@@ -274,13 +276,24 @@ def second_try(slot: Slot) -> bool:
 
 
 def _vote(
-    node: Node, pipe: Pipe, slot: Slot, requests: Requests, began: float, budget: float
+    nodes: list[Node],
+    i: int,
+    pipe: Pipe,
+    slot: Slot,
+    requests: Requests,
+    began: float,
+    budget: float,
 ) -> Generator[Connect | Replies, Any, Reply]:
-    """What ``node`` answered, after the second try it may need: a pipe that was open before
+    """What ``nodes[i]`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
-    script is asked again with its source. Safe to repeat: our scripts are idempotent, and a
+    script is asked again with its source; a Cluster member's request that a shard answered
+    with ``MOVED`` or ``ASK`` goes to the shard it names, once, within a node budget of its own
+    as any second try (the redirection came in time: a round that read it late, busy connecting
+    to other masters, must not blame the shard for that), and ``nodes[i]`` becomes that shard:
+    its quarantine is the one that counts. Safe to repeat: our scripts are idempotent, and a
     repeated SET NX can only under-count our votes."""
+    node = nodes[i]
     reply = _late(node, pipe, slot)
     if _ask_again(pipe, slot, began):
         made = yield from _connect(node, budget)
@@ -288,8 +301,17 @@ def _vote(
             return made
         pipe = made
         reply = yield from _ask(node, pipe, requests.for_node(node), budget)
+    asking = False  # an ASK detour: ASKING goes before each request to its target
+    if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
+        nodes[i] = node = target
+        made = yield from _connect(node, budget)
+        if not isinstance(made, Pipe):
+            return made
+        pipe = made
+        asking = isinstance(reply, AskError)
+        reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
     if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), budget)
+        reply = yield from _ask(node, pipe, requests.with_source(), budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -326,8 +348,13 @@ def _late(node: Node, pipe: Pipe, slot: Slot) -> Reply:
     return slot.reply
 
 
-def _ask(node: Node, pipe: Pipe, request: bytes, budget: float) -> Generator[Replies, Any, Reply]:
-    slot = pipe.send(request, time.monotonic())
+_ASKING = pack(("ASKING",))
+
+
+def _ask(
+    node: Node, pipe: Pipe, request: bytes, budget: float, *, asking: bool = False
+) -> Generator[Replies, Any, Reply]:
+    slot = pipe.send(request, time.monotonic(), preamble=_ASKING if asking else b"")
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:

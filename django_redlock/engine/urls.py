@@ -8,15 +8,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from . import protocol, sentinel
+from . import cluster, protocol, sentinel
 
-SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SCHEMES)
-SCHEMES_TEXT = "a redis://, rediss://, unix:// or redis+sentinel:// URL"
+SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SCHEMES, *cluster.SCHEMES)
+SCHEMES_TEXT = "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
 
 
 def mask_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
-    if sentinel.is_sentinel_url(url):  # several hosts: urlsplit cannot parse its port
+    # Several hosts: urlsplit cannot parse its port.
+    if sentinel.is_sentinel_url(url) or cluster.is_cluster_url(url):
         scheme, _, rest = url.partition("://")
         netloc, slash, path = rest.partition("/")
         userinfo, at, hosts = netloc.rpartition("@")
@@ -39,6 +40,9 @@ def check_url(url: object) -> str:
         raise ValueError(f"a node must be {SCHEMES_TEXT}, got {url!r}")
     if sentinel.is_sentinel_url(url):
         sentinel.parse(url, mask_url(url))
+        return url
+    if cluster.is_cluster_url(url):
+        cluster.parse(url, mask_url(url))
         return url
     parts = urlsplit(url)
     if parts.scheme not in SUPPORTED_SCHEMES:
@@ -64,3 +68,12 @@ def sentinel_identity(service: sentinel.Service) -> tuple[str, ...]:
         for host, port in service.sentinels
     )
     return ("sentinel", service.name, *addresses)
+
+
+def cluster_identity(seeds: cluster.Seeds) -> tuple[str, ...]:
+    """A Cluster member, as ``NodeSpec.identity``: its seeds (in any order, loopback however
+    spelled). Entries that share any seed are caught too (``NodeSpec.addresses``); two naming
+    one cluster through disjoint seeds are not: that would need asking them."""
+    identities = {protocol.server_identity({"host": h, "port": p}) for h, p in seeds.addresses}
+    addresses = sorted("/".join(identity) for identity in identities)
+    return ("cluster", *addresses)

@@ -8,6 +8,8 @@ master dies or pauses). Nothing here is imported by the library itself.
 - ``LocalMaster``: one of them, with real faults: ``kill()``, ``pause()``/``resume()``,
   ``restart()`` (empty).
 - ``DelayProxy``: a loopback TCP proxy that delays or blackholes one master.
+- ``sentinels.sentinel_group``, ``clusters.local_cluster``: a real Sentinel-managed primary, a
+  real three-shard Redis Cluster (``redis+sentinel://``, ``redis+cluster://`` members).
 - The pytest plugin ``django_redlock.testing.plugin`` (enable it with
   ``-p django_redlock.testing.plugin``): fixtures ``redlock_masters`` and ``redlock_settings``.
 

@@ -1,0 +1,444 @@
+"""A member that is a Redis Cluster (``redis+cluster://``), on a real three-shard cluster
+(``django_redlock.testing.clusters``), started once for the module: one vote routed by hash slot
+to the shard that owns the key, MOVED after a real slot migration, ASK during one, a killed
+shard, multi-resource locks in one slot, fencing tokens, notices, the inventory and the status
+probe across shards, quarantine per shard."""
+
+from __future__ import annotations
+
+import asyncio
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from redis.crc import key_slot
+
+from django_redlock import conf, health, inventory
+from django_redlock.checks import check_settings
+from django_redlock.engine import LockNotAcquired, Redlock
+from django_redlock.engine.shards import ClusterMember
+from django_redlock.signals import masters_failed
+from django_redlock.testing.clusters import LocalCluster, local_cluster
+from django_redlock.testing.masters import free_port
+
+from .conftest import hand_off_time
+from .test_security import LOCKER_RULES, make_certificates, no_tls, tls_missing
+
+CLUSTER_RULES = ["+cluster|slots", "+asking", "+command"]
+
+#: Each master's budget per request: generous, so that a loaded machine fails no vote.
+BUDGET = 0.5
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One cluster for the module, also on TLS ports when the redis-server can (Debian's can)."""
+    workdir = tmp_path_factory.mktemp("cluster")
+    tls = None if tls_missing() else make_certificates(workdir / "certs", "cluster")
+    with local_cluster(workdir, tls=tls) as started:
+        yield started
+
+
+def key(resource: str) -> str:
+    return f"redlock:lock:{resource}"
+
+
+def tag_on(cluster: LocalCluster, shard, prefix: str) -> str:
+    """A resource ``{<prefix>N}`` whose keys live on ``shard`` now."""
+    for n in range(1000):
+        resource = f"{{{prefix}{n}}}"
+        if cluster.owner(key(resource)) is shard:
+            return resource
+    raise LookupError(f"no tag of {prefix!r} on {shard}")
+
+
+def decisive(cluster: LocalCluster, masters) -> list[str]:
+    """Three members, one of them dead: no lock without the cluster's vote."""
+    return [cluster.url, masters[0].url, f"redis://127.0.0.1:{free_port()}/0"]
+
+
+def member(engine: Redlock) -> ClusterMember:
+    node = engine.nodes[0]
+    assert isinstance(node, ClusterMember)
+    return node
+
+
+def test_the_cluster_votes_through_the_shard_that_owns_each_key(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    for shard in cluster.shards:
+        resource = tag_on(cluster, shard, "vote")
+        with engine.lock(resource):
+            assert cluster.where(key(resource)) == [shard]
+        assert cluster.where(key(resource)) == []  # released there
+    # One pipe per shard, made by the rounds: the member's own is never used.
+    assert member(engine).pipe is None
+    assert len([s for s in member(engine).shards if s.pipe is not None]) == 3
+
+
+def test_an_event_loop_routes_by_slot_too(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    resources = [tag_on(cluster, shard, "loop") for shard in cluster.shards]
+
+    async def scenario() -> list[int]:
+        held = []
+        for resource in resources:
+            async with engine.lock(resource):
+                held.append(len(cluster.where(key(resource))))
+        return held
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+
+
+def test_moved_after_a_real_slot_migration_is_followed(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[0], cluster.shards[1]
+    resource = tag_on(cluster, source, "moved")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    assert member(engine).map.owner(slot) == ("127.0.0.1", source.port)
+    cluster.migrate_slot(slot, to=target)
+    # Our map still says the source: it answers MOVED, and the request goes to the target.
+    with engine.lock(resource):
+        assert cluster.where(key(resource)) == [target]
+    assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
+    assert cluster.where(key(resource)) == []
+
+
+def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[2], cluster.shards[0]
+    resource = tag_on(cluster, source, "ask")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    cluster.start_migration(slot, to=target)
+    try:
+        # The source has no such key: it answers ASK, and ASKING + the request go to the target.
+        lock = engine.lock(resource).acquire()
+        assert cluster.where(key(resource)) == [target]
+        assert member(engine).map.owner(slot) == ("127.0.0.1", source.port)
+    finally:
+        cluster.finish_migration(slot, source, target)
+    # (Released after the migration: during it, the target answers a script over several keys
+    # some of which it lacks with TRYAGAIN, a failed vote.) The source now answers MOVED.
+    lock.release()
+    assert cluster.where(key(resource)) == []
+    assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
+
+
+def test_a_map_entry_for_a_gone_primary_is_read_again_after_the_failed_connect(
+    cluster, masters, redlock_of
+):
+    """As after a failover inside the cluster: our map names an address that no longer serves
+    the slot (nothing answers there, so no MOVED will come). The failed connect has the map read
+    again, and the next attempt goes to the slot's real owner."""
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET, retry_delay=0.2)
+    resource = tag_on(cluster, cluster.shards[1], "gone")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    member(engine).map.moved(slot, ("127.0.0.1", free_port()))  # stale: nothing listens there
+    with engine.lock(resource, wait=3):
+        assert cluster.where(key(resource)) == [cluster.shards[1]]
+    assert member(engine).map.owner(slot) == ("127.0.0.1", cluster.shards[1].port)
+
+
+def test_a_script_the_ask_target_forgot_is_sent_again_after_asking(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[1], cluster.shards[2]
+    resource = tag_on(cluster, source, "forgot")
+    assert engine.holder(tag_on(cluster, target, "warm")) is None  # PEEK known to the target
+    target.call("SCRIPT", "FLUSH")  # ... which then forgets it
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    cluster.start_migration(slot, to=target)
+    try:
+        lock = engine.lock(resource).acquire()  # a SET, through ASK: the key is on the target
+        # PEEK: the source answers ASK; the target NOSCRIPT; then ASKING + the script's source.
+        held = engine.holder(resource)
+        assert held is not None
+        assert held.masters == 2
+    finally:
+        cluster.finish_migration(slot, source, target)
+    lock.release()
+
+
+def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    with engine.lock("{order:7}:payment", "{order:7}:stock"):
+        shard = cluster.owner(key("{order:7}:payment"))
+        assert cluster.where(key("{order:7}:payment")) == cluster.where(key("{order:7}:stock"))
+        assert cluster.where(key("{order:7}:stock")) == [shard]
+    assert cluster.keys("redlock:lock:*") == []
+    # Resources in different slots: refused before any request, the reason named.
+    assert key_slot(key("{a}").encode()) != key_slot(key("{b}").encode())
+    with pytest.raises(ValueError, match=r"resources '\{a\}' .*'\{b\}' .*have different hash tags"):
+        engine.lock("{a}", "{b}")
+    with pytest.raises(ValueError, match="'invoice:1' has no hash tag"):
+        engine.lock("invoice:1")
+    with pytest.raises(ValueError, match="has no hash tag"):
+        engine.is_locked("invoice:1")
+
+
+def test_semaphores_and_readers_keep_their_keys_in_the_names_slot(cluster, redlock_of):
+    engine = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)  # the cluster decides alone
+    permits = [engine.lock("{pool}", limit=2).acquire() for _ in range(2)]
+    with pytest.raises(LockNotAcquired):
+        engine.lock("{pool}", limit=2).acquire()
+    held = engine.holder("{pool}")
+    assert held is not None
+    assert (held.mode, len(held.holders)) == ("permits", 2)
+    for permit in permits:
+        permit.release()
+    readers = [engine.lock("{doc}", shared=True).acquire() for _ in range(2)]
+    with pytest.raises(LockNotAcquired):
+        engine.lock("{doc}").acquire()  # the writer waits for the readers
+    for reader in readers:
+        reader.release()
+    with engine.lock("{doc}"):
+        pass
+
+
+def test_fencing_tokens_increase_per_resource_across_shards_and_a_migration(cluster, redlock_of):
+    engine = redlock_of(
+        [cluster.url], ttl=5, node_timeout=BUDGET
+    )  # the cluster alone: its counters decide
+    resources = [tag_on(cluster, shard, "fence") for shard in cluster.shards]
+    tokens: dict[str, list[int]] = {r: [] for r in resources}
+    for _ in range(2):
+        for resource in resources:
+            with engine.lock(resource) as lock:
+                tokens[resource].append(lock.fence)
+    moved = resources[0]
+    slot = key_slot(key(moved).encode())
+    cluster.migrate_slot(slot, to=cluster.shards[1])  # the fence key goes with its slot
+    with engine.lock(moved) as lock:
+        tokens[moved].append(lock.fence)
+    for resource, seen in tokens.items():
+        assert seen == sorted(set(seen)), f"{resource}: {seen}"
+    assert tokens[moved][-1] > tokens[moved][-2]
+
+
+def test_a_waiter_is_woken_by_a_notice_published_on_the_cluster(cluster, redlock_of):
+    # The cluster is the only member and polls are 5 s apart: only its notice wakes the waiter.
+    engine = redlock_of([cluster.url], ttl=5, retry_delay=5.0, node_timeout=BUDGET)
+    assert hand_off_time(engine, "{notice}") < 1.0
+
+
+def test_inventory_and_status_cover_every_shard(cluster, masters, redlock_of):
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5, node_timeout=BUDGET)
+    resources = sorted(tag_on(cluster, shard, "inv") for shard in cluster.shards)
+    held = [engine.lock(resource).acquire() for resource in resources]
+    try:
+        listed = inventory.list_locks(engine, timeout=5)
+        assert [lock.resource for lock in listed.locks] == resources
+        assert all(len(lock.copies) == 3 for lock in listed.locks)
+        assert listed.failures == ()
+    finally:
+        for lock in held:
+            lock.release()
+    probed = health.probe_all(engine, timeout=5).nodes[0]
+    assert probed.reachable
+    assert probed.node == member(engine).label
+    shard_labels = {f"shard 127.0.0.1:{s.port}" for s in cluster.shards}
+    named = {w.split(": ", 1)[0].rpartition(" shard ")[2] for w in probed.warnings}
+    assert {f"shard {n}" for n in named} == shard_labels
+
+
+def test_redlock_status_lists_the_locks_held_on_every_shard(settings, cluster, masters):
+    settings.REDLOCK = {
+        "NODES": [cluster.url, masters[0].url, masters[1].url],
+        "TTL": 5,
+        "NODE_TIMEOUT": BUDGET,
+    }
+    engine = conf.get_redlock()
+    resources = sorted(tag_on(cluster, shard, "status") for shard in cluster.shards)
+    held = [engine.lock(resource).acquire() for resource in resources]
+    try:
+        out = StringIO()
+        call_command("redlock_status", "--wide", stdout=out)
+    finally:
+        for lock in held:
+            lock.release()
+    text = out.getvalue()
+    assert "3 of 3 masters reachable, quorum 2: OK" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    for resource in resources:
+        assert "3/3" in lines[resource], text
+
+
+#: The ``locker`` user of docs/deployment.md, and what a Cluster member needs besides: the slot
+#: map (CLUSTER SLOTS), ASKING, and COMMAND (redis-py's RedisCluster, which the inventory and
+#: the release notices use, reads the command table when it starts).
+CLUSTER_LOCKER_RULES = [*LOCKER_RULES, *CLUSTER_RULES]
+
+
+def test_an_acl_user_limited_to_the_prefix_locks_waits_and_lists_on_a_cluster(
+    cluster, masters, redlock_of
+):
+    for shard in cluster.shards:
+        shard.call("ACL", "SETUSER", "locker", *CLUSTER_LOCKER_RULES)
+    try:
+        url = cluster.url.replace("redis+cluster://", "redis+cluster://locker:pw@")
+        engine = redlock_of(
+            [url, masters[0].url, f"redis://127.0.0.1:{free_port()}/0"],
+            ttl=5,
+            node_timeout=BUDGET,
+            retry_delay=5.0,
+        )
+        resources = sorted(tag_on(cluster, shard, "acl") for shard in cluster.shards)
+        held = [engine.lock(resource).acquire() for resource in resources]
+        try:
+            listed = inventory.list_locks(engine, timeout=5)
+            assert [lock.resource for lock in listed.locks] == resources
+        finally:
+            for lock in held:
+                lock.release()
+        slot = key_slot(key(resources[0]).encode())
+        owner = cluster.owner(key(resources[0]))
+        target = next(s for s in cluster.shards if s is not owner)
+        cluster.start_migration(slot, to=target)
+        try:
+            lock = engine.lock(resources[0]).acquire()  # ASK: ASKING is allowed
+        finally:
+            cluster.finish_migration(slot, owner, target)
+        lock.release()  # MOVED
+        # Only a notice wakes the waiter before the 5 s retry: SUBSCRIBE through the cluster.
+        assert hand_off_time(engine, "{acl-wait}") < 1.0
+        wrong = redlock_of([url.replace(":pw@", ":nope@")], ttl=5, node_timeout=BUDGET)
+        with pytest.raises(LockNotAcquired) as caught:
+            wrong.lock("{acl-wait}").acquire()
+        assert "WRONGPASS" in str(caught.value) or "AuthenticationError" in str(caught.value)
+        assert ":nope@" not in str(caught.value)
+    finally:
+        for shard in cluster.shards:
+            shard.call("ACL", "DELUSER", "locker")
+
+
+def test_a_tls_cluster_member_locks_follows_moved_and_lists(cluster, masters, redlock_of):
+    if cluster.tls_url is None:
+        no_tls(tls_missing() or "the cluster started without TLS")
+    engine = redlock_of(
+        [cluster.tls_url, masters[0].url, f"redis://127.0.0.1:{free_port()}/0"],
+        ttl=5,
+        node_timeout=BUDGET,
+    )
+    resources = sorted(tag_on(cluster, shard, "tls") for shard in cluster.shards)
+    held = [engine.lock(resource).acquire() for resource in resources]
+    try:
+        assert [
+            lock.resource for lock in inventory.list_locks(engine, timeout=5).locks
+        ] == resources
+    finally:
+        for lock in held:
+            lock.release()
+    member(engine).refresh()  # CLUSTER SLOTS over TLS names the TLS ports
+    assert {port for _, port in member(engine).map.primaries()} == {
+        s.tls_port for s in cluster.shards
+    }
+    slot = key_slot(key(resources[0]).encode())
+    owner = cluster.owner(key(resources[0]))
+    target = next(s for s in cluster.shards if s is not owner)
+    cluster.migrate_slot(slot, to=target)
+    with engine.lock(resources[0]):  # MOVED names the target's TLS port
+        assert cluster.where(key(resources[0])) == [target]
+    assert member(engine).map.owner(slot) == ("127.0.0.1", target.tls_port)
+
+
+def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
+    # The shards have been up for seconds, under max_ttl: each abstains, named.
+    engine = redlock_of(
+        decisive(cluster, masters), ttl=5, max_ttl=600, quarantine=True, node_timeout=BUDGET
+    )
+    resource = tag_on(cluster, cluster.shards[1], "quarantine")
+    with pytest.raises(LockNotAcquired) as caught:
+        engine.lock(resource).acquire()
+    reasons = {(f.node, f.reason) for f in caught.value.failures}
+    assert (f"{member(engine).label} shard 127.0.0.1:{cluster.shards[1].port}", "quarantine") in (
+        reasons
+    )
+
+
+def test_a_killed_shard_fails_the_vote_for_its_slots_only(settings, cluster, masters, redlock_of):
+    """Last in this module: it kills a shard (and brings it back)."""
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    dead, alive = cluster.shards[2], cluster.shards[0]
+    lost, kept = tag_on(cluster, dead, "kill"), tag_on(cluster, alive, "kill")
+    member(engine).refresh()
+    dead.kill()
+    try:
+        with pytest.raises(LockNotAcquired) as caught:
+            engine.lock(lost).acquire()
+        failed = {f.node: f.detail for f in caught.value.failures}
+        shard = f"{member(engine).label} shard 127.0.0.1:{dead.port}"
+        assert "ConnectionError" in failed[shard], failed
+        with engine.lock(kept):
+            assert cluster.where(key(kept)) == [alive]
+        # Through Django: masters_failed names the shard (the lock is won on the two masters).
+        settings.REDLOCK = {
+            "NODES": [cluster.url, masters[0].url, masters[1].url],
+            "TTL": 5,
+            "NODE_TIMEOUT": BUDGET,
+        }
+        heard = []
+
+        def receiver(sender, *, lock, action, failures, **kwargs):
+            heard.extend((action, f.node, f.reason) for f in failures)
+
+        masters_failed.connect(receiver)
+        try:
+            with conf.get_redlock().lock(lost):
+                pass
+        finally:
+            masters_failed.disconnect(receiver)
+        assert ("acquire", shard, "error") in heard
+        probed = health.probe_all(engine, timeout=5).nodes[0]
+        assert not probed.reachable
+        assert f"127.0.0.1:{dead.port}" in (probed.error or "")
+    finally:
+        dead.start()
+        cluster.wait_ok()
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+cluster://127.0.0.1:7000,/", "empty cluster node address"),
+        ("redis+cluster://127.0.0.1:7000/3", "only db 0"),
+        ("rediss+cluster://user:secret@127.0.0.1:port/", "bad cluster node address"),
+        ("redis+cluster://:7000/", "without a host"),
+    ],
+)
+def test_a_bad_cluster_url_is_refused_before_any_connection(url, why):
+    with pytest.raises(ValueError, match=why) as caught:
+        Redlock([url])
+    assert "secret" not in str(caught.value)
+
+
+def test_two_entries_naming_one_cluster_are_one_member_twice():
+    one = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"
+    for other in (
+        "redis+cluster://localhost:7001,127.0.0.1:7000/",  # the same seeds, reordered
+        "redis+cluster://127.0.0.1:7001,127.0.0.1:7002/",  # a seed in common
+        "redis://127.0.0.1:7000/0",  # a plain entry for one of its shards
+    ):
+        with pytest.raises(ValueError, match="listed more than once"):
+            Redlock([one, other, "redis://127.0.0.1:6390/0"])
+    with pytest.raises(ValueError, match="key_prefix '\\{app\\}:' must not contain"):
+        Redlock([one], key_prefix="{app}:")
+
+
+def test_the_system_check_names_a_cluster_whose_seeds_do_not_answer(settings, cluster, masters):
+    dead = f"redis+cluster://u:secret@127.0.0.1:{free_port()}/"
+    settings.REDLOCK = {"NODES": [dead, masters[0].url, masters[1].url]}
+    reported = [m for m in check_settings() if m.id == "django_redlock.E008"]
+    assert len(reported) == 1
+    assert "redis+cluster://u:***@127.0.0.1" in reported[0].msg
+    assert "no seed of this Redis Cluster told its slot map" in reported[0].msg
+    settings.REDLOCK = {"NODES": [cluster.url, masters[0].url, masters[1].url]}
+    assert [m.id for m in check_settings()] == []
+    settings.REDLOCK = {
+        "NODES": [cluster.url, cluster.url.replace("127.0.0.1", "localhost"), masters[0].url]
+    }
+    assert [m.id for m in check_settings()] == ["django_redlock.E004"]
