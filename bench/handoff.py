@@ -200,7 +200,8 @@ def run(
             f"## (j) Hot key: {processes} processes x {count} holds of "
             f"{HOLD * 1000:.0f} ms, 5 masters and 1 master",
             "",
-            f"{data['environment']}. `{uptime_before}` at the start. {rounds} rounds, order "
+            f"{data['environment']}. `{uptime_before}` at the start, `{data['uptime'][1]}` at "
+            f"the end. {rounds} rounds, order "
             "rotated each round; worker processes started and warm before one 'go'. "
             "hand-offs/s: holds that went to another process than the hold before, per second "
             "of wall time (first attempt to last release); holds/s: all holds per second; "
