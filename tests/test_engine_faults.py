@@ -21,6 +21,7 @@ from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
 from django_redlock.engine.pipes import PENDING, Broken
 from django_redlock.engine.rounds import SKIP_SILENT_FOR, pack
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import wait_until
 
 # Twice the default budget: still small next to the TTLs, and a healthy master stalled by a busy
 # 2-core machine answers within it, so only the faults we make count as failed votes.
@@ -60,14 +61,6 @@ def timed(call):
     started = time.monotonic()
     result = call()
     return result, time.monotonic() - started
-
-
-def wait_until(condition, timeout, step=0.01):
-    """Poll ``condition`` until true or ``timeout`` seconds pass; its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(step)
-    return condition()
 
 
 def acquire_extend_release(engine, healthy, ttl=5.0):

@@ -23,7 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import cluster, protocol, sentinel
+from . import acks, cluster, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, cluster_identity, mask_url, sentinel_identity
@@ -47,21 +47,25 @@ class NodeSpec:
     service: sentinel.Service | None = None
     #: A Redis Cluster: the nodes its URL names (see ``cluster`` and ``shards``).
     seeds: cluster.Seeds | None = None
+    #: Its votes count only once its replicas acknowledged them (``?wait_replicas=``: ``acks``).
+    ack: acks.ReplicaAck | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        if cluster.is_cluster_url(check_url(url)):
-            seeds, plain = cluster.parse(url, mask_url(url))
+        label = mask_url(check_url(url))
+        if cluster.is_cluster_url(url):  # (check_url refused our options on it)
+            seeds, plain = cluster.parse(url, label)
             pool = redis.ConnectionPool.from_url(plain)
             kwargs = dict(pool.connection_kwargs)
-            return cls(mask_url(url), pool.connection_class, kwargs, seeds=seeds)
+            return cls(label, pool.connection_class, kwargs, seeds=seeds)
+        url, ack = acks.parse(url, label)
         if sentinel.is_sentinel_url(url):
-            service, plain = sentinel.parse(url, mask_url(url))
+            service, plain = sentinel.parse(url, label)
             pool = redis.ConnectionPool.from_url(plain)
             connection_class = sentinel.sentinel_connection(pool.connection_class, service)
-            return cls(mask_url(url), connection_class, dict(pool.connection_kwargs), service)
+            return cls(label, connection_class, dict(pool.connection_kwargs), service, ack=ack)
         pool = redis.ConnectionPool.from_url(url)
-        return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
+        return cls(label, pool.connection_class, dict(pool.connection_kwargs), ack=ack)
 
     @classmethod
     def from_pool(cls, label: str, pool: redis.ConnectionPool) -> NodeSpec:
@@ -117,6 +121,8 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
+        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
+        self.acks = None if spec.ack is None else acks.Acks(spec.ack, timeout, self.label)
         self._forget()
         _ALL_NODES.add(self)
 

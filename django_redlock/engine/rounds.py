@@ -14,6 +14,7 @@ import hiredis
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError
 
+from . import acks
 from .connections import Node
 from .errors import NodeFailure
 from .pipes import PENDING, Broken, Pipe, Slot
@@ -93,6 +94,14 @@ class Requests:
         if self.script is not None:
             node.warm.add(self.script.sha)
 
+    def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
+        """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
+        the same write where the member's replicas must acknowledge it (``acks``)."""
+        request = self.for_node(node)
+        if node.acks is not None and acks.wanted(self.command, self.script):
+            return node.acks.send(pipe, request, now, preamble)
+        return pipe.send(request, now, preamble=preamble)
+
 
 @dataclass(frozen=True, slots=True)
 class Connect:
@@ -158,6 +167,9 @@ def exchange(
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
+        if node.acks is not None and (out := node.acks.sitting_out(command, script, began)):
+            replies[i] = out  # (see acks.SIT_OUT)
+            continue
         if node.silent_until and node.silent_until > began and may_leave_out > 0:
             if pipe is None or owes:
                 may_leave_out -= 1
@@ -169,7 +181,7 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        slot = None if pipe is None else pipe.send(requests.for_node(node), began)
+        slot = None if pipe is None else requests.send(node, pipe, began)
         if pipe is not None and slot is not None:
             sent.append((i, pipe, slot))
         else:
@@ -179,7 +191,7 @@ def exchange(
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             replies[i] = made
-        elif (slot := made.send(requests.for_node(node), time.monotonic())) is not None:
+        elif (slot := requests.send(node, made, time.monotonic())) is not None:
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
@@ -300,7 +312,7 @@ def _vote(
         if not isinstance(made, Pipe):
             return made
         pipe = made
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget)
+        reply = yield from _ask(node, pipe, requests, budget)
     asking = False  # an ASK detour: ASKING goes before each request to its target
     if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
         nodes[i] = node = target
@@ -309,9 +321,9 @@ def _vote(
             return made
         pipe = made
         asking = isinstance(reply, AskError)
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
-    if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), budget, asking=asking)
+        reply = yield from _ask(node, pipe, requests, budget, asking=asking)
+    if requests.forgot_script(node, reply):  # (asked again with the source: it is not warm)
+        reply = yield from _ask(node, pipe, requests, budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -352,9 +364,9 @@ _ASKING = pack(("ASKING",))
 
 
 def _ask(
-    node: Node, pipe: Pipe, request: bytes, budget: float, *, asking: bool = False
+    node: Node, pipe: Pipe, requests: Requests, budget: float, *, asking: bool = False
 ) -> Generator[Replies, Any, Reply]:
-    slot = pipe.send(request, time.monotonic(), preamble=_ASKING if asking else b"")
+    slot = requests.send(node, pipe, time.monotonic(), _ASKING if asking else b"")
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
