@@ -56,7 +56,7 @@ class Broken:
 class Slot:
     """One request's place in a pipe's queue; ``reply`` is PENDING until its answer is read."""
 
-    __slots__ = ("abandoned", "on_reply", "reply", "sent_at")
+    __slots__ = ("abandoned", "on_late", "on_reply", "reply", "sent_at")
 
     #: Whether its reply is still stored once given up on (read by no round, but by the slot
     #: itself: see ``acks``); else it is dropped.
@@ -72,6 +72,9 @@ class Slot:
         #: Called with the slot (in the reading thread) when the reply came: how an async round
         #: learns it.
         self.on_reply: Callable[[Slot], None] | None = None
+        #: Called with the reply (in the reading thread) when it comes after the slot was given
+        #: up on: how a round that returned at quorum still learns what a slow master said.
+        self.on_late: Callable[[object], None] | None = None
 
 
 class Pipe:
@@ -248,6 +251,8 @@ class Pipe:
                         slot.reply = reply
                         if slot.on_reply is not None:
                             slot.on_reply(slot)
+                    elif slot.on_late is not None:
+                        slot.on_late(reply)
                     elif slot.keeps_late:
                         slot.reply = reply
                     reply = reader.gets()

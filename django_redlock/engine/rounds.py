@@ -229,7 +229,7 @@ def exchange(
             awaited = [each for each in sent if nodes[each[0]].redirects]  # (see ``detours``)
             for i, pipe, slot in sent:
                 if not nodes[i].redirects:
-                    replies[i] = unawaited(nodes[i], pipe, slot)
+                    replies[i] = unawaited(nodes[i], pipe, slot, requests)
             if not awaited:
                 break
             sent, enough = awaited, None
@@ -268,14 +268,38 @@ ANSWERS = frozenset({bytes, int, list, type(None)})
 UNAWAITED = "unawaited"
 
 
-def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
+def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFailure:
     """A reply the round did not wait for: a quorum had already decided it. The master is not
-    blamed (not silent, no timeout: we chose not to wait); its reply is dropped when it comes.
-    Whatever the request does there meanwhile is ours to undo, and is undone in order: a
-    failed acquisition's release, or the holder's, goes later on this same pipe, and the
-    master applies it after the request it follows."""
+    blamed (not silent, no timeout: we chose not to wait); its reply is not a vote when it comes
+    (``_settle_late``). Whatever the request does there meanwhile is ours to undo, and is undone
+    in order: a failed acquisition's release, or the holder's, goes later on this same pipe, and
+    the master applies it after the request it follows."""
     pipe.abandon(slot)
+    script = requests.script
+    if script is not None and not slot.keeps_late:
+        slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
     return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
+
+
+def _settle_late(
+    node: Node, pipe: Pipe, requests: Requests, *, resend: bool
+) -> Callable[[object], None]:
+    """What a script's late reply still teaches: an answer means the master has the script (else
+    every later request there would carry its whole source again, and a slow master stays slow);
+    NOSCRIPT (its cache was flushed) means the request never ran there. With ``resend`` (a
+    script that grants nothing: a release, a read), it is then sent again with its source,
+    unawaited: releasing late is still releasing, and a compare-and-delete cannot remove a newer
+    holder's key. A grant is never sent again late: the round that wanted it is over."""
+
+    def settle(reply: object) -> None:
+        if type(reply) in ANSWERS:
+            requests.answered(node)
+        elif requests.forgot_script(node, reply) and resend:
+            again = pipe.send(requests.with_source(), time.monotonic())
+            if again is not None:
+                pipe.abandon(again)
+
+    return settle
 
 
 def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
