@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from redis.exceptions import ResponseError
 
@@ -150,3 +151,30 @@ class Watch:
 
     def abstaining(self, now: float | None = None) -> bool:
         return self.until > (time.monotonic() if now is None else now)
+
+
+class Member(Protocol):
+    """What a round knows of a member here (a ``connections.Node``)."""
+
+    label: str
+    watch: Watch | None
+
+
+def abstain(nodes: Sequence[Member], replies: list[Any]) -> None:
+    """The answer of a member that abstains now counts as a failed vote, whatever it said (at the
+    end of every round). Its request was still sent and applied: a release cleans it as any
+    other member; only its grants do not count."""
+    now = 0.0
+    for i, node in enumerate(nodes):
+        watch = node.watch
+        if watch is None or not watch.until or isinstance(replies[i], NodeFailure):
+            continue
+        now = now or time.monotonic()
+        abstention = watch.failure(node.label, now)
+        if abstention is not None:
+            replies[i] = abstention
+
+
+def abstains(node: Member) -> bool:
+    watch = node.watch
+    return watch is not None and watch.abstaining()

@@ -19,6 +19,7 @@ from .connections import Node
 from .errors import NodeFailure
 from .pipes import PENDING, Broken, Pipe, Slot
 from .protocol import quorum
+from .quarantine import abstain, abstains
 from .scripts import Script
 
 #: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
@@ -221,7 +222,7 @@ def exchange(
                 enough is not None
                 and type(replies[i]) in ANSWERS
                 and enough(replies[i])
-                and not _abstains(nodes[i])  # (its grants do not count: see ``abstain``)
+                and not abstains(nodes[i])  # (its grants do not count: see ``abstain``)
             ):
                 needed -= 1
         sent = later
@@ -238,26 +239,6 @@ def exchange(
     abstain(nodes, replies)
     replies.began = min((slot.sent_at for slot in written), default=began)
     return replies
-
-
-def abstain(nodes: Sequence[Node], replies: list[Reply]) -> None:
-    """Quarantine (see ``quarantine``): the answer of a member that abstains now counts as a
-    failed vote, whatever it said. Its request was still sent and applied: a release cleans it
-    as any other member; only its grants do not count."""
-    now = 0.0
-    for i, node in enumerate(nodes):
-        watch = node.watch
-        if watch is None or not watch.until or isinstance(replies[i], NodeFailure):
-            continue
-        now = now or time.monotonic()
-        abstention = watch.failure(node.label, now)
-        if abstention is not None:
-            replies[i] = abstention
-
-
-def _abstains(node: Node) -> bool:
-    watch = node.watch
-    return watch is not None and watch.abstaining()
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
@@ -284,12 +265,10 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFai
 def _settle_late(
     node: Node, pipe: Pipe, requests: Requests, *, resend: bool
 ) -> Callable[[object], None]:
-    """What a script's late reply still teaches: an answer means the master has the script (else
-    every later request there would carry its whole source again, and a slow master stays slow);
-    NOSCRIPT (its cache was flushed) means the request never ran there. With ``resend`` (a
-    script that grants nothing: a release, a read), it is then sent again with its source,
-    unawaited: releasing late is still releasing, and a compare-and-delete cannot remove a newer
-    holder's key. A grant is never sent again late: the round that wanted it is over."""
+    """What a script's late reply still teaches: an answer, that the master has the script (else
+    every request there carries its source again); NOSCRIPT, that it never ran. With ``resend``
+    (a script that grants nothing: a release, a read) it is sent again with its source: a late
+    compare-and-delete cannot remove a newer holder's key. A grant is never resent late."""
 
     def settle(reply: object) -> None:
         if type(reply) in ANSWERS:
