@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import holder
+from django_redlock import QuorumUnavailable, holder
 from django_redlock.commands import EXIT_LOST
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
@@ -80,7 +80,12 @@ def assert_no_overlap(log: Path) -> list[tuple[float, float]]:
 
 
 def leader_pid() -> int | None:
-    held = holder("leader:scheduler")
+    """The leader's pid, None if no one leads, or if too few masters answered in time to tell
+    (this test process's 50 ms budget, on a loaded machine): the callers poll until it is known."""
+    try:
+        held = holder("leader:scheduler")
+    except QuorumUnavailable:
+        return None
     return None if held is None else held.owner.pid
 
 
@@ -89,7 +94,7 @@ def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) ->
     assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
     standbys = [leaders()]
     time.sleep(1.0)  # the standby is up, queued
-    assert leader_pid() == first.pid
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)  # (polled: "cannot tell" is None)
     assert len(ticks(leaders.log)) == 1  # only the leader's command runs
     (child,) = ticks(leaders.log)
     os.kill(first.pid, signal.SIGKILL)
