@@ -10,9 +10,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import burst, chart, contention, cycle, distances, memory, renewals, report, waiters
+from . import (
+    burst,
+    chart,
+    contention,
+    cycle,
+    distances,
+    fleet_cycles,
+    handoff,
+    memory,
+    renewals,
+    report,
+    waiters,
+)
 
 DOCS_PNG = report.RESULTS.parent.parent / "docs" / "performance.png"
+FLEET_DOCS_PNG = DOCS_PNG.with_name("fleet.png")
 
 Scenario = Callable[[argparse.Namespace], tuple[str, dict[str, Any]]]
 
@@ -55,6 +68,18 @@ SCENARIOS: dict[str, tuple[str, Scenario]] = {
         "10,000 auto-extended leases in one process, one of 3 masters 40 ms away",
         lambda args: renewals.run(leases=args.leases, hold=args.hold),
     ),
+    "i": (
+        "the fleet: 1-32 client processes cycling distinct keys, total cycles/s and Redis CPU "
+        "per cycle",
+        lambda args: fleet_cycles.run(
+            steps=args.fleet_steps, duration=args.fleet_duration, rounds=args.fleet_rounds
+        ),
+    ),
+    "j": (
+        "hot-key hand-offs: 8 processes x 25 holds of 2 ms, ours through redlock() and every "
+        "peer, 5 masters and 1 master",
+        lambda args: handoff.run(rounds=args.handoff_rounds),
+    ),
 }
 ALIASES = {
     "uncontended": "a",
@@ -67,6 +92,8 @@ ALIASES = {
     "crowd": "f",
     "waiters": "g",
     "renewals": "h",
+    "processes": "i",
+    "handoff": "j",
 }
 
 #: Options that count something (rounds, cycles, callers): each must be at least 1.
@@ -79,6 +106,8 @@ COUNTS = (
     "thread_cycles",
     "waiters",
     "leases",
+    "fleet_rounds",
+    "handoff_rounds",
 )
 
 
@@ -97,7 +126,7 @@ def main() -> None:
         nargs="*",
         default=["all"],
         metavar="scenario",
-        help="a b c d e f g h (or their names), all, chart, profile",
+        help="a b c d e f g h i j (or their names), all, chart, profile",
     )
     # Many short rounds rather than few long ones: load from other processes on the machine
     # comes and goes in bursts, and short rounds spread each burst over every implementation.
@@ -145,6 +174,20 @@ def main() -> None:
         "--leases", type=int, default=10_000, help="(h): auto-extended leases (10000)"
     )
     parser.add_argument("--hold", type=float, default=25.0, help="(h): seconds they are held (25)")
+    parser.add_argument(
+        "--fleet-steps",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=list(fleet_cycles.STEPS),
+        help="(i): client process counts (1,2,4,8,16,32)",
+    )
+    parser.add_argument(
+        "--fleet-duration",
+        type=float,
+        default=fleet_cycles.DURATION,
+        help="(i): seconds each step cycles (3)",
+    )
+    parser.add_argument("--fleet-rounds", type=int, default=2, help="(i): rounds (2)")
+    parser.add_argument("--handoff-rounds", type=int, default=2, help="(j): races per row (2)")
     args = parser.parse_args()
     too_small = [name for name in COUNTS if getattr(args, name) < 1]
     if too_small:
@@ -152,12 +195,18 @@ def main() -> None:
         parser.error(f"{options}: must be >= 1")
     if not 0 < args.delay < 1:
         parser.error(f"--delay must be between 0 and 1 second, got {args.delay}")
+    if not args.fleet_duration > 0:
+        parser.error(
+            f"--fleet-duration must be a positive number of seconds, got {args.fleet_duration}"
+        )
+    if not args.fleet_steps or min(args.fleet_steps) < 1:
+        parser.error(f"--fleet-steps: each must be >= 1, got {args.fleet_steps}")
     if not args.hold > 0:
         parser.error(f"--hold must be a positive number of seconds, got {args.hold}")
     wanted = [ALIASES.get(s, s) for s in args.scenarios]
     unknown = [s for s in wanted if s not in (*SCENARIOS, "all", "chart", "profile")]
     if unknown:
-        choices = "a b c d e f g h all chart profile"
+        choices = "a b c d e f g h i j all chart profile"
         parser.error(f"unknown scenario {', '.join(unknown)}; choose from {choices}")
 
     if "profile" in wanted:
@@ -173,6 +222,8 @@ def main() -> None:
         text += "\n\n" + report.cpu_note(before, report.cpu_times())
         print(text, f"\n(saved to {report.save(key, text, data)})\n", flush=True)
     draw(copy_to_docs=full)  # from every scenario's last saved numbers
+    if full or "i" in wanted:
+        draw_fleet()
     if full:
         print(f"All scenarios took {time.monotonic() - started:.0f} s.")
 
@@ -193,6 +244,16 @@ def draw(*, copy_to_docs: bool) -> None:
         DOCS_PNG.parent.mkdir(exist_ok=True)
         shutil.copyfile(path, DOCS_PNG)
         print(f"Copied to {DOCS_PNG} (docs/performance.md shows it).")
+
+
+def draw_fleet() -> None:
+    """The fleet's curve alone, copied to docs/fleet.png (docs/scaling.md shows it)."""
+    if not chart.available():
+        return
+    path = chart.draw_fleet()
+    if path is not None:
+        shutil.copyfile(path, FLEET_DOCS_PNG)
+        print(f"Fleet chart: {path}, copied to {FLEET_DOCS_PNG} (docs/scaling.md shows it).")
 
 
 def _alias(key: str) -> str:

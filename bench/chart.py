@@ -11,6 +11,8 @@ from typing import Any
 from . import report
 
 PNG = report.RESULTS / "performance.png"
+#: The fleet's curve alone (scenario i), the picture of docs/scaling.md.
+FLEET_PNG = report.RESULTS / "fleet.png"
 
 OURS = "#c0392b"
 FLOOR = "#7f8c8d"
@@ -43,10 +45,10 @@ def draw(path: Path = PNG) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    saved = {s: report.load(s) for s in ("a", "b", "c", "d", "e")}
+    saved = {s: report.load(s) for s in ("a", "b", "c", "d", "e", "i", "j")}
     if not any(saved.values()):
         return None
-    fig, axes = plt.subplots(3, 2, figsize=(14, 15))
+    fig, axes = plt.subplots(4, 2, figsize=(14, 20))
     panels = [
         (_cycle, saved["a"], "(a) uncontended cycle, 5 local masters"),
         (_cycle, saved["b"], "(b) the same, each master behind a 1 ms-each-way proxy"),
@@ -54,6 +56,8 @@ def draw(path: Path = PNG) -> Path | None:
         (_waits, saved["c"], "(c) contention: wait per acquisition"),
         (_faults, saved["d"], "(d) one of 5 masters down: median cycle"),
         (_memory, saved["e"], "(e) memory per held lock"),
+        (_fleet, saved["i"], "(i) the fleet: cycles/s with 1-32 client processes"),
+        (_handoffs, saved["j"], "(j) hot key: hand-offs/s and Jain's fairness"),
     ]
     for ax, (panel, data, title) in zip(axes.flat, panels, strict=True):
         ax.set_title(title, fontsize=11, loc="left")
@@ -70,6 +74,27 @@ def draw(path: Path = PNG) -> Path | None:
     )
     fig.text(0.5, 0.005, environment, ha="center", fontsize=8, color="#555555")
     fig.tight_layout(rect=(0, 0.015, 1, 0.97))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def draw_fleet(path: Path = FLEET_PNG) -> Path | None:
+    """The fleet's curve (scenario i) alone; None if it has not been run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = report.load("i")
+    if data is None:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.set_title("(i) lock cycles/s with 1-32 client processes, 5 masters", fontsize=11, loc="left")
+    _fleet(ax, data)
+    fig.text(0.5, 0.005, data["environment"], ha="center", fontsize=6, color="#555555")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -176,3 +201,41 @@ def _memory(ax: Any, data: dict[str, Any]) -> None:
     for i, (c, s) in enumerate(zip(client, server, strict=True)):
         ax.text(max(c, s) + top * 0.01, i, f"{c:,.0f} / {s:,.0f}", va="center", fontsize=8)
     ax.set_xlim(0, top * 1.3)
+
+
+def _fleet(ax: Any, data: dict[str, Any]) -> None:
+    rows = list(data["rows"].values())
+    processes = [r["processes"] for r in rows]
+    ax.plot(processes, [r["cycles_per_s"] for r in rows], "o-", color=OURS, label="cycles/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(processes, [str(p) for p in processes])
+    ax.set_xlabel("client processes (each cycling keys of its own)", fontsize=9)
+    ax.set_ylabel("lock cycles/s, all processes", fontsize=9)
+    ax.set_ylim(0, max(r["cycles_per_s"] for r in rows) * 1.3)
+    for p, r in zip(processes, rows, strict=True):
+        ax.annotate(f"{r['cycles_per_s']:,.0f}", (p, r["cycles_per_s"]), fontsize=8,
+                    textcoords="offset points", xytext=(0, 6), ha="center")  # fmt: skip
+    cores = ax.twinx()
+    cores.plot(processes, [r["busiest_master_cores"] for r in rows], "s--", color=FLOOR,
+               label="busiest master, cores")  # fmt: skip
+    cores.plot(processes, [r["client_cores"] for r in rows], "^--", color=PEER,
+               label="clients, cores")  # fmt: skip
+    cores.set_ylabel("CPU cores used", fontsize=9)
+    cores.set_ylim(0, max(2.0, *(r["client_cores"] for r in rows)) * 1.1)
+    cores.axhline(1.0, color=FLOOR, linestyle=":", linewidth=1)
+    lines = ax.get_legend_handles_labels()
+    more = cores.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
+
+
+def _handoffs(ax: Any, data: dict[str, Any]) -> None:
+    rows = data["rows"]
+    names = list(rows)
+    values = [rows[n]["handoffs_per_s"] for n in names]
+    labels = [
+        f"{report.number(rows[n]['handoffs_per_s'])}/s, J {report.number(rows[n]['fairness'], 2)}"
+        f", max wait {report.number(rows[n]['wait_max_ms'])} ms"
+        for n in names
+    ]
+    _bars(ax, names, values, labels, "hand-offs per second (higher is better); J = Jain's index")
+    ax.set_xlim(0, (max([v for v in values if not math.isnan(v)], default=1.0) or 1.0) * 2.0)

@@ -93,6 +93,11 @@ class Race:
     commands: dict[str, int] = field(default_factory=dict)
     #: Ours: each hand-off's parts in ns (``handoff_parts``), over all rounds.
     handoffs: list[dict[str, int]] = field(default_factory=list)
+    #: Each worker's holds, (got, done) in monotonic ns, one list per process (``bench.handoff``).
+    holds_by_process: list[list[tuple[int, int]]] = field(default_factory=list)
+    #: The race's first attempt and last release, monotonic ns (0 if nothing was reported).
+    start: int = 0
+    end: int = 0
 
 
 #: Rows whose workers are not warmed up before the race (``worker.py contend``, ``cold``).
@@ -173,10 +178,13 @@ def race(
     result.waits_ns = [w for r in reports for w in r["waits_ns"]]
     for r in reports:
         result.errors.extend(r["errors"])
+    result.holds_by_process = [[(got, done) for got, done in r["holds"]] for r in reports]
     if config["breakdown"] and reports:
         result.handoffs = handoff_parts(reports)
     if reports and holds:
-        wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+        result.start = min(r["start"] for r in reports)
+        result.end = max(r["end"] for r in reports)
+        wall = result.end - result.start
         result.efficiencies.append(len(holds) * HOLD * 1e9 / wall)
     return result
 

@@ -19,6 +19,16 @@ Modes:
   happened as one JSON line (monotonic nanoseconds; ``CLOCK_MONOTONIC`` is one clock for every
   process on the machine, so the parent can merge the timelines of all workers).
 
+- ``fleet`` (scenario i, ``bench/fleet_cycles.py``): prints ``{"ready": true}`` once warm, waits
+  for ``go``, then cycles keys of its own for ``config["duration"]`` seconds and reports its
+  cycles, failures and CPU time.
+- ``idle`` (``bench/connections.py``): does ``config["what"]`` once, prints ready and keeps its
+  connections open until stdin ends, for the masters to be counted.
+
+``ours-django`` and ``django-redis`` configure Django in the worker process (``settings.
+configure``), as a project's settings would: ours through ``django_redlock.redlock()``,
+django-redis through ``cache.lock()``.
+
 ``config``: ``urls`` (the masters), ``ttl`` (seconds), ``timeout`` (per-request socket budget in
 seconds, or null for the library's default), and the mode's keys above.
 """
@@ -26,9 +36,11 @@ seconds, or null for the library's default), and the mode's keys above.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import json
+import os
 import secrets
 import sys
 import time
@@ -144,33 +156,84 @@ class Ours(Impl):
         self.redlock.close()
 
 
-class OursDjango(Ours):
-    """django-redlock as a Django project uses it: ``redlock(key, ttl, wait)`` through
-    ``settings.REDLOCK`` (the Django observer: signals, metrics, log records; the DB guard)."""
+def setup_django(**settings: Any) -> None:
+    """Configure Django in this worker process the way a project would (``settings.py``), for
+    the rows that go through Django: ours by ``django_redlock.redlock()`` and django-redis."""
+    import django
+    from django.conf import settings as django_settings
+
+    django_settings.configure(
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        **settings,
+    )
+    django.setup()
+
+
+class OursDjango(Impl):
+    """django-redlock the way a Django project calls it: ``redlock(key, ttl, wait)`` over
+    ``settings.REDLOCK["NODES"]``, with the app installed (observer, signals, metrics and the DB
+    guard on, as by default)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        import django
-        from django.conf import settings
-
-        settings.configure(
+        super().__init__(config)
+        setup_django(
             INSTALLED_APPS=["django_redlock"],
-            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
-            REDLOCK={"NODES": config["urls"], "NODE_TIMEOUT": config.get("timeout") or 0.05},
-            LOGGING_CONFIG=None,
+            REDLOCK={"NODES": self.urls, "NODE_TIMEOUT": self.timeout or 0.05},
         )
-        django.setup()
         from django_redlock import redlock
-        from django_redlock.conf import get_redlock
 
-        self.redlock = get_redlock()
-        self._lock = redlock
-        self.ttl = config.get("ttl", 10.0)
+        self.redlock = redlock
 
     def acquire(self, key: str) -> Any:
-        return self._lock(key, ttl=self.ttl).acquire()
+        lock = self.redlock(key, ttl=self.ttl, wait=0)
+        lock.acquire()
+        return lock
 
     def acquire_blocking(self, key: str) -> Any:
-        return self._lock(key, ttl=self.ttl, wait=OURS_WAIT).acquire()
+        lock = self.redlock(key, ttl=self.ttl, wait=OURS_WAIT)
+        lock.acquire()
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+
+class DjangoRedis(Impl):
+    """django-redis ``cache.lock(key, timeout=ttl)`` on the first master only (single node): a
+    redis-py ``Lock`` from the cache's client, blocking by polling every 100 ms."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        options: dict[str, Any] = {}
+        if self.timeout is not None:
+            options = {"SOCKET_TIMEOUT": self.timeout, "SOCKET_CONNECT_TIMEOUT": self.timeout}
+        setup_django(
+            INSTALLED_APPS=[],
+            CACHES={
+                "default": {
+                    "BACKEND": "django_redis.cache.RedisCache",
+                    "LOCATION": self.urls[0],
+                    "OPTIONS": options,
+                }
+            },
+        )
+        from django.core.cache import cache
+
+        self.cache = cache
+
+    def acquire(self, key: str) -> Any:
+        lock = self.cache.lock(key, timeout=self.ttl)  # type: ignore[attr-defined]
+        if not lock.acquire(blocking=False):
+            raise Failed("acquire() returned False")
+        return lock
+
+    def acquire_blocking(self, key: str) -> Any:
+        lock = self.cache.lock(key, timeout=self.ttl)  # type: ignore[attr-defined]
+        lock.acquire()  # blocking, polls every 100 ms (redis-py's Lock, its default)
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
 
 
 class Timeline:
@@ -385,6 +448,7 @@ IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any]], Impl]] = {
     "floor": Floor,
     "ours": Ours,
     "ours-django": OursDjango,
+    "django-redis": DjangoRedis,
     "pottery": Pottery,
     "redlock-py": RedlockPy,
     "redlock-ng": RedlockNg,
@@ -569,12 +633,101 @@ def contend(name: str, config: dict[str, Any]) -> None:
     reply(result)
 
 
+def fleet(name: str, config: dict[str, Any]) -> None:
+    """One process of the fleet (scenario i): after a ``go`` line, acquire and release distinct
+    keys (``<prefix><pid>:<n>``, one attempt each) for ``config["duration"]`` seconds; report
+    the cycles, the failures and this process's CPU time."""
+    impl = IMPLEMENTATIONS[name](config)
+    prefix = f"{config['prefix']}{os.getpid()}:"
+    for n in range(20):  # warm: connections open, scripts loaded
+        with contextlib.suppress(Exception):
+            cycle(impl, f"{prefix}warm-up:{n}")
+    reply({"ready": True})
+    if sys.stdin.readline().strip() != "go":
+        return
+    cycles = failed = 0
+    first_error = ""
+    cpu = time.process_time()
+    start = time.monotonic_ns()
+    deadline = start + int(config["duration"] * 1e9)
+    while time.monotonic_ns() < deadline:
+        try:
+            cycle(impl, f"{prefix}{cycles + failed}")
+            cycles += 1
+        except Exception as exc:  # noqa: BLE001
+            failed += 1
+            first_error = first_error or error_text(exc)
+    end = time.monotonic_ns()
+    cpu = time.process_time() - cpu
+    reply(
+        {
+            "start": start,
+            "end": end,
+            "cycles": cycles,
+            "failed": failed,
+            "first_error": first_error,
+            "cpu_s": cpu,
+        }
+    )
+    impl.close()
+
+
+def idle(name: str, config: dict[str, Any]) -> None:
+    """For counting connections (``bench.connections``): do ``config["what"]`` once, say
+    ready, and keep everything open until stdin ends. ``cycle``: one acquire+release;
+    ``sync+async``: one cycle from a thread and one in a long-lived event loop;
+    ``auto_extend``: hold a lease that the watchdog renews (ttl 10 s); ``wait``: wait for
+    ``config["key"]``, held by someone else (a queued waiter, listening to its inbox)."""
+    impl = IMPLEMENTATIONS[name](config)
+    what = config["what"]
+    held: Any = None
+    if what == "cycle":
+        cycle(impl, f"{config['key']}:{os.getpid()}")
+    elif what == "auto_extend":
+        assert isinstance(impl, Ours)  # noqa: S101 (only ours renews leases)
+        held = impl.redlock.lock(f"{config['key']}:{os.getpid()}", ttl=10.0, auto_extend=True)
+        held.acquire()
+    elif what == "sync+async":
+        assert isinstance(impl, Ours)  # noqa: S101
+        cycle(impl, f"{config['key']}:{os.getpid()}")
+        loop = asyncio.new_event_loop()  # a long-lived loop, as an ASGI worker has
+        import threading
+
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(
+            _async_cycle(impl, f"{config['key']}:{os.getpid()}:async"), loop
+        ).result()
+    elif what == "wait":
+        assert isinstance(impl, Ours)  # noqa: S101
+        import threading
+
+        threading.Thread(
+            target=functools.partial(impl.acquire_blocking, config["key"]), daemon=True
+        ).start()
+        time.sleep(0.5)  # long enough to have asked, lost and queued
+    reply({"ready": True})
+    sys.stdin.read()
+    if held is not None:
+        with contextlib.suppress(Exception):  # on a loaded machine the lease may be lost
+            held.release()
+
+
+async def _async_cycle(impl: Ours, key: str) -> None:
+    lock = impl.redlock.lock(key, ttl=impl.ttl)
+    await lock.aacquire()
+    await lock.arelease()
+
+
 def main() -> None:
     mode, name, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     if mode == "serve":
         serve(name, config)
     elif mode == "contend":
         contend(name, config)
+    elif mode == "fleet":
+        fleet(name, config)
+    elif mode == "idle":
+        idle(name, config)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

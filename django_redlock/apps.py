@@ -14,10 +14,11 @@ class RedlockConfig(AppConfig):
             metrics,
             otel,
         )
-        from .checks import check_settings
+        from .checks import check_clusters_reachable, check_settings
         from .dbguard import install_everywhere
 
         checks.register(check_settings)
+        checks.register(check_clusters_reachable, deploy=True)
         install_everywhere()  # every connection opened from now on carries the DB guard
         # The exporters' libraries, when installed, are imported now rather than inside a
         # worker's first lock (about 0.1 s for prometheus_client, 0.05 s for OpenTelemetry's

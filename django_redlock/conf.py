@@ -136,6 +136,7 @@ def problems() -> list[Problem]:
             Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
         )
     found += _quarantine_problems(raw)
+    found += _ack_problems(raw)
     nodes = raw["NODES"] if isinstance(raw["NODES"], list | tuple) else []
     sentinels = [n for n in nodes if isinstance(n, str) and is_sentinel_url(n) and _valid(n)]
     if sentinels and raw["QUARANTINE"] is not True:
@@ -199,6 +200,27 @@ def _quarantine_problems(raw: dict[str, Any]) -> list[Problem]:
     return found
 
 
+def _ack_problems(raw: dict[str, Any]) -> list[Problem]:
+    """Members whose ``wait_timeout`` does not fit in ``NODE_TIMEOUT`` (see ``engine.acks``)."""
+    nodes, budget = raw["NODES"], raw["NODE_TIMEOUT"]
+    if not isinstance(nodes, list | tuple) or not _finite(budget) or budget <= 0:
+        return []  # (E003/E005 say so)
+    found = []
+    for entry in nodes:
+        try:
+            spec = node_spec(entry)
+        except (ValueError, ImproperlyConfigured):
+            continue  # (E003 says so)
+        if spec.ack is None:
+            continue
+        try:
+            spec.ack.check_fits(budget, spec.label)
+        except ValueError as exc:
+            hint = "keep a member's wait_timeout under NODE_TIMEOUT: half of it or less"
+            found.append(Problem("E009", f"REDLOCK['NODES'] entry: {exc}", hint=hint))
+    return found
+
+
 def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -232,7 +254,7 @@ def unreachable_clusters() -> list[Problem]:
         except (redis.RedisError, OSError) as exc:
             found.append(
                 Problem(
-                    "E008",
+                    "W004",
                     f"REDLOCK['NODES'] entry {spec.label!r}: no seed of this Redis Cluster "
                     f"told its slot map ({exc})",
                     hint="list at least one reachable node of the cluster (host:port), with "

@@ -22,7 +22,7 @@ redlock_contended_total         counter    acquisitions that failed, label ``rea
 redlock_lost_total              counter    leases lost while held
 redlock_node_failures_total     counter    per master, why it failed a failed acquisition:
                                            label ``node``, ``reason`` =
-                                           timeout|error|quarantine
+                                           timeout|error|quarantine|replica ack
 redlock_permits_in_use          gauge      this process's permits held, per semaphore: ``name``
 redlock_permits_waiting         gauge      this process's callers waiting for a permit: ``name``
 redlock_template_wait_seconds   histogram  as ``redlock_acquire_wait_seconds``, by lock template:
@@ -227,7 +227,7 @@ def node_failure(failure: NodeFailure) -> None:
     """A master failed a request (a timeout or an error; "held" is another owner's lock, and
     "gone" our expired one: not faults of the master)."""
     c = _collectors()
-    if c is not None and failure.reason in ("timeout", "error", "quarantine"):
+    if c is not None and failure.reason in ("timeout", "error", "quarantine", "replica ack"):
         c.node_failures.labels(node=failure.node, reason=failure.reason).inc()
 
 

@@ -37,6 +37,16 @@ def manage_py(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess
     )
 
 
+def wait_until(condition: Callable[[], object], timeout: float, *, step: float = 0.01) -> object:
+    """Poll ``condition`` until it is true or ``timeout`` seconds passed; its last value (assert
+    it: ``assert wait_until(lambda: ..., 1.0), what``). Polling with a deadline, never a sleep
+    sized for the machine: a loaded one only takes longer to succeed."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(step)
+    return condition()
+
+
 def _heal(masters: list[LocalMaster]) -> None:
     """Undo any fault a test left behind and empty every master."""
     for m in masters:

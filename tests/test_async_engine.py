@@ -17,6 +17,7 @@ import pytest
 
 from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import wait_until
 
 NODE_TIMEOUT = 0.1  # as in test_engine_faults: healthy masters answer in time on a busy machine
 ROUND_BOUND = 3 * NODE_TIMEOUT + 0.25
@@ -305,9 +306,9 @@ def test_connections_per_loop_and_for_threads_close_with_their_loop_and_the_engi
             pass
         # The last loop's and the threads' connection, per master; the two earlier loops' are
         # closed.
-        assert wait_until(lambda: [p.open_connections for p in proxies] == [2] * 5)
+        assert wait_until(lambda: [p.open_connections for p in proxies] == [2] * 5, 1.0)
         engine.close()
-        assert wait_until(lambda: [p.open_connections for p in proxies] == [0] * 5)
+        assert wait_until(lambda: [p.open_connections for p in proxies] == [0] * 5, 1.0)
 
 
 def test_cancel_while_connecting_leaks_no_connection(masters, engine_of):
@@ -328,10 +329,3 @@ def test_cancel_while_connecting_leaks_no_connection(masters, engine_of):
                 await task
 
         assert resource_warnings(main) == []
-
-
-def wait_until(condition, timeout: float = 1.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return bool(condition())

@@ -7,15 +7,20 @@ probe across shards, quarantine per shard."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from io import StringIO
 
 import pytest
+from django.core.checks import WARNING
 from django.core.management import call_command
 from redis.crc import key_slot
 
 from django_redlock import conf, health, inventory
-from django_redlock.checks import check_settings
+from django_redlock.checks import check_clusters_reachable, check_settings
 from django_redlock.engine import LockNotAcquired, Redlock
+from django_redlock.engine.cluster import SlotMap
 from django_redlock.engine.shards import ClusterMember
 from django_redlock.signals import masters_failed
 from django_redlock.testing.clusters import LocalCluster, local_cluster
@@ -37,6 +42,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     tls = None if tls_missing() else make_certificates(workdir / "certs", "cluster")
     with local_cluster(workdir, tls=tls) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A cluster whose first primary has a replica, for failover (its own: a failover changes
+    it for good)."""
+    with local_cluster(tmp_path_factory.mktemp("replicated"), replicas=1) as started:
+        yield started
+
+
+def uptime(shard) -> float:
+    return float(shard.call("INFO", "server")["uptime_in_seconds"])
+
+
+def role(shard) -> str:
+    return str(shard.call("INFO", "replication")["role"])
+
+
+def poll(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
 
 
 def key(resource: str) -> str:
@@ -125,6 +153,74 @@ def test_ask_during_a_migration_is_followed_and_leaves_the_map(cluster, masters,
     assert member(engine).map.owner(slot) == ("127.0.0.1", target.port)
 
 
+def tryagain_count(shard) -> int:
+    stats = shard.call("INFO", "errorstats")
+    return int(stats.get("errorstat_TRYAGAIN", {}).get("count", 0))
+
+
+def test_tryagain_during_a_migration_is_a_second_try_on_the_same_shard(
+    cluster, masters, redlock_of
+):
+    # Two resources of one slot under migration, neither key anywhere yet: the source answers
+    # ASK (it lacks them), the target (ASKING, importing) TRYAGAIN (it lacks some keys of a
+    # multi-key request). That is "the migration is moving these keys: ask again in a moment".
+    engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[0], cluster.shards[2]
+    resources = (tag_on(cluster, source, "tryagain") + ":a",)
+    resources += (resources[0][:-2] + ":b",)
+    slot = key_slot(key(resources[0]).encode())
+    member(engine).refresh()
+    cluster.start_migration(slot, to=target)
+    try:
+        before = tryagain_count(target)
+        with pytest.raises(LockNotAcquired) as caught:  # (still migrating: TRYAGAIN again)
+            engine.lock(*resources).acquire()
+        # The attempt and the release that undoes it: each asked, then asked once more.
+        assert tryagain_count(target) - before == 2 * 2
+        failures = caught.value.failures
+        assert any("TryAgainError" in f.detail for f in failures), failures
+    finally:
+        cluster.finish_migration(slot, source, target)
+    with engine.lock(*resources):
+        assert cluster.where(key(resources[1])) == [target]
+
+
+def test_a_release_decided_before_the_cluster_answered_still_follows_its_moved(
+    cluster, masters, redlock_of
+):
+    # Two plain masters release at once; the cluster's old owner of the slot answers MOVED only
+    # after a pause. The round is decided by the plain masters, but the release must still
+    # reach the new owner, or its key stays there for the whole TTL.
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5, node_timeout=BUDGET)
+    shards = cluster.shards
+    for attempt, (source, target) in enumerate([(shards[0], shards[1]), (shards[1], shards[2])]):
+        resource = tag_on(cluster, source, f"release{attempt}-")
+        slot = key_slot(key(resource).encode())
+        member(engine).refresh()
+        lock = engine.lock(resource).acquire()
+        cluster.migrate_slot(slot, to=target)  # our map still names the source
+        source.call("CLIENT", "PAUSE", 200)  # its MOVED comes 200 ms after the others' answers
+        lock.release()
+        assert cluster.where(key(resource)) == [], f"attempt {attempt}: the release was dropped"
+
+
+def test_a_release_to_a_silent_shard_still_follows_its_moved(cluster, masters, redlock_of):
+    # The old owner of the slot let a request go unanswered for its whole budget (paused): it
+    # is "silent", and rounds told such a master their request without waiting. Its MOVED was
+    # then read by no one: the release never reached the new owner.
+    engine = redlock_of([cluster.url, masters[0].url, masters[1].url], ttl=5, node_timeout=BUDGET)
+    source, target = cluster.shards[2], cluster.shards[1]
+    resource, other = tag_on(cluster, source, "silent"), tag_on(cluster, source, "other")
+    slot = key_slot(key(resource).encode())
+    member(engine).refresh()
+    lock = engine.lock(resource).acquire()
+    cluster.migrate_slot(slot, to=target)  # our map still names the source
+    source.call("CLIENT", "PAUSE", int((BUDGET + 0.2) * 1000))
+    engine.holder(other)  # no answer from the source within its budget (a plain one: silent)
+    lock.release()  # the source answers MOVED 200 ms later, within the release's budget
+    assert cluster.where(key(resource)) == []
+
+
 def test_a_map_entry_for_a_gone_primary_is_read_again_after_the_failed_connect(
     cluster, masters, redlock_of
 ):
@@ -161,6 +257,42 @@ def test_a_script_the_ask_target_forgot_is_sent_again_after_asking(cluster, mast
     lock.release()
 
 
+def test_a_child_forked_while_a_shard_was_being_made_can_make_shards(cluster, redlock_of):
+    # A thread of the parent held the member's guard of its shard nodes when the process forked:
+    # that thread does not run in the child, so the child must not inherit the guard held.
+    engine = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)
+    node = member(engine)
+    resource = tag_on(cluster, cluster.shards[2], "forked")
+    with node._shards_guard:  # noqa: SLF001 (as the parent's thread making a shard node)
+        pid = os.fork()
+        if pid == 0:  # the child: a new shard node and a lock, then leave without cleanup
+            code = 1
+            try:
+                node.shard(("127.0.0.1", free_port()))
+                with engine.lock(resource):
+                    code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20.0
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the shard guard it inherited held")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_a_slot_map_is_learnt_range_by_range(cluster):
+    reply = cluster.shards[0].call("CLUSTER", "SLOTS")
+    learnt = SlotMap()
+    learnt.learn(reply)
+    for start, end, primary, *_ in reply:  # type: ignore[attr-defined]
+        for slot in (int(start), (int(start) + int(end)) // 2, int(end)):
+            assert learnt.owner(slot) == ("127.0.0.1", int(primary[1]))
+    assert sum(learnt.owner(slot) is None for slot in range(16384)) == 0
+
+
 def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, redlock_of):
     engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
     with engine.lock("{order:7}:payment", "{order:7}:stock"):
@@ -178,16 +310,20 @@ def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, re
         engine.is_locked("invoice:1")
 
 
-def test_semaphores_and_readers_keep_their_keys_in_the_names_slot(cluster, redlock_of):
+def test_a_semaphore_is_refused_before_any_request():
+    # Its scripts touch all N permit keys without declaring them: a cluster routes PERMIT_UNDO
+    # (no key) to any shard ("non local key"), and cannot guard them during a migration.
+    nowhere = f"redis+cluster://127.0.0.1:{free_port()}/"
+    engine = Redlock([nowhere], ttl=5, node_timeout=BUDGET)
+    try:
+        with pytest.raises(ValueError, match=r"limit=2: no semaphore .* Redis Cluster member"):
+            engine.lock("{pool}", limit=2)
+    finally:
+        engine.close()
+
+
+def test_readers_keep_their_keys_in_the_names_slot(cluster, redlock_of):
     engine = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)  # the cluster decides alone
-    permits = [engine.lock("{pool}", limit=2).acquire() for _ in range(2)]
-    with pytest.raises(LockNotAcquired):
-        engine.lock("{pool}", limit=2).acquire()
-    held = engine.holder("{pool}")
-    assert held is not None
-    assert (held.mode, len(held.holders)) == ("permits", 2)
-    for permit in permits:
-        permit.release()
     readers = [engine.lock("{doc}", shared=True).acquire() for _ in range(2)]
     with pytest.raises(LockNotAcquired):
         engine.lock("{doc}").acquire()  # the writer waits for the readers
@@ -357,6 +493,35 @@ def test_quarantine_watches_each_shard(cluster, masters, redlock_of):
     )
 
 
+def test_a_replica_promoted_inside_the_cluster_abstains_at_first_sight(
+    replicated_cluster, masters, redlock_of
+):
+    # A cluster failover gives the member a new address for the slot's owner: a first sight,
+    # where only uptime was checked. The promoted replica has been up longer than max_ttl, yet
+    # may lack the newest lock keys: it must abstain, for having been promoted.
+    cluster = replicated_cluster
+    primary, replica = cluster.shards[0], cluster.replicas[0]
+    max_ttl = 3.0
+    poll(lambda: min(uptime(replica), uptime(primary)) >= max_ttl + 0.5, "shards up > max_ttl")
+    engine = redlock_of(
+        decisive(cluster, masters),
+        ttl=max_ttl,
+        max_ttl=max_ttl,
+        quarantine=True,
+        node_timeout=BUDGET,
+    )
+    resource = tag_on(cluster, primary, "promoted")
+    with engine.lock(resource, wait=10):  # (waits out the plain master's quarantine, if any)
+        pass
+    replica.call("CLUSTER", "FAILOVER", "TAKEOVER")
+    poll(lambda: (role(replica), role(primary)) == ("master", "slave"), "the failover")
+    with pytest.raises(LockNotAcquired) as caught:
+        engine.lock(resource).acquire()  # MOVED from the demoted primary to the promoted one
+    reasons = {(f.node, f.reason) for f in caught.value.failures}
+    shard = f"{member(engine).label} shard 127.0.0.1:{replica.port}"
+    assert (shard, "quarantine") in reasons, caught.value.failures
+
+
 def test_a_killed_shard_fails_the_vote_for_its_slots_only(settings, cluster, masters, redlock_of):
     """Last in this module: it kills a shard (and brings it back)."""
     engine = redlock_of(decisive(cluster, masters), ttl=5, node_timeout=BUDGET)
@@ -429,14 +594,21 @@ def test_two_entries_naming_one_cluster_are_one_member_twice():
         Redlock([one], key_prefix="{app}:")
 
 
-def test_the_system_check_names_a_cluster_whose_seeds_do_not_answer(settings, cluster, masters):
+def test_a_cluster_whose_seeds_do_not_answer_is_a_deploy_warning(settings, cluster, masters):
     dead = f"redis+cluster://u:secret@127.0.0.1:{free_port()}/"
     settings.REDLOCK = {"NODES": [dead, masters[0].url, masters[1].url]}
-    reported = [m for m in check_settings() if m.id == "django_redlock.E008"]
-    assert len(reported) == 1
+    # Not in the checks every command runs (no network; a cluster down must not stop migrate).
+    assert [m.id for m in check_settings()] == []
+    call_command("check", stdout=StringIO(), stderr=StringIO())  # no SystemCheckError
+    reported = check_clusters_reachable()
+    assert [(m.id, m.level) for m in reported] == [("django_redlock.W004", WARNING)]
     assert "redis+cluster://u:***@127.0.0.1" in reported[0].msg
     assert "no seed of this Redis Cluster told its slot map" in reported[0].msg
+    out, err = StringIO(), StringIO()
+    call_command("check", deploy=True, stdout=out, stderr=err)  # a warning: it does not fail
+    assert "django_redlock.W004" in out.getvalue() + err.getvalue()
     settings.REDLOCK = {"NODES": [cluster.url, masters[0].url, masters[1].url]}
+    assert check_clusters_reachable() == []
     assert [m.id for m in check_settings()] == []
     settings.REDLOCK = {
         "NODES": [cluster.url, cluster.url.replace("127.0.0.1", "localhost"), masters[0].url]

@@ -21,6 +21,7 @@ from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
 from django_redlock.engine.pipes import PENDING, Broken
 from django_redlock.engine.rounds import SKIP_SILENT_FOR, pack
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import wait_until
 
 # Twice the default budget: still small next to the TTLs, and a healthy master stalled by a busy
 # 2-core machine answers within it, so only the faults we make count as failed votes.
@@ -60,14 +61,6 @@ def timed(call):
     started = time.monotonic()
     result = call()
     return result, time.monotonic() - started
-
-
-def wait_until(condition, timeout, step=0.01):
-    """Poll ``condition`` until true or ``timeout`` seconds pass; its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(step)
-    return condition()
 
 
 def acquire_extend_release(engine, healthy, ttl=5.0):
@@ -352,6 +345,61 @@ def test_release_reaches_slow_masters_with_a_cold_script_cache(
     with engine.lock("job", ttl=5) as again:  # and the next owner gets it, the slow ones late
         assert again.held
         assert wait_until(lambda: None not in keys_of(masters), timeout=1.0)
+
+
+def script_calls(master):
+    """(EVAL, EVALSHA) calls the master ran so far."""
+    client = master.client()
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return tuple(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha"))
+
+
+def test_a_master_answering_after_the_quorum_is_credited_with_our_scripts(
+    fresh_masters, engine_of, proxies
+):
+    """Rounds return at quorum, so a slower master's reply is read by no round. It still tells
+    us the master has our script: from then on it gets EVALSHA, not the whole source (was: EVAL
+    on every request, for as long as it stayed the slowest)."""
+    masters = fresh_masters(5)
+    (slow,) = proxies(masters[:1])
+    slow.delay = 0.05  # 0.1 s round trip: within its 0.5 s budget, after the fast quorum
+    engine = engine_of([slow.url, *urls(masters[1:])], node_timeout=0.5)
+    for _ in range(6):
+        with engine.lock("job", ttl=5):
+            time.sleep(0.15)  # the slow master answers meanwhile; the next round reads it
+        time.sleep(0.15)
+    evals, evalshas = script_calls(masters[0])
+    # (one script a cycle here, the release: the first one goes with its source)
+    assert (evals, evalshas) == (1, 5)
+
+
+def test_a_release_a_slow_master_answers_noscript_after_the_quorum_is_sent_again(
+    fresh_masters, engine_of, proxies
+):
+    """Its script cache was flushed (SCRIPT FLUSH, a failover to a replica...) and the release
+    round did not wait for it: the late NOSCRIPT is answered by sending the release again with
+    its source, so the key goes now, not at the end of its TTL (30 s here)."""
+    masters = fresh_masters(5)
+    (slow,) = proxies(masters[:1])
+    slow.delay = 0.05
+    engine = engine_of([slow.url, *urls(masters[1:])], node_timeout=0.5)
+    acquire_extend_release(engine, masters)  # every master caches our scripts
+    lock = engine.lock("job", ttl=30).acquire()
+    assert wait_until(lambda: None not in keys_of(masters), timeout=2.0)
+    flushing = masters[0].client()
+    flushing.script_flush()
+    flushing.close()
+    lock.release()
+    assert keys_of(masters[1:]) == [None] * 4
+
+    def gone_from_the_slow_one() -> bool:
+        engine.is_locked("other")  # any later round reads the pipe's late replies
+        return key_of(masters[0]) is None
+
+    assert wait_until(gone_from_the_slow_one, timeout=3.0)
 
 
 # --- replies delayed past the TTL ----------------------------------------------------------------

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from django_redlock import holder
+from django_redlock import QuorumUnavailable, holder
 from django_redlock.commands import EXIT_LOST
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 
 TTL = 2.0
 TICK = 0.02
@@ -80,35 +80,30 @@ def assert_no_overlap(log: Path) -> list[tuple[float, float]]:
 
 
 def leader_pid() -> int | None:
-    held = holder("leader:scheduler")
+    """The leader's pid, None if no one leads, or if too few masters answered in time to tell
+    (this test process's 50 ms budget, on a loaded machine): the callers poll until it is known."""
+    try:
+        held = holder("leader:scheduler")
+    except QuorumUnavailable:
+        return None
     return None if held is None else held.owner.pid
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> float:
-    began = time.monotonic()
-    while not condition():
-        assert time.monotonic() - began < timeout, f"not within {timeout}s: {what}"
-        time.sleep(0.01)
-    return time.monotonic() - began
 
 
 def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) -> None:
     first = leaders()
-    wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30, "first leads")
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
     standbys = [leaders()]
     time.sleep(1.0)  # the standby is up, queued
-    assert leader_pid() == first.pid
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)  # (polled: "cannot tell" is None)
     assert len(ticks(leaders.log)) == 1  # only the leader's command runs
     (child,) = ticks(leaders.log)
     os.kill(first.pid, signal.SIGKILL)
     killed = time.monotonic()
-    took = wait_until(
-        lambda: leader_pid() in {p.pid for p in standbys}, TTL + 2.0, "a standby takes over"
+    # Within the lease (TTL) and a loaded machine's wake-up; bench/fleet measures it.
+    assert wait_until(lambda: leader_pid() in {p.pid for p in standbys}, TTL + 2.0), (
+        "a standby takes over"
     )
-    assert (
-        took <= TTL + 2.0
-    )  # the lease (TTL) and a loaded machine's wake-up; bench/fleet measures it
-    wait_until(lambda: len(ticks(leaders.log)) == 2, 30, "the new leader's command ticks")
+    assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), "the new leader's command ticks"
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # the dead leader's command died with it: no orphan works on
     assert time.monotonic() - killed < 30
@@ -121,7 +116,9 @@ def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
     proxies = [DelayProxy(m.port, 0.0).start() for m in redlock_settings]
     try:
         first = leaders([p.url for p in proxies])
-        wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30, "first leads")
+        assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), (
+            "first leads"
+        )
         second = leaders()
         time.sleep(1.0)
         for proxy in proxies:
@@ -129,8 +126,10 @@ def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
         assert first.wait(TTL + 5) == EXIT_LOST
         err = first.communicate()[1]
         assert "leadership is running out" in err
-        wait_until(lambda: leader_pid() == second.pid, TTL + 2.0, "the standby takes over")
-        wait_until(lambda: len(ticks(leaders.log)) == 2, 30, "the new leader's command ticks")
+        assert wait_until(lambda: leader_pid() == second.pid, TTL + 2.0), "the standby takes over"
+        assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), (
+            "the new leader's command ticks"
+        )
         intervals = assert_no_overlap(leaders.log)
         assert intervals[1][0] - intervals[0][1] > TTL / 6  # stopped before the lease ended
     finally:

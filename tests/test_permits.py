@@ -287,3 +287,39 @@ def test_a_queued_waiter_is_not_overtaken_by_later_callers_under_contention(mast
             stop.set()
             for thread in cyclers:
                 thread.join(6)
+
+
+@pytest.mark.parametrize(
+    ("options", "holder", "option"),
+    [({"limit": 2}, "permit", "limit=2"), ({"shared": True}, "reader", "shared=True")],
+)
+def test_a_permit_or_reader_is_one_holder_per_handle_and_owner(
+    masters, redlock_of, options, holder, option
+):
+    """Permits and readers are never re-entered (``GroupLock``): a second acquisition by the same
+    owner through one handle is refused, naming what it is; through another handle it is a
+    second holder; and the name is one resource."""
+    engine = redlock_of(masters[:3], ttl=5)
+    handle = engine.lock("group", **options)
+    with handle:
+        with pytest.raises(RuntimeError, match=f"a {holder} of 'group' is already acquired"):
+            handle.acquire()
+        with engine.lock("group", **options):  # another handle: another holder
+            assert len(engine.holder("group").holders) == 2
+    with pytest.raises(ValueError, match=f"{option} with several resources"):
+        engine.lock("a", "b", **options)
+
+
+def test_the_release_scripts_share_one_compare_and_delete_and_keep_their_shas():
+    """A permit's release and a lock's are composed from one fragment (``scripts.DELETE_OURS``),
+    and keep the SHAs they had before it was shared: masters' script caches and EVALSHA name
+    them by it."""
+    from django_redlock.engine import scripts
+    from django_redlock.engine.permit_scripts import PERMIT_RELEASE
+
+    assert scripts.RELEASE.source.count(scripts.DELETE_OURS) == 1
+    assert PERMIT_RELEASE.source.count(scripts.DELETE_OURS) == 1
+    assert (scripts.RELEASE.sha, PERMIT_RELEASE.sha) == (
+        "098df387888423231d3a307ff297b7c126ef7e3e",
+        "72aca1eb007cf4fc70722d3851c1d5df9832c79a",
+    )

@@ -159,12 +159,27 @@ def test_the_rule(before, after, abstains_for, reason):
     assert watch.reason.startswith(reason)
 
 
+def test_a_promoted_primary_abstains_at_first_sight_only_where_promotion_is_distrusted():
+    promoted = Identity("a", "r", "master", 100.0, promoted=True)
+    plain, shard = Watch(10.0), Watch(10.0, distrust_promotion=True)
+    for watch in (plain, shard):
+        watch.judge(promoted, now=100.0)
+    assert plain.until == 0.0  # a plain member keeps its address: a failover changes its replid
+    assert (shard.until, shard.reason.startswith("promoted from a replica")) == (110.0, True)
+    again = Watch(10.0, distrust_promotion=True)
+    again.judge(identity(), now=0.0)
+    again.judge(promoted, now=100.0)  # seen before: only a change of identity counts then
+    assert again.until == 0.0
+
+
 def test_info_is_parsed():
     text = (
         b"# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\nuptime_in_seconds:42\r\n\r\n"
         b"# Replication\r\nrole:master\r\nmaster_replid:def\r\n"
     )
     assert parse_info(text) == Identity("abc", "def", "master", 42.0)
+    assert parse_info(text + b"second_repl_offset:-1\r\n").promoted is False
+    assert parse_info(text + b"second_repl_offset:1234\r\n").promoted is True
     with pytest.raises(ValueError, match="identity field"):
         parse_info(b"# Server\r\nrun_id:abc\r\n")
 

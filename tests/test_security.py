@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from django_redlock.testing.masters import (
     free_port,
     redis_server_version,
 )
-from tests.conftest import hand_off_time
+from tests.conftest import hand_off_time, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -468,13 +467,6 @@ def rediss(port: int, ca: Path) -> str:
     return f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
-
-
 def subscribers(masters: list[LocalMaster], channel: str) -> list[int]:
     counts = []
     for m in masters:
@@ -501,7 +493,7 @@ def test_rediss_nodes_with_certificate_checks_lock_fence_wait_and_release(tls_ma
         assert subscribers(masters, engine.notices.inbox) == [1, 1, 1]  # over TLS
     finally:
         engine.close()  # stops the notice listeners: no TLS reconnects once the masters stop
-    assert wait_until(lambda: subscribers(masters, engine.notices.inbox) == [0, 0, 0])
+    assert wait_until(lambda: subscribers(masters, engine.notices.inbox) == [0, 0, 0], 3.0)
 
 
 def test_rediss_refuses_a_server_certificate_from_another_ca(tls_masters, tmp_path):

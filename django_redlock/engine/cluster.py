@@ -142,6 +142,17 @@ def check_hash_tags(key_prefix: str, resources: Sequence[str]) -> None:
         )
 
 
+def refuse_semaphore(limit: object) -> None:
+    """``ValueError``: a semaphore's scripts touch all ``limit`` permit keys without declaring
+    them, which a cluster routes by (a script with no key goes to any shard: "non local key")
+    and guards during a migration by (a permit key already moved could be granted twice)."""
+    raise ValueError(
+        f"limit={limit!r}: no semaphore on a Redlock with a Redis Cluster member: its scripts "
+        f"touch all {limit} permit keys without declaring them, which a cluster can neither "
+        f"route nor guard during a slot migration (see docs/deployment.md)"
+    )
+
+
 # --- the slot map ---------------------------------------------------------------------------------
 
 
@@ -160,12 +171,15 @@ class SlotMap:
         self._owners[slot] = address
 
     def learn(self, reply: Any) -> None:
-        """From a ``CLUSTER SLOTS`` reply: [[start, end, [host, port, id...], replicas...]...]."""
+        """From a ``CLUSTER SLOTS`` reply: [[start, end, [host, port, id...], replicas...]...].
+        Each range filled by one slice assignment (in C): a loop over 16,384 slots held the GIL
+        for milliseconds on the map's thread, against rounds with budgets of a few."""
         owners: list[Address | None] = [None] * SLOTS
         for start, end, primary, *_replicas in reply:
             host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-            for slot in range(int(start), int(end) + 1):
-                owners[slot] = (host, int(primary[1]))
+            first, last = int(start), int(end)
+            if 0 <= first <= last < SLOTS:  # (else not a range a cluster has: ignored)
+                owners[first : last + 1] = [(host, int(primary[1]))] * (last + 1 - first)
         self._owners = owners
         self.known = True
 

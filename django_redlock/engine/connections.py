@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from . import cluster, dialing, protocol, sentinel
+from . import acks, cluster, dialing, protocol, sentinel
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, cluster_identity, mask_url, sentinel_identity
@@ -46,21 +46,25 @@ class NodeSpec:
     service: sentinel.Service | None = None
     #: A Redis Cluster: the nodes its URL names (see ``cluster`` and ``shards``).
     seeds: cluster.Seeds | None = None
+    #: Its votes count only once its replicas acknowledged them (``?wait_replicas=``: ``acks``).
+    ack: acks.ReplicaAck | None = None
 
     @classmethod
     def from_url(cls, url: str) -> NodeSpec:
-        if cluster.is_cluster_url(check_url(url)):
-            seeds, plain = cluster.parse(url, mask_url(url))
+        label = mask_url(check_url(url))
+        if cluster.is_cluster_url(url):  # (check_url refused our options on it)
+            seeds, plain = cluster.parse(url, label)
             pool = redis.ConnectionPool.from_url(plain)
             kwargs = dict(pool.connection_kwargs)
-            return cls(mask_url(url), pool.connection_class, kwargs, seeds=seeds)
+            return cls(label, pool.connection_class, kwargs, seeds=seeds)
+        url, ack = acks.parse(url, label)
         if sentinel.is_sentinel_url(url):
-            service, plain = sentinel.parse(url, mask_url(url))
+            service, plain = sentinel.parse(url, label)
             pool = redis.ConnectionPool.from_url(plain)
             connection_class = sentinel.sentinel_connection(pool.connection_class, service)
-            return cls(mask_url(url), connection_class, dict(pool.connection_kwargs), service)
+            return cls(label, connection_class, dict(pool.connection_kwargs), service, ack=ack)
         pool = redis.ConnectionPool.from_url(url)
-        return cls(mask_url(url), pool.connection_class, dict(pool.connection_kwargs))
+        return cls(label, pool.connection_class, dict(pool.connection_kwargs), ack=ack)
 
     @classmethod
     def from_pool(cls, label: str, pool: redis.ConnectionPool) -> NodeSpec:
@@ -98,6 +102,8 @@ class Node:
         #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
         #: TTL any lock may have, and so how long a member that may have lost keys abstains.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
+        #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
+        self.acks = None if spec.ack is None else acks.Acks(spec.ack, timeout, self.label)
         self._forget()
         _ALL_NODES.add(self)
 
@@ -121,6 +127,8 @@ class Node:
         """The node a round sends ``command`` to for this member: itself (a Cluster member: the
         shard that owns the command's slot, see ``shards``)."""
         return self
+
+    redirects = False  # (a Cluster shard's replies may: see ``detours``)
 
     def redirected(self, error: redis.ResponseError) -> Node | None:
         """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
@@ -170,9 +178,8 @@ class Node:
 
     async def aconnect(self, loop: asyncio.AbstractEventLoop, budget: float) -> Pipe | Exception:
         """This loop's pipe, connecting it if needed (within ``budget``): once per loop, and
-        every round that needs it meanwhile awaits that attempt. A plain TCP master named by its
-        address connects on the loop itself (``dialing``); other handshakes may block (name
-        lookup, TLS, Sentinel), so they run on a small thread pool of ours, never on the loop."""
+        every round that needs it meanwhile awaits that attempt: on the loop (``dialing``), or
+        where a handshake may block (name lookup, TLS, Sentinel) on a small thread pool of ours."""
         pipe = self.loop_pipe(loop)
         if pipe is not None:
             return pipe
@@ -191,8 +198,7 @@ class Node:
                     lambda _: _hand_over(loop, lambda: self._opened(loop, attempt))
                 )
         if connecting.made is not None and connecting.made.done():
-            # Made already (or at once, on the loop), and the loop has not run our callback yet
-            # (a thousand rounds ahead of it): use it now rather than a whole loop pass later.
+            # Made already (or at once), callback not run yet: use it now, not a loop pass later.
             self._opened(loop, connecting)
         # No timer of our own: the attempt is bounded by its budget (socket timeouts; on the loop,
         # ``dialing`` asks the socket before it blames the master for a busy loop's lateness).
@@ -232,10 +238,8 @@ class Node:
 
     @functools.cached_property
     def _address(self) -> dialing.Address | None:
-        """How a loop connects here on the loop itself, if it can (see ``dialing``): not a
-        Sentinel member, nor quarantined, nor a node that opens connections its own way (a
-        cluster shard's failures re-read the slot map)."""
-        own_open = type(self)._open is not Node._open  # noqa: SLF001
+        """How a loop connects here on the loop itself, if it can (see ``dialing``)."""
+        own_open = type(self)._open is not Node._open  # noqa: SLF001 (a Cluster shard's)
         plain = self.spec.service is None and self.watch is None and not own_open
         return dialing.address_of(self._fresh()) if plain else None
 

@@ -9,7 +9,8 @@ down, tried again every round) paid a redis-py connection object, two thread han
 GIL traffic between them: a killed master cost an async round 2.6x its bounded floor.
 
 What it does not cover goes to the thread pool as before (``connections``): TLS, unix sockets,
-Sentinel members, host names (``getaddrinfo`` blocks), credential providers, a client name,
+Sentinel members, Cluster shards (a failed connect re-reads the slot map), host names
+(``getaddrinfo`` blocks), credential providers, a client name,
 and the quarantine's identity check. A password and a database number are covered: ``AUTH``
 and ``SELECT`` are pipelined in one write, their replies read on the loop.
 

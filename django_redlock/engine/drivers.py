@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from .connections import Node
+from .detours import Delay
 from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
 from .rounds import (
@@ -123,6 +124,8 @@ def fan_out(
         try:
             if isinstance(wait, Replies):
                 _wait_replies(wait)
+            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
+                time.sleep(max(0.0, wait.until - time.monotonic()))
             else:
                 answer = wait.node.connect(wait.budget)
         except BaseException:
@@ -240,6 +243,8 @@ async def afan_out(
         try:
             if isinstance(wait, Replies):
                 await _replies(loop, wait)
+            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
+                await asyncio.sleep(max(0.0, wait.until - time.monotonic()))
             else:
                 answer = await wait.node.aconnect(loop, wait.budget)
         except BaseException:
@@ -251,7 +256,7 @@ async def afan_out(
 _DETACHED: set[asyncio.Task[Any]] = set()
 
 
-def _give_up(rounds: Exchange, wait: Connect | Replies) -> None:
+def _give_up(rounds: Exchange, wait: Connect | Replies | Delay) -> None:
     """An interrupted round: replies still to come are dropped when they come (the pipes are
     shared: closing one would break every other round on it)."""
     if isinstance(wait, Replies):

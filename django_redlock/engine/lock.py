@@ -23,6 +23,7 @@ from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
 from .granting import granted
 from .leases import Callers, Lease, Owner, current_owner
+from .steps import Procedure
 from .values import make_value
 
 if TYPE_CHECKING:
@@ -284,10 +285,14 @@ class Lock:
         value = make_value(self.label, self.ttl, task)
         return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
 
+    def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
+        """The acquisition's procedure (a permit's and a reader's are their own)."""
+        return markers.acquire(self._redlock, want)
+
     def _outcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return run(self._redlock, markers.acquire(self._redlock, want))
+            return run(self._redlock, self._acquiring(want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise
@@ -295,7 +300,7 @@ class Lock:
     async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
         began = time.monotonic()
         try:
-            return await arun(self._redlock, markers.acquire(self._redlock, want))
+            return await arun(self._redlock, self._acquiring(want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise

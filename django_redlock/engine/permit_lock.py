@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .drivers import arun, run
-from .errors import LockNotAcquired
 from .granting import granted
+from .group_lock import GroupLock
 from .leases import Lease, Owner, current_owner
-from .lock import Lock
 from .markers import permits as marker
 from .permit_scripts import check_limit, slot_of
 from .permits import PermitCommands, PermitWant, PermitWon, acquire, remember_free
 from .procedures import Want, Won
+from .steps import Procedure
 
 if TYPE_CHECKING:
     from .redlock import Redlock
@@ -52,25 +50,19 @@ class Usage:
 USAGE = Usage()
 
 
-class PermitLock(Lock):
+class PermitLock(GroupLock):
     """One permit of the semaphore ``resource`` with ``limit`` permits: a ``Lock`` whose lease is
     the mutex of whichever slot it won. Make one with ``Redlock.lock(resource, limit=N)``."""
 
+    holder = "permit"
+    second = "takes a second permit"
+    group = "a semaphore"
+    key_suffix = "#permits"
+
     def __init__(self, redlock: Redlock, *resources: str, limit: int, **options: Any) -> None:
         limit = check_limit(limit)
-        if options.get("reentrant"):
-            raise ValueError(
-                f"limit={limit} with reentrant=True: a permit is not re-entered (a second "
-                f"acquisition takes a second permit); pass one or the other"
-            )
-        super().__init__(redlock, *resources, **options)
-        if len(self.resources) > 1:
-            raise ValueError(
-                f"limit={limit} with several resources {self.resources!r}: a semaphore is one name"
-            )
+        super().__init__(redlock, *resources, option=f"limit={limit}", **options)
         self.limit = limit
-        #: Permits are never re-entered: no holder of this handle's key is ever looked up.
-        self.key = f"{self.key}#permits"
         self._marker = marker(limit)
         self._commands = PermitCommands(
             redlock.inbox_prefix,
@@ -90,24 +82,11 @@ class PermitLock(Lock):
         lease = self._callers.get(current_owner())
         return None if lease is None else slot_of(lease.keys[0])
 
-    def _reenter(self, owner: Owner) -> bool:
-        if self._callers.get(owner) is not None:
-            raise RuntimeError(
-                f"a permit of {self.resource!r} is already acquired through this object by "
-                f"this thread/task; use one object per permit"
-            )
-        return False
-
     def _want(self, owner: Owner) -> PermitWant:
-        plain = super()._want(owner)
         redlock = self._redlock
-        return PermitWant(
-            plain.resource,
-            plain.resources,
-            plain.keys,
-            plain.ttl,
-            plain.wait,
-            plain.value,
+        return self._want_of(
+            owner,
+            PermitWant,
             limit=self.limit,
             marker_key=redlock.lock_key(self.resource),
             slot_prefix=redlock.lock_key(f"{self.resource}#"),
@@ -115,29 +94,12 @@ class PermitLock(Lock):
             marker=self._marker,
         )
 
-    def _outcome(self, want: Want) -> Won:
+    def _acquiring(self, want: Want) -> Procedure[Won]:
+        """The slots' acquisition, counted as a wait for a permit meanwhile (the metrics)."""
         assert isinstance(want, PermitWant)  # noqa: S101 (our own _want made it)
-        began = time.monotonic()
         USAGE.add(USAGE.waiting, self.resource, 1)
         try:
-            won = run(self._redlock, acquire(self._redlock, want))
-        except LockNotAcquired as error:
-            self._not_acquired(error, began)
-            raise
-        finally:
-            USAGE.add(USAGE.waiting, self.resource, -1)
-        USAGE.add(USAGE.in_use, self.resource, 1)
-        return won
-
-    async def _aoutcome(self, want: Want) -> Won:
-        assert isinstance(want, PermitWant)  # noqa: S101
-        began = time.monotonic()
-        USAGE.add(USAGE.waiting, self.resource, 1)
-        try:
-            won = await arun(self._redlock, acquire(self._redlock, want))
-        except LockNotAcquired as error:
-            self._not_acquired(error, began)
-            raise
+            won = yield from acquire(self._redlock, want)
         finally:
             USAGE.add(USAGE.waiting, self.resource, -1)
         USAGE.add(USAGE.in_use, self.resource, 1)

@@ -167,6 +167,7 @@ if ARGV[4] ~= '' then
 end
 return {0, soonest}
 """,
+    acked=True,
 )
 
 # KEYS[1] the slot's lock key; KEYS[2] the semaphore's waiter queue. ARGV[1] our full value;
@@ -181,15 +182,8 @@ return {0, soonest}
 PERMIT_RELEASE = scripts.Script(
     "permit_release",
     _AHEAD
-    + """
-if ARGV[5] ~= '' then
-    redis.call('zrem', KEYS[2], ARGV[5])
-end
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
-    return 0
-end
-redis.call('del', KEYS[1])
-local now_ms = tonumber(ARGV[8])
+    + scripts.DELETE_OURS
+    + """local now_ms = tonumber(ARGV[8])
 if ARGV[6] ~= '' then
     queue_up(KEYS[2], ARGV[6], ARGV[7], now_ms)
 end
@@ -248,4 +242,5 @@ if redis.call('pttl', KEYS[2]) < tonumber(ARGV[2]) then
 end
 return 1
 """,
+    acked=True,
 )

@@ -56,7 +56,11 @@ class Broken:
 class Slot:
     """One request's place in a pipe's queue; ``reply`` is PENDING until its answer is read."""
 
-    __slots__ = ("abandoned", "on_reply", "reply", "sent_at")
+    __slots__ = ("abandoned", "on_late", "on_reply", "reply", "sent_at")
+
+    #: Whether its reply is still stored once given up on (read by no round, but by the slot
+    #: itself: see ``acks``); else it is dropped.
+    keeps_late = False
 
     def __init__(self, sent_at: float) -> None:
         #: Monotonic time the request left (an async pipe stamps it at the flush): the master's
@@ -68,6 +72,9 @@ class Slot:
         #: Called with the slot (in the reading thread) when the reply came: how an async round
         #: learns it.
         self.on_reply: Callable[[Slot], None] | None = None
+        #: Called with the reply (in the reading thread) when it comes after the slot was given
+        #: up on: how a round that returned at quorum still learns what a slow master said.
+        self.on_late: Callable[[object], None] | None = None
 
 
 class Pipe:
@@ -144,26 +151,32 @@ class Pipe:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def send(self, request: bytes, now: float, *, preamble: bytes = b"") -> Slot | None:
+    def send(
+        self, request: bytes, now: float, slots: tuple[Slot, ...] = (), *, preamble: bytes = b""
+    ) -> Slot | None:
         """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
-        pipe is closed (or broke now). ``preamble``: one command written just before it, in the
-        same write (no other round's request between them: a Cluster's ``ASKING``, which
-        applies to the next command only), whose reply is dropped."""
+        pipe is closed (or broke now). ``slots``: for a request of several commands, one slot
+        per reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
+        command written just before it, in the same write (no other round's request between
+        them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
+        dropped."""
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
-        slot = Slot(now)
-        first = None
+        slot = slots[-1] if slots else Slot(now)
+        queued = slots
         if preamble:
             first = Slot(now)
             first.abandoned = True
             request = preamble + request
+            queued = (first, *(slots or (slot,)))
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
-            if first is not None:
-                self._pending.append(first)
-                self._unsent.append(first)
-            self._pending.append(slot)
-            self._unsent.append(slot)
+            if queued:
+                self._pending.extend(queued)
+                self._unsent.extend(queued)
+            else:
+                self._pending.append(slot)
+                self._unsent.append(slot)
             self._out += request
             if not self._in_tick and not self._writing:
                 self._in_tick = True
@@ -173,9 +186,10 @@ class Pipe:
         with self._write_lock:
             if self.closed:
                 return None
-            if first is not None:
-                self._pending.append(first)
-            self._pending.append(slot)
+            if queued:
+                self._pending.extend(queued)
+            else:
+                self._pending.append(slot)
             slot.sent_at = time.monotonic()
             try:
                 self._sock.sendall(request)
@@ -237,6 +251,10 @@ class Pipe:
                         slot.reply = reply
                         if slot.on_reply is not None:
                             slot.on_reply(slot)
+                    elif slot.on_late is not None:
+                        slot.on_late(reply)
+                    elif slot.keeps_late:
+                        slot.reply = reply
                     reply = reader.gets()
                 if received < len(self._buffer):
                     return

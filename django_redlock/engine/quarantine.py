@@ -10,7 +10,9 @@ that follows is where the change is seen. The rule: a vote counts only from a me
 identity is unchanged for at least ``MAX_TTL``:
 
 - first sight: it abstains until its uptime reaches ``MAX_TTL`` (a freshly started process has
-  nothing it granted before, but we cannot tell a fresh start from a crash we did not watch);
+  nothing it granted before, but we cannot tell a fresh start from a crash we did not watch); a
+  Cluster shard promoted from a replica since it started (``second_repl_offset`` set) abstains
+  ``MAX_TTL`` (a failover inside a cluster shows us a new address, so a first sight);
 - a changed ``run_id`` (restarted) or ``master_replid`` (failed over), or a member that is not a
   primary: it abstains for ``MAX_TTL`` from when we saw it.
 
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from redis.exceptions import ResponseError
 
@@ -46,6 +49,9 @@ class Identity:
     replid: str
     role: str
     uptime: float  # seconds (INFO gives whole seconds, rounded down: never over-estimated)
+    #: Whether it was promoted from a replica since it started (``second_repl_offset`` is set:
+    #: it keeps its former primary's history beside its own).
+    promoted: bool = False
 
 
 def parse_info(raw: bytes | str) -> Identity:
@@ -61,6 +67,7 @@ def parse_info(raw: bytes | str) -> Identity:
             replid=fields["master_replid"].strip(),
             role=fields["role"].strip(),
             uptime=float(fields["uptime_in_seconds"]),
+            promoted=fields.get("second_repl_offset", "-1").strip() != "-1",
         )
     except (KeyError, ValueError) as exc:
         raise ValueError(f"INFO server replication lacks an identity field: {exc}") from None
@@ -88,8 +95,12 @@ class Watch:
     """One member's quarantine state in this process: the identity last seen, and until when
     (monotonic) it abstains, and why."""
 
-    def __init__(self, max_ttl: float) -> None:
+    def __init__(self, max_ttl: float, *, distrust_promotion: bool = False) -> None:
         self.max_ttl = max_ttl
+        #: At first sight, a primary promoted since it started abstains (``max_ttl``): a Cluster
+        #: shard, whose failover gives the member a new address, hence a first sight rather than
+        #: a changed replication id (a plain member keeps its address: its watch sees that).
+        self.distrust_promotion = distrust_promotion
         self.identity: Identity | None = None
         #: Monotonic time until which this member's answers count as failed votes (0: none).
         self.until = 0.0
@@ -113,6 +124,10 @@ class Watch:
                 reason = f"restarted or failed over (new replication id{new_run})"
             elif previous is not None and previous.run_id != identity.run_id:
                 until, reason = now + self.max_ttl, "restarted (new run_id)"
+            elif previous is None and self.distrust_promotion and identity.promoted:
+                # We cannot tell when: it may have been a moment ago, without our lock keys.
+                until = now + self.max_ttl
+                reason = "promoted from a replica since it started (a failover we did not see)"
             elif identity.uptime < self.max_ttl:
                 until = now + self.max_ttl - identity.uptime
                 reason = f"up only {identity.uptime:.0f} s"
@@ -136,3 +151,30 @@ class Watch:
 
     def abstaining(self, now: float | None = None) -> bool:
         return self.until > (time.monotonic() if now is None else now)
+
+
+class Member(Protocol):
+    """What a round knows of a member here (a ``connections.Node``)."""
+
+    label: str
+    watch: Watch | None
+
+
+def abstain(nodes: Sequence[Member], replies: list[Any]) -> None:
+    """The answer of a member that abstains now counts as a failed vote, whatever it said (at the
+    end of every round). Its request was still sent and applied: a release cleans it as any
+    other member; only its grants do not count."""
+    now = 0.0
+    for i, node in enumerate(nodes):
+        watch = node.watch
+        if watch is None or not watch.until or isinstance(replies[i], NodeFailure):
+            continue
+        now = now or time.monotonic()
+        abstention = watch.failure(node.label, now)
+        if abstention is not None:
+            replies[i] = abstention
+
+
+def abstains(node: Member) -> bool:
+    watch = node.watch
+    return watch is not None and watch.abstaining()

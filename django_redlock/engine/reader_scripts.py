@@ -97,6 +97,7 @@ end
 wake_readers(KEYS[3], KEYS[5])
 return 1
 """,
+    acked=True,
 )
 
 # KEYS[1] this reader's key; KEYS[2] the plain lock key; KEYS[3] the readers set. ARGV[1] our full
@@ -125,6 +126,7 @@ if redis.call('pttl', KEYS[2]) < ttl then
 end
 return 1
 """,
+    acked=True,
 )
 
 # KEYS[1] this reader's key; KEYS[2] the plain lock key; KEYS[3] the waiter queue; KEYS[4] the

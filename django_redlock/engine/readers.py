@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import protocol
-from .drivers import arun, run
-from .errors import LockContended, LockNotAcquired
+from .errors import LockContended
 from .granting import granted
+from .group_lock import GroupLock
 from .leases import Lease, Owner
-from .lock import Lock
 from .markers import described
 from .notices import Turn, Waiter
 from .procedures import JITTER, Granted, Lost, Want, Won, not_acquired, tally, wait_turn
@@ -195,24 +194,17 @@ def mismatch_error(
     )
 
 
-class ReaderLock(Lock):
+class ReaderLock(GroupLock):
     """A reader of the readers/writer lock ``resource`` (``Redlock.lock(name, shared=True)``):
     a ``Lock`` whose lease is a reader key of its own."""
 
+    holder = "reader"
+    second = "is a second reader"
+    group = "a readers/writer lock"
+    key_suffix = "@readers"
+
     def __init__(self, redlock: Redlock, *resources: str, **options: Any) -> None:
-        if options.get("reentrant"):
-            raise ValueError(
-                "shared=True with reentrant=True: a reader is not re-entered (a second "
-                "acquisition is a second reader); pass one or the other"
-            )
-        super().__init__(redlock, *resources, **options)
-        if len(self.resources) > 1:
-            raise ValueError(
-                f"shared=True with several resources {self.resources!r}: a readers/writer lock "
-                f"is one name"
-            )
-        #: Readers are never re-entered: no holder of this handle's key is ever looked up.
-        self.key = f"{self.key}@readers"
+        super().__init__(redlock, *resources, option="shared=True", **options)
 
     def __repr__(self) -> str:
         return super().__repr__().replace("<Lock", "<Reader", 1)
@@ -223,43 +215,12 @@ class ReaderLock(Lock):
             self._redlock, name, self._redlock.lock_key(f"{name}@reader:{secrets.token_hex(6)}")
         )
 
-    def _reenter(self, owner: Owner) -> bool:
-        if self._callers.get(owner) is not None:
-            raise RuntimeError(
-                f"a reader of {self.resource!r} is already acquired through this object by "
-                f"this thread/task; use one object per reader"
-            )
-        return False
-
     def _want(self, owner: Owner) -> ReaderWant:
-        plain = super()._want(owner)
-        return ReaderWant(
-            plain.resource,
-            plain.resources,
-            plain.keys,
-            plain.ttl,
-            plain.wait,
-            plain.value,
-            keys_of=self._keys(),
-        )
+        return self._want_of(owner, ReaderWant, keys_of=self._keys())
 
-    def _outcome(self, want: Want) -> Won:
+    def _acquiring(self, want: Want) -> Procedure[Won]:
         assert isinstance(want, ReaderWant)  # noqa: S101 (our own _want made it)
-        began = time.monotonic()
-        try:
-            return run(self._redlock, acquire(self._redlock, want))
-        except LockNotAcquired as error:
-            self._not_acquired(error, began)
-            raise
-
-    async def _aoutcome(self, want: Want) -> Won:
-        assert isinstance(want, ReaderWant)  # noqa: S101
-        began = time.monotonic()
-        try:
-            return await arun(self._redlock, acquire(self._redlock, want))
-        except LockNotAcquired as error:
-            self._not_acquired(error, began)
-            raise
+        return acquire(self._redlock, want)
 
     def _lease(self, owner: Owner, want: Want, won: Won) -> Lease:
         assert isinstance(want, ReaderWant)  # noqa: S101

@@ -12,12 +12,14 @@ from typing import Any
 
 import hiredis
 import redis
-from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError
+from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError, TryAgainError
 
+from . import acks, detours
 from .connections import Node
 from .errors import NodeFailure
 from .pipes import PENDING, Broken, Pipe, Slot
 from .protocol import quorum
+from .quarantine import abstain, abstains
 from .scripts import Script
 
 #: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
@@ -93,6 +95,14 @@ class Requests:
         if self.script is not None:
             node.warm.add(self.script.sha)
 
+    def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
+        """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
+        the same write where the member's replicas must acknowledge it (``acks``)."""
+        request = self.for_node(node)
+        if node.acks is not None and acks.wanted(self.command, self.script):
+            return node.acks.send(pipe, request, now, preamble)
+        return pipe.send(request, now, preamble=preamble)
+
 
 @dataclass(frozen=True, slots=True)
 class Connect:
@@ -120,7 +130,7 @@ class Replies:
 Decides = Callable[[object], bool]
 
 
-Exchange = Generator[Connect | Replies, Any, RoundReplies]
+Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
 #: How a driver finds a master's open pipe for this round (threads' or the running loop's).
 PipeOf = Callable[[Node], Pipe | None]
@@ -143,7 +153,7 @@ def exchange(
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
-    request's slot (``Node.route``), and its ``MOVED``/``ASK`` followed (``_vote``)."""
+    request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``)."""
     began = time.monotonic()
     nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
@@ -158,6 +168,9 @@ def exchange(
         if pipe is not None and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
+        if node.acks is not None and (out := node.acks.sitting_out(command, script, began)):
+            replies[i] = out  # (see acks.SIT_OUT)
+            continue
         if node.silent_until and node.silent_until > began and may_leave_out > 0:
             if pipe is None or owes:
                 may_leave_out -= 1
@@ -169,7 +182,7 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        slot = None if pipe is None else pipe.send(requests.for_node(node), began)
+        slot = None if pipe is None else requests.send(node, pipe, began)
         if pipe is not None and slot is not None:
             sent.append((i, pipe, slot))
         else:
@@ -179,7 +192,7 @@ def exchange(
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
             replies[i] = made
-        elif (slot := made.send(requests.for_node(node), time.monotonic())) is not None:
+        elif (slot := requests.send(node, made, time.monotonic())) is not None:
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
@@ -209,39 +222,23 @@ def exchange(
                 enough is not None
                 and type(replies[i]) in ANSWERS
                 and enough(replies[i])
-                and not _abstains(nodes[i])  # (its grants do not count: see ``abstain``)
+                and not abstains(nodes[i])  # (its grants do not count: see ``abstain``)
             ):
                 needed -= 1
         sent = later
         if enough is not None and needed <= 0:
+            awaited = [each for each in sent if nodes[each[0]].redirects]  # (see ``detours``)
             for i, pipe, slot in sent:
-                replies[i] = unawaited(nodes[i], pipe, slot)
-            break
+                if not nodes[i].redirects:
+                    replies[i] = unawaited(nodes[i], pipe, slot, requests)
+            if not awaited:
+                break
+            sent, enough = awaited, None
     if asked_again:
         replies.asked_again = frozenset(asked_again)
     abstain(nodes, replies)
     replies.began = min((slot.sent_at for slot in written), default=began)
     return replies
-
-
-def abstain(nodes: Sequence[Node], replies: list[Reply]) -> None:
-    """Quarantine (see ``quarantine``): the answer of a member that abstains now counts as a
-    failed vote, whatever it said. Its request was still sent and applied: a release cleans it
-    as any other member; only its grants do not count."""
-    now = 0.0
-    for i, node in enumerate(nodes):
-        watch = node.watch
-        if watch is None or not watch.until or isinstance(replies[i], NodeFailure):
-            continue
-        now = now or time.monotonic()
-        abstention = watch.failure(node.label, now)
-        if abstention is not None:
-            replies[i] = abstention
-
-
-def _abstains(node: Node) -> bool:
-    watch = node.watch
-    return watch is not None and watch.abstaining()
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
@@ -252,21 +249,43 @@ ANSWERS = frozenset({bytes, int, list, type(None)})
 UNAWAITED = "unawaited"
 
 
-def unawaited(node: Node, pipe: Pipe, slot: Slot) -> NodeFailure:
+def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFailure:
     """A reply the round did not wait for: a quorum had already decided it. The master is not
-    blamed (not silent, no timeout: we chose not to wait); its reply is dropped when it comes.
-    Whatever the request does there meanwhile is ours to undo, and is undone in order: a
-    failed acquisition's release, or the holder's, goes later on this same pipe, and the
-    master applies it after the request it follows."""
+    blamed (not silent, no timeout: we chose not to wait); its reply is not a vote when it comes
+    (``_settle_late``). Whatever the request does there meanwhile is ours to undo, and is undone
+    in order: a failed acquisition's release, or the holder's, goes later on this same pipe, and
+    the master applies it after the request it follows."""
     pipe.abandon(slot)
+    script = requests.script
+    if script is not None and not slot.keeps_late:
+        slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
     return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
+
+
+def _settle_late(
+    node: Node, pipe: Pipe, requests: Requests, *, resend: bool
+) -> Callable[[object], None]:
+    """What a script's late reply still teaches: an answer, that the master has the script (else
+    every request there carries its source again); NOSCRIPT, that it never ran. With ``resend``
+    (a script that grants nothing: a release, a read) it is sent again with its source: a late
+    compare-and-delete cannot remove a newer holder's key. A grant is never resent late."""
+
+    def settle(reply: object) -> None:
+        if type(reply) in ANSWERS:
+            requests.answered(node)
+        elif requests.forgot_script(node, reply) and resend:
+            again = pipe.send(requests.with_source(), time.monotonic())
+            if again is not None:
+                pipe.abandon(again)
+
+    return settle
 
 
 def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
     return max(slot.sent_at for _, _, slot in sent) + budget
 
 
-_SECOND_TRY = (Broken, NoScriptError, MovedError, AskError)
+_SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)
 
 
 def second_try(slot: Slot) -> bool:
@@ -283,15 +302,14 @@ def _vote(
     requests: Requests,
     began: float,
     budget: float,
-) -> Generator[Connect | Replies, Any, Reply]:
+) -> Generator[Connect | Replies | detours.Delay, Any, Reply]:
     """What ``nodes[i]`` answered, after the second try it may need: a pipe that was open before
     this round and broke (the master restarted, or closed an idle connection: the request went
     into the void) is reconnected and asked once more; a master that forgot our
-    script is asked again with its source; a Cluster member's request that a shard answered
-    with ``MOVED`` or ``ASK`` goes to the shard it names, once, within a node budget of its own
-    as any second try (the redirection came in time: a round that read it late, busy connecting
-    to other masters, must not blame the shard for that), and ``nodes[i]`` becomes that shard:
-    its quarantine is the one that counts. Safe to repeat: our scripts are idempotent, and a
+    script is asked again with its source; a Cluster shard's ``MOVED``, ``ASK``, ``TRYAGAIN``
+    is followed (``detours``), within a node budget of its own as any second try (the
+    redirection came in time: a round that read it late, busy connecting to other masters,
+    must not blame the shard for that). Safe to repeat: our scripts are idempotent, and a
     repeated SET NX can only under-count our votes."""
     node = nodes[i]
     reply = _late(node, pipe, slot)
@@ -300,18 +318,15 @@ def _vote(
         if not isinstance(made, Pipe):
             return made
         pipe = made
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget)
+        reply = yield from _ask(node, pipe, requests, budget)
     asking = False  # an ASK detour: ASKING goes before each request to its target
-    if isinstance(reply, MovedError | AskError) and (target := node.redirected(reply)):
-        nodes[i] = node = target
-        made = yield from _connect(node, budget)
-        if not isinstance(made, Pipe):
-            return made
-        pipe = made
-        asking = isinstance(reply, AskError)
-        reply = yield from _ask(node, pipe, requests.for_node(node), budget, asking=asking)
-    if requests.forgot_script(node, reply):
-        reply = yield from _ask(node, pipe, requests.with_source(), budget, asking=asking)
+    if node.redirects:
+        pipe, reply, asking = yield from detours.follow(
+            nodes, i, pipe, reply, requests, budget, _ask, _connect
+        )
+        node = nodes[i]
+    if requests.forgot_script(node, reply):  # (asked again with the source: it is not warm)
+        reply = yield from _ask(node, pipe, requests, budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
@@ -352,9 +367,9 @@ _ASKING = pack(("ASKING",))
 
 
 def _ask(
-    node: Node, pipe: Pipe, request: bytes, budget: float, *, asking: bool = False
+    node: Node, pipe: Pipe, requests: Requests, budget: float, *, asking: bool = False
 ) -> Generator[Replies, Any, Reply]:
-    slot = pipe.send(request, time.monotonic(), preamble=_ASKING if asking else b"")
+    slot = requests.send(node, pipe, time.monotonic(), _ASKING if asking else b"")
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:

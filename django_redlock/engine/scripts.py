@@ -17,6 +17,9 @@ class Script:
     name: str
     source: str
     sha: str = field(init=False)
+    #: It writes what a vote counts on (a grant, an extension, a fence): on a member with
+    #: ``wait_replicas``, its vote counts only once that many replicas acknowledged it (``acks``).
+    acked: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())  # noqa: S324 (Redis names scripts by SHA-1)
@@ -62,6 +65,20 @@ local function wake(queue, notice, inboxes)
 end
 """
 
+# Shared by RELEASE and a semaphore's PERMIT_RELEASE (``permit_scripts``): KEYS[1] the key;
+# KEYS[2] its waiter queue; ARGV[1] our full value; ARGV[5] the id the holder had queued under as a
+# waiter, or ''. Leaves the queue first (where the holder's SET lost, it is still queued), then
+# deletes the key only if it still holds our value; else the script returns 0 (not ours).
+DELETE_OURS = """
+if ARGV[5] ~= '' then
+    redis.call('zrem', KEYS[2], ARGV[5])
+end
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('del', KEYS[1])
+"""
+
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value (token + owner);
 # ARGV[2] '1' to wake the next waiter, or '' to undo a failed attempt quietly (it freed nothing
 # anyone was waiting for); ARGV[3] the notice: a digest of the lease (never the token); ARGV[4]
@@ -74,15 +91,8 @@ end
 RELEASE = Script(
     "release",
     _WAKE
-    + """
-if ARGV[5] ~= '' then
-    redis.call('zrem', KEYS[2], ARGV[5])
-end
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
-    return 0
-end
-redis.call('del', KEYS[1])
-if ARGV[2] == '' then
+    + DELETE_OURS
+    + """if ARGV[2] == '' then
     return 1
 end
 return 1 + wake(KEYS[2], ARGV[3], ARGV[4])
@@ -139,6 +149,7 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """,
+    acked=True,
 )
 
 # A waiting lock over several resources: MULTI_ACQUIRE, queued like ACQUIRE_WAITING on every
@@ -217,6 +228,7 @@ for _, i in ipairs(free) do
 end
 return {0, longest}
 """,
+    acked=True,
 )
 
 # Shared by HOLDS and EXTEND: whether every key of KEYS still holds our value ARGV[1].
@@ -257,6 +269,7 @@ if redis.call('pttl', KEYS[2]) < wait_ms then
 end
 return {0, redis.call('pttl', KEYS[1])}
 """,
+    acked=True,
 )
 
 # KEYS the lock keys (one or several); ARGV[1] our full value; ARGV[2] new TTL in milliseconds.
@@ -274,6 +287,7 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """,
+    acked=True,
 )
 
 # A holder whose body ended before its ``at_least``. KEYS[1..n] the lock keys, KEYS[n+1..2n] their
@@ -303,6 +317,7 @@ for i = 1, n do
 end
 return 1
 """,
+    acked=True,
 )
 
 # KEYS[1] fence counter key; ARGV[1] a token just chosen from a quorum's counters.
@@ -319,6 +334,7 @@ if proposed > current then
 end
 return current
 """,
+    acked=True,
 )
 
 # KEYS[1] a lock key; ARGV[1] the most bytes to read of its value. Reads it without trusting it

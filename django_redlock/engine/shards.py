@@ -34,11 +34,26 @@ MAP_TIMEOUT = 1.0
 class ShardNode(Node):
     """One primary of a cluster member: a plain ``Node`` whose redirections its member follows."""
 
+    redirects = True
+
+    @property
+    def silent_until(self) -> float:
+        """Never left out of a round as silent (``rounds.SKIP_SILENT_FOR``): a silent master is
+        told its request without waiting, and a shard's ``MOVED``/``ASK`` would then be read
+        by no one (``detours``)."""
+        return 0.0
+
+    @silent_until.setter
+    def silent_until(self, value: float) -> None:
+        pass
+
     def __init__(
         self, member: ClusterMember, spec: NodeSpec, timeout: float, *, max_ttl: float | None
     ) -> None:
         super().__init__(spec, timeout, max_ttl=max_ttl)
         self.member = member
+        if self.watch is not None:
+            self.watch.distrust_promotion = True  # (see ``Watch.distrust_promotion``)
 
     def redirected(self, error: ResponseError) -> Node | None:
         return self.member.redirect(error)
@@ -63,12 +78,13 @@ class ClusterMember(Node):
         self.max_ttl = max_ttl
         self.map = cluster.SlotMap()
         self._shards: dict[cluster.Address, ShardNode] = {}
-        self._shards_guard = threading.Lock()
         super().__init__(spec, timeout, max_ttl=None)
 
     def _forget(self) -> None:
         super()._forget()
         self._refreshing = False  # a thread of the parent's does not run in a forked child
+        # Nor does one that held this guard when the process forked: it would stay held.
+        self._shards_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<ClusterMember {self.label}>"

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from . import cluster, protocol, sentinel
+from . import acks, cluster, protocol, sentinel
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SCHEMES, *cluster.SCHEMES)
 SCHEMES_TEXT = "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
@@ -38,12 +38,19 @@ def check_url(url: object) -> str:
     """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
     if not isinstance(url, str) or not url:
         raise ValueError(f"a node must be {SCHEMES_TEXT}, got {url!r}")
+    checked = url
+    url, ack = acks.parse(url, mask_url(url))  # our options (the rest is redis-py's)
     if sentinel.is_sentinel_url(url):
         sentinel.parse(url, mask_url(url))
-        return url
+        return checked
     if cluster.is_cluster_url(url):
+        if ack is not None:  # (its shards' connections are not ours to follow with WAIT yet)
+            raise ValueError(
+                f"node {mask_url(url)!r}: {acks.REPLICAS_OPTION} is not supported on a "
+                f"redis+cluster:// member"
+            )
         cluster.parse(url, mask_url(url))
-        return url
+        return checked
     parts = urlsplit(url)
     if parts.scheme not in SUPPORTED_SCHEMES:
         raise ValueError(f"node {mask_url(url)!r} is not {SCHEMES_TEXT}")
@@ -56,7 +63,7 @@ def check_url(url: object) -> str:
         redis.connection.parse_url(url)
     except ValueError as exc:
         raise ValueError(f"node {mask_url(url)!r} is not a valid Redis URL: {exc}") from None
-    return url
+    return checked
 
 
 def sentinel_identity(service: sentinel.Service) -> tuple[str, ...]:

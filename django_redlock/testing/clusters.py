@@ -1,6 +1,7 @@
 """A real Redis Cluster for tests: three primaries (``redis-server --cluster-enabled yes``) joined
 by ``redis-cli --cluster create``, so that a lock member can be ``redis+cluster://...`` and a test
-can migrate a slot, or kill a shard, for real. No replicas (a 2-core machine runs it), and
+can migrate a slot, or kill a shard, for real. No replicas unless asked (``replicas=``: that many
+of the first primary, for a failover test; a 2-core machine runs it), and
 ``cluster-require-full-coverage no``: a dead shard fails only the keys in its slots.
 
     with local_cluster(tmp_path) as cluster:
@@ -83,6 +84,8 @@ class LocalCluster:
     def __init__(self, shards: list[ClusterShard], ca: Path | None = None) -> None:
         self.shards = shards
         self.ca = ca
+        #: Replicas of ``shards[0]`` (``local_cluster(replicas=...)``).
+        self.replicas: list[ClusterShard] = []
 
     @property
     def url(self) -> str:
@@ -169,13 +172,39 @@ class LocalCluster:
                 raise RuntimeError(f"cluster not ok within {timeout} s: {states}")
             time.sleep(0.05)
 
+    def add_replica(self, replica: ClusterShard) -> None:
+        """Join the started ``replica`` to the cluster as a replica of ``shards[0]``, and wait
+        until it has synced."""
+        self.replicas.append(replica)
+        primary = self.shards[0]
+        _cli(
+            "--cluster", "add-node", f"127.0.0.1:{replica.port}", f"127.0.0.1:{primary.port}",
+            "--cluster-slave", "--cluster-master-id", primary.node_id(),
+        )  # fmt: skip
+        deadline = time.monotonic() + 20.0
+        while replica.call("INFO", "replication").get("master_link_status") != "up":  # type: ignore[attr-defined]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {replica.port} did not sync within 20 s")
+            time.sleep(0.05)
+
     def stop(self) -> None:
-        for shard in self.shards:
+        for shard in [*self.shards, *self.replicas]:
             shard.stop()
 
 
 def _text(reply: object) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def _cli(*args: str) -> None:
+    done = subprocess.run(  # noqa: S603 (our own binary, our own arguments)
+        [find_redis_cli(), *args], capture_output=True, timeout=60, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"redis-cli {args[:2]} failed: {done.stdout.decode()[-2000:]}"
+            f"{done.stderr.decode()[-2000:]}"
+        )
 
 
 @contextlib.contextmanager
@@ -184,11 +213,14 @@ def local_cluster(
     primaries: int = 3,
     *extra_args: str,
     tls: Mapping[str, Path] | None = None,
+    replicas: int = 0,
 ) -> Iterator[LocalCluster]:
     """Start a cluster of ``primaries`` shards (at least 3, as ``redis-cli --cluster create``
     asks); stop it (and remove its files) on exit. ``tls``: the files ``server.crt``,
     ``server.key`` and ``ca.crt``: each shard also listens with TLS (``tls_port``), and the
-    shards talk to each other with TLS (``tls-cluster``); needs a redis-server built with TLS."""
+    shards talk to each other with TLS (``tls-cluster``); needs a redis-server built with TLS.
+    ``replicas``: that many replicas of the first primary (not with ``tls``), synced before the
+    cluster is yielded."""
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
@@ -219,18 +251,12 @@ def local_cluster(
                     if attempt == 4:
                         raise
         addresses = [f"127.0.0.1:{s.port}" for s in shards]
-        created = subprocess.run(  # noqa: S603 (our own binary, our own arguments)
-            [find_redis_cli(), "--cluster", "create", *addresses, "--cluster-yes"],
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-        if created.returncode != 0:
-            raise RuntimeError(
-                f"redis-cli --cluster create failed: {created.stdout.decode()[-2000:]}"
-                f"{created.stderr.decode()[-2000:]}"
-            )
+        _cli("--cluster", "create", *addresses, "--cluster-yes")
         made.wait_ok()
+        for i in range(replicas):
+            replica = ClusterShard(workdir / f"replica{i}", cluster_port(), *extra_args)
+            replica.start()
+            made.add_replica(replica)
         yield made
 
 

@@ -145,6 +145,33 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) 
 
 
 @contextlib.contextmanager
+def primary_and_replica(
+    workdir: Path, *, lag: bool = False
+) -> Iterator[tuple[LocalMaster, LocalMaster, DelayProxy | None]]:
+    """Start a primary and a replica of it, in sync; stop both on exit. ``lag``: the replica
+    replicates through a ``DelayProxy`` (returned third: set its ``delay`` to make the replica
+    lag, as replication is asynchronous)."""
+    with contextlib.ExitStack() as own:
+        # No 5 s wait before a replica's first sync (Redis 7's default diskless delay); the
+        # replica needs it too: after a failover it is the primary.
+        quick = ("--repl-diskless-sync-delay", "0")
+        primary = LocalMaster(workdir / "primary", None, *quick).start()
+        own.callback(primary.stop)
+        replication = own.enter_context(DelayProxy(primary.port)) if lag else None
+        upstream = primary.port if replication is None else replication.port
+        replica = LocalMaster(
+            workdir / "replica", free_port(), *quick, "--replicaof", "127.0.0.1", str(upstream)
+        )
+        own.callback(replica.stop)
+        replica.start()
+        wait_until(
+            lambda: _info(replica, "replication").get("master_link_status") == "up",
+            "the replica's sync",
+        )
+        yield primary, replica, replication
+
+
+@contextlib.contextmanager
 def sentinel_group(
     workdir: Path, *, sentinels: int = 1, service: str = SERVICE, lag: bool = False
 ) -> Iterator[SentinelGroup]:
@@ -153,34 +180,12 @@ def sentinel_group(
     (``group.replication``: set its ``delay`` to make the replica lag, as replication is
     asynchronous, and a failover then promotes a replica without the newest writes)."""
     with contextlib.ExitStack() as stack:
-        started: list[LocalMaster] = []
-
-        @stack.callback
-        def stop_all() -> None:
-            for server in reversed(started):
-                server.stop()
-
-        # No 5 s wait before a replica's first sync (Redis 7's default diskless delay); the
-        # replica needs it too: after a failover it is the primary.
-        quick = ("--repl-diskless-sync-delay", "0")
-        primary = LocalMaster(workdir / "primary", None, *quick).start()
-        started.append(primary)
-        replication = stack.enter_context(DelayProxy(primary.port)) if lag else None
-        upstream = primary.port if replication is None else replication.port
-        replica_port = free_port()
-        replica = LocalMaster(
-            workdir / "replica", replica_port, *quick, "--replicaof", "127.0.0.1", str(upstream)
-        ).start()
-        started.append(replica)
-        wait_until(
-            lambda: _info(replica, "replication").get("master_link_status") == "up",
-            "the replica's sync",
-        )
+        primary, replica, replication = stack.enter_context(primary_and_replica(workdir, lag=lag))
         watchers: list[LocalSentinel] = []
         for i in range(sentinels):
             sentinel = LocalSentinel(workdir / f"sentinel{i}", primary, service)
+            stack.callback(sentinel.stop)
             sentinel.start()
-            started.append(sentinel)
             watchers.append(sentinel)
         for sentinel in watchers:
             wait_until(partial(_replicas_ready, sentinel), "Sentinel finding the replica")
