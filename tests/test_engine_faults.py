@@ -440,7 +440,9 @@ def test_majority_slower_than_the_ttl_with_a_short_budget(fresh_masters, engine_
     assert time.monotonic() - started < FAILED_ATTEMPT_BOUND
     assert not lock.held
     assert keys_of(masters[3:]) == [None, None]
-    assert wait_until(lambda: keys_of(masters) == [None] * 5, timeout=0.3 + 0.2 + 1.0)
+    assert wait_until(lambda: keys_of(masters) == [None] * 5, timeout=0.3 + 0.2 + 1.0), [
+        (m.port, m.call("PTTL", KEY)) for m in masters
+    ]
 
 
 def test_blackholed_minority_is_outvoted_then_heals(fresh_masters, engine_of, proxies):
