@@ -4,9 +4,9 @@
 Ids: E001 no nodes, E002 malformed setting, E003 bad node entry, E004 duplicate node,
 E005 bad number, E006 NODE_TIMEOUT not small next to TTL, E007 QUARANTINE without MAX_TTL,
 E009 a member's wait_timeout (replica acknowledgement) that does not fit in NODE_TIMEOUT,
-W001 even number of nodes, W002 one node (development: no fault tolerance), W003 Sentinel
-members without quarantine, W004 (``check --deploy`` only) a Redis Cluster member none of whose
-seeds tells the slot map (0.5 s a seed).
+W001 even number of nodes, W002 one node (development: no fault tolerance), W003 Sentinel or
+Cluster members without quarantine, W004 (``check --deploy`` only) a Redis Cluster member none
+of whose seeds tells the slot map (0.5 s a seed).
 """
 
 from __future__ import annotations

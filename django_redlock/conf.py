@@ -138,14 +138,20 @@ def problems() -> list[Problem]:
     found += _quarantine_problems(raw)
     found += _ack_problems(raw)
     nodes = raw["NODES"] if isinstance(raw["NODES"], list | tuple) else []
-    sentinels = [n for n in nodes if isinstance(n, str) and is_sentinel_url(n) and _valid(n)]
-    if sentinels and raw["QUARANTINE"] is not True:
+    # Members that fail over by themselves (Sentinel, or a Cluster's shards with replicas).
+    failing_over = [
+        n
+        for n in nodes
+        if isinstance(n, str) and (is_sentinel_url(n) or cluster.is_cluster_url(n)) and _valid(n)
+    ]
+    if failing_over and raw["QUARANTINE"] is not True:
         found.append(
             Problem(
                 "W003",
-                f"REDLOCK['NODES'] has Sentinel members ({', '.join(map(mask_url, sentinels))}) "
-                f"without REDLOCK['QUARANTINE']: a failover to a replica that missed a lock's key "
-                f"can grant that lock again while it is held",
+                f"REDLOCK['NODES'] has Sentinel or Cluster members "
+                f"({', '.join(map(mask_url, failing_over))}) without REDLOCK['QUARANTINE']: a "
+                f"failover to a replica that missed a lock's key can grant that lock again while "
+                f"it is held",
                 hint="set QUARANTINE = True and MAX_TTL (see docs/deployment.md)",
             )
         )

@@ -158,6 +158,18 @@ def test_sentinel_members_without_quarantine_are_warned_about(settings, urls):
     assert ours() == []
 
 
+def test_cluster_members_without_quarantine_are_warned_about(settings, urls):
+    """A Cluster's shards fail over to their replicas by themselves, as Sentinel's primary does."""
+    cluster = "redis+cluster://:secret@127.0.0.1:7000,127.0.0.1:7001/"
+    settings.REDLOCK = {"NODES": [cluster, urls[0], urls[1]]}
+    (warning,) = ours()
+    assert warning.id == "django_redlock.W003"
+    assert "Cluster members (redis+cluster://:***@127.0.0.1:7000,127.0.0.1:7001/)" in warning.msg
+    assert "secret" not in warning.msg
+    settings.REDLOCK = {"NODES": [cluster, *urls[:2]], "QUARANTINE": True, "MAX_TTL": 30}
+    assert ours() == []
+
+
 def test_two_entries_for_one_sentinel_service_are_the_duplicate_error(settings, urls):
     one = "redis+sentinel://127.0.0.1:26379,localhost:26380/mymaster/0"
     other = "redis+sentinel://localhost:26380,127.0.0.1:26379/mymaster/3"
