@@ -329,16 +329,8 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
 def permit_not_acquired(
     masters: Masters, want: PermitWant, lost: Lost | None, attempts: int, began: float
 ) -> Exception:
-    error = not_acquired(masters, want, lost, attempts, time.monotonic() - began)
-    if isinstance(error, LockContended) and lost is not None:
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-        error = LockContended(
-            want.resource,
-            f"all {want.limit} permits of {want.resource!r} are held ({tries}, wait={want.wait}s)",
-            error.failures,
-            attempts=attempts,
-        )
-    return error
+    held = f"all {want.limit} permits of {want.resource!r} are held"
+    return not_acquired(masters, want, lost, attempts, time.monotonic() - began, contended=held)
 
 
 def mismatch_error(

@@ -278,8 +278,16 @@ def overloaded(want: Want, full: Full) -> Overloaded:
 
 
 def not_acquired(
-    masters: Masters, want: Want, lost: Lost | None, attempts: int, waited: float
+    masters: Masters,
+    want: Want,
+    lost: Lost | None,
+    attempts: int,
+    waited: float,
+    *,
+    contended: str = "",
 ) -> LockContended | QuorumUnavailable:
+    """The error of an acquisition that gave up. ``contended``: what holds the resource, in the
+    words of its mode (a semaphore's permits, a writer), when holders are why."""
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
     if lost is None:  # it never got its turn among this process's waiters
         return LockContended(
@@ -301,7 +309,8 @@ def not_acquired(
     if result.contended:
         return LockContended(
             want.resource,
-            f"lock {want.resource!r} is held by another owner ({tries}, wait={want.wait}s)",
+            f"{contended or f'lock {want.resource!r} is held by another owner'} ({tries}, "
+            f"wait={want.wait}s)",
             detail,
             attempts=attempts,
         )

@@ -168,17 +168,11 @@ def acquire(masters: Masters, want: ReaderWant) -> Procedure[Won]:
 def reader_not_acquired(
     masters: Masters, want: Want, lost: Lost | None, attempts: int, waited: float
 ) -> Exception:
-    error = not_acquired(masters, want, lost, attempts, waited)
-    if isinstance(error, LockContended) and lost is not None:
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-        return LockContended(
-            want.resource,
-            f"lock {want.resource!r} is held by a writer, or a writer waits for it (readers "
-            f"let a waiting writer go first) ({tries}, wait={want.wait}s)",
-            error.failures,
-            attempts=attempts,
-        )
-    return error
+    held = (
+        f"lock {want.resource!r} is held by a writer, or a writer waits for it (readers let a "
+        f"waiting writer go first)"
+    )
+    return not_acquired(masters, want, lost, attempts, waited, contended=held)
 
 
 def mismatch_error(
