@@ -16,20 +16,18 @@ Measured from the workers' monotonic timelines (``CLOCK_MONOTONIC`` is shared by
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
-import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report
-from .remote import Unavailable, spawn
+from .remote import Unavailable, spawned
 
 PROCESSES = 8
 ACQUISITIONS = 25
@@ -151,7 +149,7 @@ def race(
     config["cold"] = cold
     config["breakdown"] = implementation in OURS
     result = Race()
-    with _workers(implementation, config, processes) as workers:
+    with spawned("contend", implementation, config, processes, DEADLINE) as workers:
         for proc in workers:
             assert proc.stdout is not None
             if not json.loads(proc.stdout.readline() or "{}").get("ready"):
@@ -263,29 +261,6 @@ def breakdown_text(label: str, parts: list[dict[str, int]]) -> str:
             f"{ms([p['pause'] for p in other])}"
         )
     return line
-
-
-@contextlib.contextmanager
-def _workers(
-    implementation: str, config: dict[str, Any], processes: int
-) -> Iterator[list[subprocess.Popen[str]]]:
-    workers: list[subprocess.Popen[str]] = []
-    try:
-        for _ in range(processes):
-            workers.append(spawn("contend", implementation, config))
-        yield workers
-    finally:
-        for proc in workers:
-            with contextlib.suppress(OSError):
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            try:
-                proc.wait(timeout=DEADLINE)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 def run(

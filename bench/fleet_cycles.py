@@ -15,13 +15,11 @@ Not to be confused with ``bench/fleet.py`` (jobs and tasks across hosts).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
-import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +27,7 @@ from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report
 from .handoff import uptime
-from .remote import spawn
+from .remote import spawned
 
 STEPS = (1, 2, 4, 8, 16, 32)
 DURATION = 3.0
@@ -107,27 +105,6 @@ def machine_busy(before: list[int], after: list[int]) -> float:
     return (sum(delta) - delta[3] - delta[4]) / (sum(delta) or 1)
 
 
-@contextlib.contextmanager
-def _workers(config: dict[str, Any], processes: int) -> Iterator[list[subprocess.Popen[str]]]:
-    workers: list[subprocess.Popen[str]] = []
-    try:
-        for _ in range(processes):
-            workers.append(spawn("fleet", "ours", config))
-        yield workers
-    finally:
-        for proc in workers:
-            with contextlib.suppress(OSError):
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            try:
-                proc.wait(timeout=DEADLINE)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
 def one_step(masters: Sequence[LocalMaster], step: Step, duration: float, tag: str) -> None:
     config = {
         "urls": [m.url for m in masters],
@@ -135,7 +112,7 @@ def one_step(masters: Sequence[LocalMaster], step: Step, duration: float, tag: s
         "duration": duration,
         "prefix": f"bench:fleet:{tag}:",
     }
-    with _workers(config, step.processes) as workers:
+    with spawned("fleet", "ours", config, step.processes, DEADLINE) as workers:
         for proc in workers:
             assert proc.stdout is not None
             if not json.loads(proc.stdout.readline() or "{}").get("ready"):

@@ -9,12 +9,14 @@ a benchmark needs it, with ``python -m venv`` and ``pip install redlock-ng hired
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,31 @@ def spawn(
         env=env,
         cwd=REPO,
     )
+
+
+@contextlib.contextmanager
+def spawned(
+    mode: str, implementation: str, config: dict[str, Any], processes: int, deadline: float
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """``processes`` workers of one ``mode`` (``spawn``); on exit their stdin is closed (their
+    signal to finish) and each is waited for up to ``deadline`` seconds, then killed."""
+    workers: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(processes):
+            workers.append(spawn(mode, implementation, config))
+        yield workers
+    finally:
+        for proc in workers:
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            try:
+                proc.wait(timeout=deadline)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 class Worker:
