@@ -225,6 +225,18 @@ def scripts_run(master: LocalMaster) -> int:
     return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
 
 
+def held_then_cut(engine, masters, proxies):
+    """A lock on all five masters (it returned at quorum: its last SETs land a moment later),
+    then the three behind ``proxies`` cut off."""
+    lock = engine.lock("job", ttl=10).acquire()
+    deadline = time.monotonic() + 1.0
+    while keys_left(masters, "redlock:lock:job") < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for proxy in proxies:
+        proxy.blackhole()
+    return lock
+
+
 def test_a_release_is_retried_until_a_quorum_confirmed_it_then_no_more(
     masters, three_cut, redlock_of
 ):
@@ -234,13 +246,7 @@ def test_a_release_is_retried_until_a_quorum_confirmed_it_then_no_more(
     and a quorum confirmed it, it stops."""
     urls, proxies = three_cut
     engine = redlock_of(urls, node_timeout=0.05, retry_delay=0.1)
-    lock = engine.lock("job", ttl=10).acquire()
-    # It returned at quorum: its last SETs land a moment later, before the cut.
-    deadline = time.monotonic() + 1.0
-    while keys_left(masters, "redlock:lock:job") < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for proxy in proxies:
-        proxy.blackhole()
+    lock = held_then_cut(engine, masters, proxies)
     started = time.monotonic()
     try:
         with pytest.raises(LockLost) as caught:
@@ -270,13 +276,7 @@ def test_an_unconfirmed_release_keeps_trying_in_the_background(masters, three_cu
     soon as the masters can be reached again, long before their 10 s TTL."""
     urls, proxies = three_cut
     engine = redlock_of(urls, node_timeout=0.05, retry_delay=0.2)
-    lock = engine.lock("job", ttl=10).acquire()
-    # It returned at quorum: its last SETs land a moment later, before the cut.
-    deadline = time.monotonic() + 1.0
-    while keys_left(masters, "redlock:lock:job") < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for proxy in proxies:
-        proxy.blackhole()
+    lock = held_then_cut(engine, masters, proxies)
     try:
         with pytest.raises(LockLost) as caught:
             lock.release()
