@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 
-from . import process
+from . import deadlines, process
 
 #: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
 #: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
@@ -102,11 +102,18 @@ class LoopGate:
     def queued(self) -> int:
         return len(self.holders) + len(self.waiting)
 
+    def enter_at_once(self) -> bool:
+        """Take a turn if one is free and no round waits for one (no coroutine, no future: the
+        usual case); False if the round must ``enter``."""
+        if self.in_flight < self.limit and not self.holders and not self.waiting:
+            self.in_flight += 1
+            return True
+        return False
+
     async def enter(self, patience: float | None) -> None:
         """Wait for a turn (FIFO) at most ``patience`` seconds, else ``Full``; None: a holder's
         round, which waits as long as it takes, ahead of every acquisition."""
-        if self.in_flight < self.limit and not self.holders and not self.waiting:
-            self.in_flight += 1
+        if self.enter_at_once():
             return
         queued = self.queued() if patience is not None else len(self.holders)
         expected = self.pace.expected(queued)
@@ -116,12 +123,12 @@ class LoopGate:
             self.pace.queue_formed()
         began = time.monotonic()
         turn = self.loop.create_future()
-        timer = None
         if patience is None:
             self.holders.append(turn)
         else:
             self.waiting.append(turn)
-            timer = self.loop.call_later(max(patience, 0.0), _expire, turn)
+            # (One timer per loop for every patience: ``deadlines``.)
+            deadlines.of(self.loop).call_at(began + max(patience, 0.0), _expire, turn)
         try:
             await turn
         except Full:
@@ -131,9 +138,6 @@ class LoopGate:
             if turn.done() and not turn.cancelled() and turn.exception() is None:
                 self.leave()  # handed a turn, then cancelled: give it on
             raise
-        finally:
-            if timer is not None:
-                timer.cancel()
 
     def leave(self) -> None:
         """A round is done: its turn goes to the oldest holder's round waiting, else to the

@@ -322,15 +322,15 @@ class Node:
         return redis.Redis(connection_pool=pool)
 
 
-#: One flusher per event loop, shared by the pipes of every master (see ``pipes.Flusher``).
-_FLUSHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Flusher] = (
-    weakref.WeakKeyDictionary()
-)
+#: One flusher per event loop (``pipes.Flusher``); closed loops' are dropped (it holds its loop).
+_FLUSHERS: dict[asyncio.AbstractEventLoop, Flusher] = {}
 
 
 def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
     flusher = _FLUSHERS.get(loop)
     if flusher is None:
+        for closed in [each for each in _FLUSHERS if each.is_closed()]:
+            del _FLUSHERS[closed]
         flusher = _FLUSHERS[loop] = Flusher(loop)
     return flusher
 

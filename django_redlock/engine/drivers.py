@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from . import deadlines
+from .admission import LoopGate
 from .connections import Node
 from .detours import Delay
 from .notices import Waiter
@@ -181,10 +183,12 @@ async def arun(masters: Masters, procedure: Procedure[T]) -> T:
                 return done.value  # type: ignore[no-any-return]
             error = None
             try:
-                if isinstance(step, Round) and step.cleanup:
-                    answer = await asyncio.shield(_aperform(masters, step, waiters))
-                else:
+                if not isinstance(step, Round):
                     answer = await _aperform(masters, step, waiters)
+                elif step.cleanup:
+                    answer = await asyncio.shield(_around(masters, step))
+                else:
+                    answer = await _around(masters, step)
             except BaseException as exc:  # noqa: BLE001 (handed to the procedure, re-raised there)
                 error = exc
     finally:
@@ -192,16 +196,18 @@ async def arun(masters: Masters, procedure: Procedure[T]) -> T:
             masters.notices.unlisten(waiter)
 
 
-async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
-    if isinstance(step, Round):
-        gate = masters.admission.of(asyncio.get_running_loop())
+async def _around(masters: Masters, step: Round) -> RoundReplies:
+    """A round: its turn among this loop's rounds (``admission``: awaited only when none is
+    free), then the round, which gives the turn back when it ends."""
+    gate = masters.admission.of(asyncio.get_running_loop())
+    if not gate.enter_at_once():
         await gate.enter(step.patience)
-        try:
-            return await afan_out(
-                masters.nodes, step.command, masters.node_timeout, step.script, step.enough
-            )
-        finally:
-            gate.leave()
+    nodes, budget = masters.nodes, masters.node_timeout
+    return await afan_out(nodes, step.command, budget, step.script, step.enough, gate)
+
+
+async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
+    """Any step but a round (``_around``)."""
     if isinstance(step, Pause):
         await asyncio.sleep(step.seconds)
         return None
@@ -229,27 +235,38 @@ async def afan_out(
     budget: float,
     script: Script | None = None,
     enough: Decides | None = None,
+    gate: LoopGate | None = None,
 ) -> RoundReplies:
-    """One round (``rounds.exchange``) with asyncio waits, on the running loop's pipes."""
-    loop = asyncio.get_running_loop()
-    rounds = exchange(nodes, command, budget, lambda node: node.loop_pipe(loop), script, enough)
-    answer: object = None
-    while True:
-        try:
-            wait = rounds.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        answer = None
-        try:
-            if isinstance(wait, Replies):
-                await _replies(loop, wait)
-            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
-                await asyncio.sleep(max(0.0, wait.until - time.monotonic()))
-            else:
-                answer = await wait.node.aconnect(loop, wait.budget)
-        except BaseException:
-            _give_up(rounds, wait)  # cancelled
-            raise
+    """One round (``rounds.exchange``) with asyncio waits, on the running loop's pipes; ``gate``:
+    the admission turn it holds, given back when it ends."""
+    try:
+        loop = asyncio.get_running_loop()
+        rounds = exchange(nodes, command, budget, lambda node: node.loop_pipe(loop), script, enough)
+        answer: object = None
+        while True:
+            try:
+                wait = rounds.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            answer = None
+            try:
+                if isinstance(wait, Replies):
+                    came = _Came.waiting(loop, wait)
+                    if came is not None:
+                        try:
+                            await came.done
+                        finally:
+                            came.detach()
+                elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
+                    await asyncio.sleep(max(0.0, wait.until - time.monotonic()))
+                else:
+                    answer = await wait.node.aconnect(loop, wait.budget)
+            except BaseException:
+                _give_up(rounds, wait)  # cancelled
+                raise
+    finally:
+        if gate is not None:
+            gate.leave()
 
 
 #: Background procedures (``Detach``) still running on some event loop.
@@ -266,40 +283,56 @@ def _give_up(rounds: Exchange, wait: Connect | Replies | Delay) -> None:
     rounds.close()
 
 
-async def _replies(loop: asyncio.AbstractEventLoop, wait: Replies) -> None:
-    """Until every slot has its reply (or its pipe broke), or the round is decided (``needed``
-    more answers that ``enough`` accepts), or the deadline."""
-    sent, deadline, enough = wait.sent, wait.deadline, wait.enough
-    waiting = [slot for _, slot in sent if slot.reply is PENDING]
-    if not waiting or any(second_try(slot) for _, slot in sent):
-        return
-    needed = wait.needed
-    if enough is not None:
-        needed -= sum(_decides(enough, slot) for _, slot in sent)
-        if needed <= 0:
-            return
-    done = loop.create_future()
-    left = len(waiting)
+class _Came:
+    """What an async round waits for: ``done`` once every slot has its reply (or its pipe broke),
+    or the round is decided (``needed`` more answers that ``enough`` accepts), or the deadline
+    passed (one timer per loop for every round: ``deadlines``). Each slot's pipe calls it with
+    the slot when the reply comes: one object per round, no closure, no timer of its own."""
 
-    def came(slot: Slot) -> None:
-        nonlocal left, needed
-        left -= 1
-        if enough is not None and _decides(enough, slot):
-            needed -= 1
-        if (not left or needed <= 0 or second_try(slot)) and not done.done():
+    __slots__ = ("done", "enough", "left", "needed", "slots")
+
+    def __init__(
+        self, done: asyncio.Future[None], slots: list[Slot], needed: int, enough: Decides | None
+    ) -> None:
+        self.done = done
+        self.slots = slots
+        self.left = len(slots)
+        self.needed = needed
+        self.enough = enough
+
+    @classmethod
+    def waiting(cls, loop: asyncio.AbstractEventLoop, wait: Replies) -> _Came | None:
+        """The wait for ``wait``'s replies; None if there is nothing to wait for."""
+        sent, enough, needed = wait.sent, wait.enough, wait.needed
+        slots = [slot for _, slot in sent if slot.reply is PENDING]
+        if len(slots) < len(sent):  # (a round's later wait: some answered already)
+            if not slots or any(second_try(slot) for _, slot in sent):
+                return None
+            if enough is not None:
+                needed -= sum(_decides(enough, slot) for _, slot in sent)
+                if needed <= 0:
+                    return None
+        came = cls(loop.create_future(), slots, needed, enough)
+        for slot in slots:
+            slot.on_reply = came
+        deadlines.of(loop).call_at(wait.deadline, deadlines.settle, came.done)
+        return came
+
+    def __call__(self, slot: Slot) -> None:
+        done = self.done
+        if done.done():  # (decided: the rest of its replies, read in the same pass)
+            return
+        self.left -= 1
+        reply = slot.reply
+        if type(reply) in ANSWERS:
+            if self.enough is not None and self.enough(reply):
+                self.needed -= 1
+        elif second_try(slot):
+            done.set_result(None)  # back at once: the second try needs the budget
+            return
+        if not self.left or self.needed <= 0:
             done.set_result(None)
 
-    for slot in waiting:
-        slot.on_reply = came
-    timer = loop.call_at(loop.time() + max(deadline - time.monotonic(), 0.0), _settle, done)
-    try:
-        await done
-    finally:
-        timer.cancel()
-        for slot in waiting:
+    def detach(self) -> None:
+        for slot in self.slots:
             slot.on_reply = None
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -41,35 +41,34 @@ MAX_VALUE_BYTES = 8192
 FINGERPRINT_LENGTH = 8
 _TOKEN = re.compile(rb"[0-9a-f]{32}")
 
-#: Everything of the owner JSON but "since", by (process, thread name, task name, label, ttl):
-#: JSON-encoding it on every acquisition cost more than the rest of building the value. Keyed by
-#: names, not thread ids (Python reuses those): a lock taken in a new thread names that thread.
-_OWNER_JSON: dict[tuple[int, str, str | None, str | None, float], str] = {}
-_OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
+#: The owner JSON around its task's name (what comes before it, and after it but "since"), by
+#: (process, thread name, label, ttl): JSON-encoding it on every acquisition cost more than the
+#: rest of building the value. Keyed by names, not thread ids (Python reuses those): a lock taken
+#: in a new thread names that thread. Not by task: every task has a name of its own (a burst of a
+#: thousand tasks would encode a thousand owners), and one name alone encodes fast.
+_OWNER_JSON: dict[tuple[int, str, str | None, float], tuple[str, str]] = {}
+_OWNER_JSON_MAX = 1024  # bounded: threads come and go
 
 
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
     """A fresh value for one acquisition by the current thread and ``task`` (its name, if the
     owner is an asyncio task)."""
     thread = threading.current_thread().name
-    who = (process.pid(), thread, task, label, ttl)
-    owner_json = _OWNER_JSON.get(who)
-    if owner_json is None:
-        fields = {
-            "host": _HOST,
-            "pid": who[0],
-            "thread": thread,
-            "task": task,
-            "label": label,
-            "ttl": ttl,
-        }
-        # Everything but the closing brace: "since" changes with every acquisition.
-        owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
+    who = (process.pid(), thread, label, ttl)
+    around = _OWNER_JSON.get(who)
+    if around is None:
+        compact = (",", ":")
+        before = json.dumps({"host": _HOST, "pid": who[0], "thread": thread}, separators=compact)
+        after = json.dumps({"label": label, "ttl": ttl}, separators=compact)
+        # ``{"host":..,"pid":..,"thread":..,"task":`` and ``,"label":..,"ttl":..``: all but
+        # the task's name, "since" (it changes with every acquisition) and the closing brace.
+        around = (f'{before[:-1]},"task":', f",{after[1:-1]}")
         if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
             _OWNER_JSON.clear()
-        _OWNER_JSON[who] = owner_json
+        _OWNER_JSON[who] = around
     since = f"{time.time():.3f}"  # wall clock, for display only
-    return f'{secrets.token_hex(16)}:{owner_json},"since":{since}}}'
+    task_json = "null" if task is None else json.dumps(task)
+    return f'{secrets.token_hex(16)}:{around[0]}{task_json}{around[1]},"since":{since}}}'
 
 
 def finished_value(value: str, until: float) -> str:
