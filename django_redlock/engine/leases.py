@@ -392,9 +392,9 @@ class Callers:
         )
 
     def ended(self, owner: Owner, lease: Lease) -> None:
-        if lease.lost or self._ended is not None:  # (none in it: ``was_lost`` says False)
-            self._ended = self._ended or weakref.WeakKeyDictionary()
-            self._ended[owner] = lease.lost
+        if self._ended is None:
+            self._ended = weakref.WeakKeyDictionary()
+        self._ended[owner] = lease.lost
 
     def was_lost(self, owner: Owner) -> bool:
         return bool(self._ended and self._ended.get(owner, False))
