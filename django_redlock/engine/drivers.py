@@ -15,6 +15,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from operator import methodcaller
 from typing import Any, TypeVar
 
 from . import deadlines
@@ -241,7 +242,7 @@ async def afan_out(
     the admission turn it holds, given back when it ends."""
     try:
         loop = asyncio.get_running_loop()
-        rounds = exchange(nodes, command, budget, lambda node: node.loop_pipe(loop), script, enough)
+        rounds = exchange(nodes, command, budget, methodcaller("loop_pipe", loop), script, enough)
         answer: object = None
         while True:
             try:
