@@ -257,9 +257,10 @@ class Lock:
                 self._released(owner, lease)
 
     # (Plain methods returning the coroutine: ``async with`` awaits whatever they return, and a
-    # coroutine less per entry and exit is felt when a thousand tasks enter at once.)
+    # coroutine less per entry and exit is felt when a thousand tasks enter at once. The entry
+    # goes through ``aacquire``, which a subclass may wrap: the Django layer's DB guard.)
     def __aenter__(self) -> Coroutine[Any, Any, Lock]:
-        return self._aacquire(current_owner())
+        return self.aacquire()
 
     def __aexit__(
         self,
