@@ -1,20 +1,21 @@
 """Issue 20 (f), the cold burst: what one acquisition costs the event loop when a thousand tasks
 ask at once. Each round's deadline and each queued acquisition's patience is a tuple on one heap
 per loop, with one loop timer for the earliest (``engine/deadlines.py``), not a ``TimerHandle``
-each; and a loop that ended is not kept alive by the engine. Real masters, a real loop (counted,
-not replaced).
+each; a master that is down is tried once a loop pass, not once a round; and a loop that ended is
+not kept alive by the engine. Real masters, a real loop (counted, not replaced).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import time
 import weakref
 
 import pytest
 
-from django_redlock.engine import deadlines
+from django_redlock.engine import deadlines, dialing
 from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate
 
 pytestmark = pytest.mark.timeout(60)
@@ -136,3 +137,37 @@ def test_a_loop_that_ended_is_not_kept_alive_by_the_engine(masters, redlock_of):
         asyncio.run(cycle())
     gc.collect()
     assert [ref() is None for ref in loops[:-1]] == [True, True]
+
+
+def test_a_burst_with_a_master_down_tries_it_once_a_loop_pass_not_once_a_round(
+    masters, redlock_of, monkeypatch
+):
+    """One of five masters refuses connections (nothing listens on its port): every acquisition
+    and release still succeeds on the four others, and the rounds of one loop pass share one
+    refused connect to it (before, each of the 400 rounds made its own, a socket and a refused
+    connect()) while a later pass tries again."""
+    attempts = []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        attempts.append(time.monotonic())
+        return connect(*args, **kwargs)
+
+    connect = dialing.connect
+    monkeypatch.setattr(dialing, "connect", counted)
+    with socket.socket() as probe:  # a port nothing listens on (bound, then closed)
+        probe.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    engine = redlock_of([*masters[:4], dead])
+    tasks = 200
+
+    async def one(i: int) -> None:
+        async with engine.lock(f"down:{i}", ttl=10, wait=0):
+            pass
+
+    async def burst() -> None:
+        await asyncio.gather(*(one(i) for i in range(tasks)))
+        attempts.clear()
+        await asyncio.gather(*(one(i) for i in range(tasks)))  # the four others connected
+        assert 2 <= len(attempts) < tasks // 4, f"{len(attempts)} connects for {2 * tasks} rounds"
+
+    asyncio.run(burst())

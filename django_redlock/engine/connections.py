@@ -15,7 +15,7 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -195,7 +195,7 @@ class Node:
             else:
                 attempt.made = _connect_pool().submit(self._open, budget)
                 attempt.made.add_done_callback(
-                    lambda _: _hand_over(loop, lambda: self._opened(loop, attempt))
+                    lambda _: dialing.hand_over(loop, lambda: self._opened(loop, attempt))
                 )
         if connecting.made is not None and connecting.made.done():
             # Made already (or at once), callback not run yet: use it now, not a loop pass later.
@@ -210,7 +210,9 @@ class Node:
             return exc
 
     def _opened(self, loop: asyncio.AbstractEventLoop, connecting: _Attempt) -> None:
-        """The connect ended (in our thread pool, or on the loop): make the loop's pipe of it."""
+        """The connect ended (in our thread pool, or on the loop): make the loop's pipe of it. A
+        failed one stays the loop's attempt for the rest of this loop pass, shared by every
+        round of a burst (each made its own before: with one master down, a thousand a pass)."""
         made, connecting.made = connecting.made, None  # (and no cycle through its callback)
         if made is None or connecting.pipe.done():
             return
@@ -226,6 +228,9 @@ class Node:
         except (redis.RedisError, OSError) as exc:
             connecting.pipe.set_exception(exc)
             connecting.pipe.exception()  # retrieved: a round that gave up waiting must not warn
+            if not loop.is_closed():  # (shared until the next pass: see above)
+                self._loop_connecting[loop] = connecting
+                loop.call_soon(self._loop_connecting.pop, loop, None)
             return
         self._loop_pipes[loop] = self._last = pipe
         connecting.pipe.set_result(pipe)
@@ -346,14 +351,6 @@ class _Attempt:
     def __init__(self, made: Made | None, pipe: asyncio.Future[Pipe]) -> None:
         self.made = made
         self.pipe = pipe
-
-
-def _hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> None:
-    """In our pool's thread: let the loop make its pipe of the new connection."""
-    try:
-        loop.call_soon_threadsafe(opened)
-    except RuntimeError:  # the loop closed meanwhile: nobody awaits the connection there
-        opened()  # (it closes what it cannot use: the loop is closed)
 
 
 def _discard(made: Made) -> None:

@@ -169,6 +169,15 @@ async def _finish(
     return _adopt(fresh(budget), sock)
 
 
+def hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> None:
+    """In our thread pool (a connect the loop cannot make itself): let the loop make its pipe
+    of the new connection."""
+    try:
+        loop.call_soon_threadsafe(opened)
+    except RuntimeError:  # the loop closed meanwhile: nobody awaits the connection there
+        opened()  # (it closes what it cannot use: the loop is closed)
+
+
 def _raise_for(sock: socket.socket) -> None:
     error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     if error:
