@@ -335,7 +335,7 @@ def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
     flusher = _FLUSHERS.get(loop)
     if flusher is None:
         for closed in [each for each in _FLUSHERS if each.is_closed()]:
-            del _FLUSHERS[closed]
+            _FLUSHERS.pop(closed, None)  # (another thread may sweep too)
         flusher = _FLUSHERS[loop] = Flusher(loop)
     return flusher
 

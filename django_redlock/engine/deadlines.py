@@ -103,7 +103,7 @@ def of(loop: asyncio.AbstractEventLoop) -> Deadlines:
     deadlines = _LOOPS.get(loop)
     if deadlines is None:
         for closed in [each for each in _LOOPS if each.is_closed()]:
-            del _LOOPS[closed]  # loops that ended (asyncio.run returned)
+            _LOOPS.pop(closed, None)  # loops that ended (another thread may sweep too)
         deadlines = _LOOPS[loop] = Deadlines(loop)
     _last = deadlines
     return deadlines
