@@ -12,7 +12,8 @@ every line:
 1. latency (asking to holding: p50, p99, max), wall time and the process's CPU time per burst,
    and the garbage collector's share of it (collections by generation, and their time);
 2. with ``--profile``: cProfile over the warm burst: Python function calls per acquisition +
-   release (a load-independent count), and the top functions by own time;
+   release (a load-independent count), and the top functions by own time; with ``--sample``,
+   where the warm burst's time goes without cProfile's distortion (``Sampler``);
 3. with ``--callgrind`` (valgrind on PATH): instructions per acquisition + release in the warm
    burst, load-independent: Ir(cold + warm) - Ir(cold), over ``--tasks``. Under valgrind the
    process runs ~50x slower: the node budget is 4 s and the TTL 120 s there (else leases run
@@ -37,6 +38,8 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 TASKS = 1000
 HOLD = 0.02
+#: Warm bursts sampled (``--sample``), summed.
+SAMPLED = 8
 
 
 # --- the measured process -----------------------------------------------------------------------
@@ -110,7 +113,10 @@ def child(config: dict[str, Any]) -> None:
             profiler = cProfile.Profile() if config.get("profile") == phase else None
             if profiler is not None:
                 profiler.enable()
+            sampler = Sampler(on_gc) if config.get("sample") == phase else None
             result = await burst(f"bench:burst-profile:{os.getpid()}:{phase}:")
+            if sampler is not None:
+                result["samples"] = sampler.stop()
             if profiler is not None:
                 profiler.disable()
                 stats = pstats.Stats(profiler)
@@ -124,6 +130,55 @@ def child(config: dict[str, Any]) -> None:
         return out
 
     print(json.dumps(asyncio.run(main())))
+
+
+class Sampler:
+    """Where the process's CPU time goes: every 0.5 ms of it (``ITIMER_PROF``), a signal handler
+    in the main thread looks at the Python frame running, and counts the sample by the innermost
+    frame's module (an engine module, asyncio, the collector, the benchmark's own code) and by
+    the outermost engine function (the stage: acquiring, releasing, reading replies). A C call
+    (a system call, a collection) is counted to the frame that made it, once it returns: a
+    collection, to the collector (its callback is the first Python code that runs after it).
+    Sampling, not tracing: no function call is slowed down."""
+
+    def __init__(self, gc_callback: Any) -> None:
+        import signal
+
+        self._gc_code = gc_callback.__code__
+        self.where: dict[str, int] = {}
+        self.stage: dict[str, int] = {}
+        signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, 0.0005, 0.0005)
+
+    def _sample(self, signum: int, frame: Any) -> None:
+        if frame is None:
+            return
+        if frame.f_code is self._gc_code:
+            inner = "garbage collector"
+        else:
+            inner = f"{_module(frame.f_code.co_filename)}: {frame.f_code.co_name}"
+        outer = "outside the engine"
+        while frame is not None:
+            if "/django_redlock/" in frame.f_code.co_filename:
+                outer = f"{_module(frame.f_code.co_filename)}: {frame.f_code.co_name}"
+            frame = frame.f_back
+        self.where[inner] = self.where.get(inner, 0) + 1
+        self.stage[outer] = self.stage.get(outer, 0) + 1
+
+    def stop(self) -> dict[str, dict[str, int]]:
+        import signal
+
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        return {"where": self.where, "stage": self.stage}
+
+
+def _module(path: str) -> str:
+    if "/django_redlock/" in path:
+        return "engine/" + path.rsplit("/", 1)[-1] if "/engine/" in path else path
+    if "/asyncio/" in path:
+        return "asyncio"
+    return "this benchmark" if path == str(HERE) else path.rsplit("/", 1)[-1]
 
 
 # --- the comparison -----------------------------------------------------------------------------
@@ -167,6 +222,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=TASKS)
     parser.add_argument("--profile", action="store_true", help="cProfile the warm burst")
     parser.add_argument("--callgrind", action="store_true", help="instructions (valgrind)")
+    parser.add_argument("--sample", action="store_true", help="where the warm burst's time goes")
     args = parser.parse_args()
     codes = {"ours": ROOT}
     if args.baseline is not None:
@@ -199,6 +255,25 @@ def main() -> None:
                 print(f"\n### {name}: {results[-1]['calls_per_op']:.0f} Python function calls "
                       "per acquisition + release (cProfile, warm burst)\n")  # fmt: skip
                 print(results[-1]["top"])
+        if args.sample:
+            for name, code in codes.items():
+                phases = ["cold", *["warm"] * SAMPLED]  # (a sample per kernel tick: ~4 ms)
+                results, _ = measured(code, {**config, "phases": phases, "sample": "warm"})
+                samples: dict[str, dict[str, int]] = {"where": {}, "stage": {}}
+                for result in results[1:]:
+                    for what, counts in result["samples"].items():
+                        for key, n in counts.items():
+                            samples[what][key] = samples[what].get(key, 0) + n
+                for what, counts in samples.items():
+                    total = sum(counts.values())
+                    title = (
+                        "innermost frame" if what == "where" else "stage (outermost engine call)"
+                    )
+                    print(f"\n### {name}: where warm bursts' time goes, by {title} "
+                          f"({total} samples)\n")  # fmt: skip
+                    print("| share | where |\n|---|---|")
+                    for key, n in sorted(counts.items(), key=lambda item: -item[1])[:24]:
+                        print(f"| {n / total:.0%} | {key} |")
         if args.callgrind:
             for name, code in codes.items():
                 per_op, warm = instructions(code, config)
