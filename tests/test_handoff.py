@@ -21,6 +21,9 @@ from .conftest import wait_until
 
 KEY = "redlock:lock:hot"
 QUEUE = "redlock:queue:hot"
+#: The waiters' node budget: also how long a waiter told by one master waits for a quorum's word
+#: before it takes a round instead, which a loaded machine must not make it do here.
+NEWS = 0.5
 
 
 def values(masters) -> list[bytes | None]:
@@ -94,7 +97,10 @@ def test_a_release_hands_the_lock_to_the_queued_waiter_and_the_releaser_cannot_b
     waiter's own round came, and the releaser took it back in between.)"""
     with contextlib.ExitStack() as stack:
         far = [stack.enter_context(DelayProxy(m.port)) for m in masters]
-        engine, other = redlock_of(masters), redlock_of([p.url for p in far], node_timeout=1.0)
+        engine, other = (
+            redlock_of(masters),
+            redlock_of([p.url for p in far], node_timeout=NEWS + 0.5),
+        )
         holder = engine.lock("hot", ttl=10).acquire()
         with waiting(other, hold=0.5) as seen:
             assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
@@ -111,7 +117,7 @@ def test_a_release_hands_the_lock_to_the_queued_waiter_and_the_releaser_cannot_b
 def test_a_handed_over_lock_takes_no_round_of_its_own(masters, redlock_of):
     """Between the release and the waiter holding, each master ran one script: the release
     (which handed the key over). The waiter's own acquire round is gone from the hand-off."""
-    engine, other = redlock_of(masters), redlock_of(masters)
+    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     holder = engine.lock("hot", ttl=10).acquire()
     done = threading.Event()
     with waiting(other, hold=done) as seen:
@@ -136,7 +142,7 @@ def test_the_validity_of_a_handed_over_lock_counts_from_its_queued_attempt(maste
     """The masters set the waiter's lease when the release came, at some moment after its queued
     attempt began: only that moment is known, so the validity counts from it (here 0.6 s of a
     2 s TTL are gone), and every master's key outlives it."""
-    engine, other = redlock_of(masters), redlock_of(masters)
+    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     holder = engine.lock("hot", ttl=10).acquire()
     with waiting(other, ttl=2.0, hold=0.3) as seen:
         assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
@@ -152,7 +158,7 @@ def test_a_waiter_queued_too_long_confirms_a_hand_off_with_a_round(masters, redl
     """Less than half its TTL would be left if counted from its queued attempt: the waiter takes
     the handed key with a round instead (the key holds its value: the round renews it), and
     gets a whole TTL."""
-    engine, other = redlock_of(masters), redlock_of(masters)
+    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     holder = engine.lock("hot", ttl=10).acquire()
     with waiting(other, ttl=1.0, hold=0.3) as seen:
         assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
@@ -167,7 +173,7 @@ def test_a_waiter_that_gives_up_leaves_every_queue(masters, redlock_of):
     """Out of time while queued, a waiter leaves the masters' queues on its way out (with a
     release of our value, which passes on a key handed to it meanwhile): no release can hand the
     lock to it afterwards."""
-    engine, other = redlock_of(masters), redlock_of(masters)
+    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     holder = engine.lock("hot", ttl=10).acquire()
     with waiting(other, wait=0.5) as seen:
         assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
@@ -180,7 +186,7 @@ def test_a_waiter_that_gives_up_leaves_every_queue(masters, redlock_of):
 def test_a_release_hands_nothing_to_a_waiter_no_one_hears(masters, redlock_of):
     """A queued waiter whose process is gone (no subscriber on its inbox) is skipped: the key is
     not set to its value, and the next waiter gets the lock."""
-    engine, other = redlock_of(masters), redlock_of(masters)
+    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     holder = engine.lock("hot", ttl=10).acquire()
     with waiting(other) as seen:
         assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
@@ -196,7 +202,7 @@ def test_a_release_hands_nothing_to_a_waiter_no_one_hears(masters, redlock_of):
 def test_a_hand_off_never_publishes_the_token(masters, redlock_of):
     """The notice that hands the lock over names the waiter and the hand-off, never the value
     that the queue entry carries (it holds the token)."""
-    engine, other = redlock_of(masters), redlock_of(masters)
+    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     listener = redis.Redis.from_url(masters[0].url).pubsub()
     listener.psubscribe("*")
     holder = engine.lock("hot", ttl=10).acquire()
@@ -220,7 +226,10 @@ def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(masters,
     is first, neither by a quorum for one but the 3, and the other takes a round, loses, undoes
     what it was handed, and gets the lock after the first one's release. Never both at once."""
     holder_engine = redlock_of(masters)
-    b_engine, c_engine = redlock_of(masters), redlock_of(masters)
+    b_engine, c_engine = (
+        redlock_of(masters, node_timeout=NEWS),
+        redlock_of(masters, node_timeout=NEWS),
+    )
     holder = holder_engine.lock("hot", ttl=10).acquire()
     with waiting(b_engine, hold=0.3) as b, waiting(c_engine, hold=0.3) as c:
         assert wait_until(lambda: settled(masters, b_engine, c_engine), 5.0), queued(masters)
