@@ -216,10 +216,12 @@ def test_a_hand_off_never_publishes_the_token(masters, redlock_of):
     assert not any(token in data or token.split(b":")[0] in data for data in heard), heard
 
 
-def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(masters, redlock_of):
-    """Two waiters, queued first on different masters (2 and 3): each is handed the key where it
-    is first, neither by a quorum for one but the 3, and the other takes a round, loses, undoes
-    what it was handed, and gets the lock after the first one's release. Never both at once."""
+def test_queues_that_disagree_split_the_hand_off_and_the_next_release_settles_it(
+    masters, redlock_of
+):
+    """Two waiters, queued first on different masters (B on 2, C on 3): each is handed the key
+    where it is first; C, told by a quorum, holds the lock; B sleeps on with its two keys, and
+    C's release hands it the other three. Never both at once."""
     holder_engine = redlock_of(masters)
     b_engine, c_engine = (
         redlock_of(masters, node_timeout=NEWS),
