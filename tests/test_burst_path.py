@@ -57,7 +57,8 @@ def test_a_burst_asks_its_loop_for_a_handful_of_timers_not_one_per_round(masters
         timers = loop.run_until_complete(burst())
     finally:
         loop.close()
-    assert timers < tasks // 4, f"{timers} timers for {2 * tasks} rounds"
+    # (About one a node budget, 50 ms, the burst lasts: margin for a slow machine.)
+    assert timers < tasks // 2, f"{timers} timers for {2 * tasks} rounds"
 
 
 def test_a_deadline_fires_unless_its_future_is_done_first():
