@@ -27,6 +27,7 @@ from .steps import (
     Pause,
     Procedure,
     Round,
+    failed,
     failures,
     free_in,
     granted,
@@ -159,7 +160,7 @@ def attempt(
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        return Granted(valid_until, failures(masters, replies) if result.failed else [])
+        return Granted(valid_until, failed(replies) if result.failed else [])
     if result.granted or result.failed:  # 4
         yield release_round(masters, want.resources, want.value, notify=False)
     return Lost(result, replies)

@@ -116,19 +116,33 @@ Procedure = Generator[Step, Any, T]
 # --- votes --------------------------------------------------------------------------------------
 
 
+_GRANTED, _DENIED, _FAILED = Vote.GRANTED, Vote.DENIED, Vote.FAILED
+
+
 def vote(reply: Reply) -> Vote:
     """SET NX answers OK or nil; our scripts answer 0 (or, for a waiter, [0, pttl]) for 'not
     ours' and >= 1 for done."""
+    kind = type(reply)  # the usual answers first: this runs for every reply of every round
+    if kind is bytes:
+        return _GRANTED
+    if kind is int:
+        return _GRANTED if reply else _DENIED
     if isinstance(reply, NodeFailure):
-        return Vote.FAILED
+        return _FAILED
     if reply is None or reply == 0 or isinstance(reply, list):
-        return Vote.DENIED
-    return Vote.GRANTED
+        return _DENIED
+    return _GRANTED
 
 
 def granted(reply: object) -> bool:
     """Whether an answer grants what was asked (decides a round: see ``Round.enough``)."""
-    return vote(reply) is Vote.GRANTED
+    return vote(reply) is _GRANTED
+
+
+def failed(replies: Sequence[Reply]) -> list[NodeFailure]:
+    """The masters that failed (not those a round decided without waiting for): of a won round,
+    all that ``Lease.note_failures`` reports (it reports no refusals)."""
+    return [r for r in replies if isinstance(r, NodeFailure) and r.reason != UNAWAITED]
 
 
 def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
