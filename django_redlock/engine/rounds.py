@@ -5,6 +5,7 @@ drivers (``drivers.fan_out`` with threads, ``drivers.afan_out`` with asyncio) do
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -98,10 +99,12 @@ class Requests:
     def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
         """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
         the same write where the member's replicas must acknowledge it (``acks``)."""
-        request = self.for_node(node)
+        request = self._packed if self.script is None else self.for_node(node)
         if node.acks is not None and acks.wanted(self.command, self.script):
             return node.acks.send(pipe, request, now, preamble)
-        return pipe.send(request, now, preamble=preamble)
+        if preamble:
+            return pipe.send(request, now, preamble=preamble)
+        return pipe.send(request, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +160,17 @@ def exchange(
     began = time.monotonic()
     nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
-    replies = RoundReplies([None] * len(nodes))
+    count = len(nodes)
+    replies = RoundReplies([None] * count)
     asked_again: set[int] = set()
     sent: list[tuple[int, Pipe, Slot]] = []
-    may_leave_out = len(nodes) - quorum(len(nodes))
+    needed = quorum(count)
+    may_leave_out = count - needed
     unconnected = []
+    watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
+        if node.watch is not None:
+            watched = True
         pipe = pipe_of(node)
         owes = False
         if pipe is not None and pipe.owes:
@@ -182,8 +190,7 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        slot = None if pipe is None else requests.send(node, pipe, began)
-        if pipe is not None and slot is not None:
+        if pipe is not None and (slot := requests.send(node, pipe, began)) is not None:
             sent.append((i, pipe, slot))
         else:
             unconnected.append(i)
@@ -196,8 +203,7 @@ def exchange(
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
-    written = [slot for _, _, slot in sent]
-    needed = quorum(len(nodes))
+    written = sent  # (``sent`` is rebound below, never changed in place)
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
@@ -209,22 +215,21 @@ def exchange(
         for i, pipe, slot in sent:
             reply = slot.reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
-                replies[i] = reply
-                requests.answered(nodes[i])
+                if script is not None:
+                    requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
                 continue
             else:
-                replies[i] = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
+                reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
-            if (
-                enough is not None
-                and type(replies[i]) in ANSWERS
-                and enough(replies[i])
-                and not abstains(nodes[i])  # (its grants do not count: see ``abstain``)
-            ):
-                needed -= 1
+                if type(reply) not in ANSWERS:
+                    replies[i] = reply
+                    continue
+            replies[i] = reply
+            if enough is not None and enough(reply) and not (watched and abstains(nodes[i])):
+                needed -= 1  # (an abstaining member's grants do not count: see ``abstain``)
         sent = later
         if enough is not None and needed <= 0:
             awaited = [each for each in sent if nodes[each[0]].redirects]  # (see ``detours``)
@@ -236,8 +241,9 @@ def exchange(
             sent, enough = awaited, None
     if asked_again:
         replies.asked_again = frozenset(asked_again)
-    abstain(nodes, replies)
-    replies.began = min((slot.sent_at for slot in written), default=began)
+    if watched:
+        abstain(nodes, replies)
+    replies.began = min([slot.sent_at for _, _, slot in written], default=began)
     return replies
 
 
@@ -259,7 +265,14 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFai
     script = requests.script
     if script is not None and not slot.keeps_late:
         slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
-    return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
+    return _unawaited(node.label)
+
+
+@functools.lru_cache(maxsize=256)
+def _unawaited(label: str) -> NodeFailure:
+    """One ``unawaited`` failure per master, made once (it is immutable): every round that
+    returns at quorum has one for each master it did not wait for."""
+    return NodeFailure(label, UNAWAITED, "the round was decided before it answered")
 
 
 def _settle_late(
