@@ -40,6 +40,9 @@ PENDING = object()
 #: what we told it is more than we want replayed when it wakes up.
 MAX_PENDING = 10_000
 
+#: Bytes read from the socket at a time (a read that fills them is followed by another).
+_BUFFER_SIZE = 65536
+
 #: The socket has no data yet (plain, or TLS with no complete record).
 _NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
 
@@ -123,7 +126,7 @@ class Pipe:
             protocolError=redis.exceptions.InvalidResponse,
             replyError=BaseParser.parse_error,
         )
-        self._buffer = bytearray(65536)  # hiredis copies what it is fed
+        self._buffer = bytearray(_BUFFER_SIZE)  # hiredis copies what it is fed
         self._pending: deque[Slot] = deque()
         self.closed = False
         self.opened_at = time.monotonic()
@@ -160,6 +163,18 @@ class Pipe:
         command written just before it, in the same write (no other round's request between
         them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
         dropped."""
+        if self.loop is None and not slots and not preamble:  # a thread's round: the usual
+            with self._write_lock:
+                if self.closed or len(self._pending) >= MAX_PENDING:
+                    return None
+                slot = Slot(time.monotonic())  # stamped as it is written
+                self._pending.append(slot)
+                try:
+                    self._sock.sendall(request)
+                except OSError as exc:  # (as below)
+                    self.close(exc)
+                    return None
+            return slot
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else Slot(now)
@@ -256,7 +271,7 @@ class Pipe:
                     elif slot.keeps_late:
                         slot.reply = reply
                     reply = reader.gets()
-                if received < len(self._buffer):
+                if received < _BUFFER_SIZE:
                     return
         except (redis.RedisError, OSError, IndexError) as exc:  # IndexError: a reply nobody asked
             self.close(exc)
