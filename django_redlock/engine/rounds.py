@@ -47,10 +47,17 @@ class RoundReplies(list[Reply]):
     later again: so a validity counted from ``began`` ends before the key does on every master
     that granted it (less drift), however long the round waited in this process before its
     requests left (its turn among our rounds, a loop tick busy with thousands of tasks) and
-    however late it read its replies."""
+    however late it read its replies. (Read from the slots when asked: only an acquisition
+    asks.)"""
 
     asked_again: frozenset[int] = frozenset()
-    began: float = 0.0
+    #: The slots of the requests it wrote, and the round's own start (if it wrote none).
+    written: list[tuple[int, Pipe, Slot]] = []  # (an instance gets its own: never changed)
+    started: float = 0.0
+
+    @property
+    def began(self) -> float:
+        return min([slot.sent_at for _, _, slot in self.written], default=self.started)
 
 
 def pack(command: Command) -> bytes:
@@ -210,7 +217,7 @@ def exchange(
         # last of them is due (each master's budget runs from when its request left), or when
         # the round is decided.
         waited = [(pipe, slot) for _, pipe, slot in sent]
-        yield Replies(waited, _due(sent, budget), enough, needed)
+        yield Replies(waited, _due(waited, budget), enough, needed)
         later = []
         for i, pipe, slot in sent:
             reply = slot.reply
@@ -243,7 +250,7 @@ def exchange(
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
-    replies.began = min([slot.sent_at for _, _, slot in written], default=began)
+    replies.written, replies.started = written, began
     return replies
 
 
@@ -294,8 +301,8 @@ def _settle_late(
     return settle
 
 
-def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
-    return max(slot.sent_at for _, _, slot in sent) + budget
+def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
+    return max([slot.sent_at for _, slot in sent]) + budget
 
 
 _SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)
