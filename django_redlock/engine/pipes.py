@@ -280,7 +280,7 @@ class Pipe:
         """Read what has arrived if no one else is reading now (sync pipes)."""
         if self.loop is not None:
             self._pump()
-        elif self._read_lock.acquire(blocking=False):
+        elif self._read_lock.acquire(False):  # (not blocking)
             try:
                 self._pump()
             finally:
@@ -296,7 +296,7 @@ class Pipe:
         that finds nothing costs a failed system call and an exception)."""
         while slot.reply is PENDING:
             remaining = deadline - time.monotonic()
-            if self._read_lock.acquire(blocking=False):
+            if self._read_lock.acquire(False):  # (not blocking)
                 try:
                     if not fresh:
                         self._pump()
