@@ -99,6 +99,7 @@ class Pipe:
     _write_lock: threading.Lock
     _woken: threading.Condition
     _sleepers: int
+    _poller: select.poll | None
     _buffer: bytearray
     _reader: hiredis.Reader
     _sock: socket.socket
@@ -139,6 +140,7 @@ class Pipe:
             self._read_lock = threading.Lock()
             self._woken = threading.Condition(threading.Lock())
             self._sleepers = 0
+            self._poller = _poller(sock)
         else:
             self._out = bytearray()
             self._unsent = []
@@ -302,7 +304,7 @@ class Pipe:
                         self._pump()
                     fresh = False
                     if slot.reply is PENDING and remaining > 0:
-                        _wait_readable(self._sock, remaining)
+                        _wait_readable(self._sock, self._poller, remaining)
                         self._pump()
                 finally:
                     self._read_lock.release()
@@ -394,11 +396,19 @@ class Flusher:
             pipe.end_tick()
 
 
-def _wait_readable(sock: socket.socket, timeout: float) -> None:
-    """Block up to ``timeout`` seconds until ``sock`` has data (or is closed)."""
-    if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
-        select.select([sock], [], [], timeout)
-        return
+def _poller(sock: socket.socket) -> select.poll | None:
+    """A poll object watching ``sock`` for input, made once per sync pipe (its reader waits on
+    it once or twice a round); None on Windows, where select() has no descriptor limit."""
+    if not hasattr(select, "poll"):
+        return None
     poller = select.poll()
     poller.register(sock, select.POLLIN)
+    return poller
+
+
+def _wait_readable(sock: socket.socket, poller: select.poll | None, timeout: float) -> None:
+    """Block up to ``timeout`` seconds until ``sock`` has data (or is closed)."""
+    if poller is None:
+        select.select([sock], [], [], timeout)
+        return
     poller.poll(timeout * 1000)
