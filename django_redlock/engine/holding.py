@@ -11,11 +11,11 @@ import time
 from collections.abc import Sequence
 
 from . import protocol, scripts, values
-from .errors import ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
+from .errors import UNAWAITED, ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, confirms, release_round, tally
 from .protocol import Tally
-from .rounds import UNAWAITED, Reply, RoundReplies
+from .rounds import Reply, RoundReplies
 from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
 
 

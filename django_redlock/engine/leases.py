@@ -392,14 +392,9 @@ class Callers:
         )
 
     def ended(self, owner: Owner, lease: Lease) -> None:
-        # Only lost leases are recorded (not a weak dict made for every new lock's first
-        # release): an owner's entry says its *last* lease was lost.
-        if lease.lost:
-            if self._ended is None:
-                self._ended = weakref.WeakKeyDictionary()
-            self._ended[owner] = True
-        elif self._ended is not None:
-            self._ended.pop(owner, None)
+        if self._ended is not None or lease.lost:  # (no weak dict made while none was lost)
+            self._ended = weakref.WeakKeyDictionary() if self._ended is None else self._ended
+            self._ended[owner] = lease.lost
 
     def was_lost(self, owner: Owner) -> bool:
         return bool(self._ended and self._ended.get(owner, False))

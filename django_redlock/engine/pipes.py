@@ -40,9 +40,6 @@ PENDING = object()
 #: what we told it is more than we want replayed when it wakes up.
 MAX_PENDING = 10_000
 
-#: Bytes read from the socket at a time (a read that fills them is followed by another).
-_BUFFER_SIZE = 65536
-
 #: The socket has no data yet (plain, or TLS with no complete record).
 _NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
 
@@ -99,7 +96,6 @@ class Pipe:
     _write_lock: threading.Lock
     _woken: threading.Condition
     _sleepers: int
-    _poller: select.poll | None
     _buffer: bytearray
     _reader: hiredis.Reader
     _sock: socket.socket
@@ -127,7 +123,7 @@ class Pipe:
             protocolError=redis.exceptions.InvalidResponse,
             replyError=BaseParser.parse_error,
         )
-        self._buffer = bytearray(_BUFFER_SIZE)  # hiredis copies what it is fed
+        self._buffer = bytearray(65536)  # hiredis copies what it is fed
         self._pending: deque[Slot] = deque()
         self.closed = False
         self.opened_at = time.monotonic()
@@ -140,7 +136,10 @@ class Pipe:
             self._read_lock = threading.Lock()
             self._woken = threading.Condition(threading.Lock())
             self._sleepers = 0
-            self._poller = _poller(sock)
+            # One poll object for every wait of its reader (None on Windows: select() there).
+            self._poller: select.poll | None = select.poll() if hasattr(select, "poll") else None
+            if self._poller is not None:
+                self._poller.register(sock, select.POLLIN)
         else:
             self._out = bytearray()
             self._unsent = []
@@ -273,7 +272,7 @@ class Pipe:
                     elif slot.keeps_late:
                         slot.reply = reply
                     reply = reader.gets()
-                if received < _BUFFER_SIZE:
+                if received < len(self._buffer):
                     return
         except (redis.RedisError, OSError, IndexError) as exc:  # IndexError: a reply nobody asked
             self.close(exc)
@@ -303,8 +302,11 @@ class Pipe:
                     if not fresh:
                         self._pump()
                     fresh = False
-                    if slot.reply is PENDING and remaining > 0:
-                        _wait_readable(self._sock, self._poller, remaining)
+                    if slot.reply is PENDING and remaining > 0:  # wait until readable
+                        if self._poller is None:  # Windows: select() has no descriptor limit
+                            select.select([self._sock], [], [], remaining)
+                        else:
+                            self._poller.poll(remaining * 1000)
                         self._pump()
                 finally:
                     self._read_lock.release()
@@ -394,21 +396,3 @@ class Flusher:
         pipes, self._pipes = self._pipes, []
         for pipe in pipes:
             pipe.end_tick()
-
-
-def _poller(sock: socket.socket) -> select.poll | None:
-    """A poll object watching ``sock`` for input, made once per sync pipe (its reader waits on
-    it once or twice a round); None on Windows, where select() has no descriptor limit."""
-    if not hasattr(select, "poll"):
-        return None
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return poller
-
-
-def _wait_readable(sock: socket.socket, poller: select.poll | None, timeout: float) -> None:
-    """Block up to ``timeout`` seconds until ``sock`` has data (or is closed)."""
-    if poller is None:
-        select.select([sock], [], [], timeout)
-        return
-    poller.poll(timeout * 1000)

@@ -5,7 +5,6 @@ drivers (``drivers.fan_out`` with threads, ``drivers.afan_out`` with asyncio) do
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError,
 
 from . import acks, detours
 from .connections import Node
-from .errors import NodeFailure
+from .errors import NodeFailure, unawaited_failure
 from .pipes import PENDING, Broken, Pipe, Slot
 from .protocol import quorum
 from .quarantine import abstain, abstains
@@ -47,17 +46,10 @@ class RoundReplies(list[Reply]):
     later again: so a validity counted from ``began`` ends before the key does on every master
     that granted it (less drift), however long the round waited in this process before its
     requests left (its turn among our rounds, a loop tick busy with thousands of tasks) and
-    however late it read its replies. (Read from the slots when asked: only an acquisition
-    asks.)"""
+    however late it read its replies."""
 
     asked_again: frozenset[int] = frozenset()
-    #: The slots of the requests it wrote, and the round's own start (if it wrote none).
-    written: list[tuple[int, Pipe, Slot]] = []  # (an instance gets its own: never changed)
-    started: float = 0.0
-
-    @property
-    def began(self) -> float:
-        return min([slot.sent_at for _, _, slot in self.written], default=self.started)
+    began: float = 0.0
 
 
 def pack(command: Command) -> bytes:
@@ -109,9 +101,7 @@ class Requests:
         request = self._packed if self.script is None else self.for_node(node)
         if node.acks is not None and acks.wanted(self.command, self.script):
             return node.acks.send(pipe, request, now, preamble)
-        if preamble:
-            return pipe.send(request, now, preamble=preamble)
-        return pipe.send(request, now)
+        return pipe.send(request, now, preamble=preamble)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +157,15 @@ def exchange(
     began = time.monotonic()
     nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
-    count = len(nodes)
-    replies = RoundReplies([None] * count)
+    replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] = set()
     sent: list[tuple[int, Pipe, Slot]] = []
-    needed = quorum(count)
-    may_leave_out = count - needed
+    needed = quorum(len(nodes))
+    may_leave_out = len(nodes) - needed
     unconnected = []
     watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
-        if node.watch is not None:
-            watched = True
+        watched = watched or node.watch is not None
         pipe = pipe_of(node)
         owes = False
         if pipe is not None and pipe.owes:
@@ -222,8 +210,7 @@ def exchange(
         for i, pipe, slot in sent:
             reply = slot.reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
-                if script is not None:
-                    requests.answered(nodes[i])
+                requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
                 continue
@@ -250,16 +237,12 @@ def exchange(
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
-    replies.written, replies.started = written, began
+    replies.began = min([slot.sent_at for _, _, slot in written], default=began)
     return replies
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
 ANSWERS = frozenset({bytes, int, list, type(None)})
-
-
-#: The reason of a reply the round did not wait for (``unawaited``): no failure of its master.
-UNAWAITED = "unawaited"
 
 
 def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFailure:
@@ -272,14 +255,7 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFai
     script = requests.script
     if script is not None and not slot.keeps_late:
         slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
-    return _unawaited(node.label)
-
-
-@functools.lru_cache(maxsize=256)
-def _unawaited(label: str) -> NodeFailure:
-    """One ``unawaited`` failure per master, made once (it is immutable): every round that
-    returns at quorum has one for each master it did not wait for."""
-    return NodeFailure(label, UNAWAITED, "the round was decided before it answered")
+    return unawaited_failure(node.label)
 
 
 def _settle_late(

@@ -11,10 +11,10 @@ from typing import Any, Protocol, TypeVar
 from . import scripts
 from .admission import Admission
 from .connections import Node
-from .errors import NodeFailure
+from .errors import UNAWAITED, NodeFailure
 from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
 from .protocol import Vote
-from .rounds import UNAWAITED, Command, Reply
+from .rounds import Command, Reply
 
 T = TypeVar("T")
 
