@@ -42,8 +42,8 @@ IMPLEMENTATIONS = [
         "ours (sync)",
         "ours",
         "5",
-        "lock(r, wait=60).acquire(): waiters queue on the masters; a release wakes the head of "
-        "the queue alone, through its process's inbox (fallback: retry after 50-100 ms)",
+        "lock(r, wait=60).acquire(): waiters queue on the masters; a release hands the lock to "
+        "the head of the queue and tells it alone, through its process's inbox",
     ),
     (
         "ours (sync, cold)",

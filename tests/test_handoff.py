@@ -138,35 +138,30 @@ def test_a_handed_over_lock_takes_no_round_of_its_own(masters, redlock_of):
         assert held == [held[0]] * 5  # the waiter's value, everywhere
 
 
-def test_the_validity_of_a_handed_over_lock_counts_from_its_queued_attempt(masters, redlock_of):
+@pytest.mark.parametrize(
+    ("ttl", "queued_for", "handed"),
+    [(4.0, 1.0, True), (1.0, 0.7, False)],
+    ids=["counted-from-the-queued-attempt", "too-little-left-so-a-round"],
+)
+def test_the_validity_of_a_hand_off(masters, redlock_of, ttl, queued_for, handed):
     """The masters set the waiter's lease when the release came, at some moment after its queued
-    attempt began: only that moment is known, so the validity counts from it (here 0.6 s of a
-    2 s TTL are gone), and every master's key outlives it."""
+    attempt began: only that moment is known, so the validity counts from it (here a second of
+    a 4 s TTL is gone), and every master's key outlives it. Less than half its TTL would be left
+    (0.7 s of 1 s gone): it takes a round instead (the keys hold its value: the round renews
+    them), and gets a whole TTL."""
     engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
     holder = engine.lock("hot", ttl=10).acquire()
-    with waiting(other, ttl=2.0, hold=0.3) as seen:
+    with waiting(other, ttl=ttl, hold=0.3) as seen:
         assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
-        time.sleep(0.6)
+        time.sleep(queued_for)
         holder.release()
         assert seen["acquired"].wait(5.0), seen
         pttls = [m.call("PTTL", KEY) / 1000 for m in masters]
-        assert seen["validity"] < 2.0 - 0.5, seen
-        assert min(pttls) > seen["validity"] - (time.monotonic() - seen["got"]), pttls
-
-
-def test_a_waiter_queued_too_long_confirms_a_hand_off_with_a_round(masters, redlock_of):
-    """Less than half its TTL would be left if counted from its queued attempt: the waiter takes
-    the handed key with a round instead (the key holds its value: the round renews it), and
-    gets a whole TTL."""
-    engine, other = redlock_of(masters), redlock_of(masters, node_timeout=NEWS)
-    holder = engine.lock("hot", ttl=10).acquire()
-    with waiting(other, ttl=1.0, hold=0.3) as seen:
-        assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
-        time.sleep(0.7)
-        holder.release()
-        assert seen["acquired"].wait(5.0), seen
-        assert seen["validity"] > 0.8, seen
-        assert min(m.call("PTTL", KEY) for m in masters) > 600
+    if handed:
+        assert seen["validity"] < ttl - queued_for, seen
+    else:
+        assert seen["validity"] > ttl - 0.2, seen
+    assert min(pttls) > seen["validity"] - (time.monotonic() - seen["got"]), pttls
 
 
 def test_a_waiter_that_gives_up_leaves_every_queue(masters, redlock_of):
@@ -221,10 +216,12 @@ def test_a_hand_off_never_publishes_the_token(masters, redlock_of):
     assert not any(token in data or token.split(b":")[0] in data for data in heard), heard
 
 
-def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(masters, redlock_of):
-    """Two waiters, queued first on different masters (2 and 3): each is handed the key where it
-    is first, neither by a quorum for one but the 3, and the other takes a round, loses, undoes
-    what it was handed, and gets the lock after the first one's release. Never both at once."""
+def test_queues_that_disagree_split_the_hand_off_and_the_next_release_settles_it(
+    masters, redlock_of
+):
+    """Two waiters, queued first on different masters (B on 2, C on 3): each is handed the key
+    where it is first; C, told by a quorum, holds the lock; B sleeps on with its two keys, and
+    C's release hands it the other three. Never both at once."""
     holder_engine = redlock_of(masters)
     b_engine, c_engine = (
         redlock_of(masters, node_timeout=NEWS),

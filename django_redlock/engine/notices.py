@@ -101,8 +101,9 @@ class Waiter:
         self.id = waiter_id
         self.notified = Beacon()
         self.subscribed = Beacon()
-        #: The masters whose release handed this waiter the lock (``scripts.wake``): filled by
-        #: the listeners, read by ``procedures.handed_over``.
+        #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
+        #: word counts as a vote (``counts_hand_off``): filled by the listeners, read by
+        #: ``procedures.handed_over``.
         self.handed: set[Node] = set()
         #: When its first queued attempt began (monotonic): a lease a release hands it began
         #: later. None before it queued.
@@ -283,8 +284,11 @@ class ReleaseNotices:
 
     def deliver(self, channel: str, notice: bytes, node: Node) -> None:
         """``<digest> <waiter id>[ +]``: wake that waiter, once per release (every master sends
-        it), and again once a quorum of masters handed it the lock (`` +``). The id may carry
-        the mark of a waiter for several resources."""
+        it); but a master that handed it the lock (`` +``, and its word counts: see
+        ``counts_hand_off``) only wakes it with the one that makes a quorum, so that it wakes
+        once, holding the lock. (Handed the lock by fewer, its queues split: it sleeps on, and
+        the release of whoever holds the rest hands that to it; see ``handed_over``.) The id may
+        carry the mark of a waiter for several resources."""
         digest, _, named = notice.partition(b" ")
         named, _, handed = named.partition(b" ")
         named = named.removesuffix(_SEVERAL)
@@ -292,11 +296,13 @@ class ReleaseNotices:
             waiter = self._waiters.get(named)
             if waiter is None:
                 return
-            if handed:
+            if handed and counts_hand_off(node):
                 waiter.handed.add(node)
-            first = self._heard.get(named) != digest
-            self._heard[named] = digest
-        if first or (handed and len(waiter.handed) == self.quorum):
+                wake = len(waiter.handed) == self.quorum
+            else:
+                wake = self._heard.get(named) != digest
+                self._heard[named] = digest
+        if wake:
             waiter.notified.fire()
 
 

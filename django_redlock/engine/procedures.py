@@ -269,8 +269,9 @@ def queued_as(want: Want, waiter: Waiter) -> str:
 def handed_over(masters: Masters, want: Want, waiter: Waiter) -> Procedure[Granted | None]:
     """Granted if releases handed ``waiter`` the lock on a quorum of masters (``scripts.wake``):
     ours without a round of our own, and no one could take it between the release and us (no
-    barging). A release reaches every master at once: after the first master's word, the others'
-    are awaited for at most one node budget. The lease on each began after our first queued
+    barging). The listeners wake it once a quorum's word came; woken otherwise (a notice of a
+    master whose word is no vote, its timeout), with some masters' word, it awaits the others'
+    for at most one node budget. The lease on each began after our first queued
     attempt began (``queued_since``), so the validity counts from there; too little left (a
     long wait), or a hand-off that only hints (``trusts_hand_offs``): None, and the next round
     takes the lock where it was handed to us as well as where it is free."""
@@ -278,6 +279,7 @@ def handed_over(masters: Masters, want: Want, waiter: Waiter) -> Procedure[Grant
     if since is None or not waiter.handed or not waiter.trusts_hand_offs or want.several:
         return None
     until = time.monotonic() + masters.node_timeout
+    # (Counted again: a member may have begun to abstain since its word came.)
     while sum(map(counts_hand_off, tuple(waiter.handed))) < masters.quorum:
         left = until - time.monotonic()
         if left <= 0:
