@@ -139,14 +139,13 @@ def granted(reply: object) -> bool:
     return vote(reply) is _GRANTED
 
 
-def failed(replies: Sequence[Reply]) -> list[NodeFailure]:
-    """The masters that failed (not those a round decided without waiting for): of a won round,
-    all that ``Lease.note_failures`` reports (it reports no refusals)."""
-    return [r for r in replies if isinstance(r, NodeFailure) and r.reason != UNAWAITED]
-
-
-def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
-    """Per-master detail for errors: who failed and why, and who said the lock is held."""
+def failures(
+    masters: Masters, replies: Sequence[Reply], *, refusals: bool = True
+) -> list[NodeFailure]:
+    """Per-master detail for errors: who failed and why, and who said the lock is held. Without
+    ``refusals``, only who failed: of a won round, all that ``Lease.note_failures`` reports."""
+    if not refusals:
+        return [r for r in replies if isinstance(r, NodeFailure) and r.reason != UNAWAITED]
     out = []
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):
