@@ -172,7 +172,7 @@ def attempt(
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        return Granted(valid_until, failures(masters, replies) if result.failed else [])
+        return Granted(valid_until, failures(masters, replies, refusals=False))
     if result.granted or result.failed:  # 4
         if waiter is not None:
             waiter.trusts_hand_offs = False
