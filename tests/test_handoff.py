@@ -1,6 +1,6 @@
 """A release hands the lock to the waiter at the head of the queue (``scripts.wake``), and that
 waiter holds it once a quorum of masters told it so, without a round of its own
-(``procedures.handed_over``): no barging, a hand-off of notice + wake-up, a validity that counts
+(``handoff.handed_over``): no barging, a hand-off of notice + wake-up, a validity that counts
 from the waiter's queued attempt, and every way it can go wrong falling back to a round."""
 
 from __future__ import annotations

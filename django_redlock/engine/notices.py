@@ -103,7 +103,7 @@ class Waiter:
         self.subscribed = Beacon()
         #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
         #: word counts as a vote (``counts_hand_off``): filled by the listeners, read by
-        #: ``procedures.handed_over``.
+        #: ``handoff.handed_over``.
         self.handed: set[Node] = set()
         #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
         #: Unix epoch (``scripts.ACQUIRE_WAITING``).

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from . import admission, protocol, scripts
 from .admission import Full
 from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
-from .notices import Turn, Waiter, counts_hand_off
+from .handoff import handed_over, queued_as
+from .notices import Turn, Waiter
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
@@ -237,9 +238,9 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                     continue
                 most = SAFETY_POLL if not splits else SPLIT_POLL * 2 ** min(splits - 2, 7)
                 yield from wait_turn(masters, waiter, lost, min(deadline, time.monotonic() + most))
-                handed = yield from handed_over(masters, want, waiter)
+                handed = yield from handed_over(masters, want.ttl, waiter, several=want.several)
                 if handed is not None:
-                    return Won(handed.valid_until, attempts, began, queued_as(want, waiter), [])
+                    return Won(handed, attempts, began, queued_as(want, waiter), [])
                 continue
             delay = protocol.retry_delay(masters.retry_delay, JITTER)  # 5
             if now + delay > deadline:
@@ -268,41 +269,6 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
     finally:
         if turn is not None:
             masters.queues.leave(turn)  # the next local waiter's turn
-
-
-def queued_as(want: Want, waiter: Waiter) -> str:
-    """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
-    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``); else
-    with its TTL and value, so that a release can hand it the lock (``scripts.wake``)."""
-    if want.several:
-        return waiter.id + scripts.SEVERAL_MARK
-    return f"{waiter.id} {int(want.ttl * 1000)} {want.value}"
-
-
-def handed_over(masters: Masters, want: Want, waiter: Waiter) -> Procedure[Granted | None]:
-    """Granted if releases handed ``waiter`` the lock on a quorum of masters (``scripts.wake``):
-    ours without a round of our own, and no one could take it between the release and us (no
-    barging). Woken by the first master's word, it awaits a quorum's for at most one node
-    budget (a release reaches every master at once); fewer: its queues split the release's
-    keys among waiters, and its round (which loses, and undoes them, or wins) settles it. The
-    lease on each began after our first queued attempt began (``queued_since``), so the
-    validity counts from there; too little left (a long wait), or a hand-off that only hints
-    (``trusts_hand_offs``): None, and the next round takes the lock where it was handed to us
-    as well as where it is free."""
-    since = waiter.queued_since
-    if since is None or not waiter.handed or not waiter.trusts_hand_offs or want.several:
-        return None
-    until = time.monotonic() + masters.node_timeout
-    # (Counted again: a member may have begun to abstain since its word came.)
-    while sum(map(counts_hand_off, tuple(waiter.handed))) < masters.quorum:
-        left = until - time.monotonic()
-        if left <= 0:
-            return None
-        yield AwaitNotice(waiter, left)
-    valid_until = since + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-    if not waiter.trusts_hand_offs or valid_until - time.monotonic() < want.ttl / 2:
-        return None
-    return Granted(valid_until, [])
 
 
 def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:

@@ -50,7 +50,7 @@ SEVERAL_MARK = "*"
 # exclusive) is *handed* the lock, ``key``, just freed: SET to its value for its TTL, and told so
 # (" +" after its id), so that it holds the lock without a round of its own once a quorum of
 # masters told it the same, and no one can take the key in between (see
-# ``procedures.handed_over``). Returns the number of subscribers notified.
+# ``handoff.handed_over``). Returns the number of subscribers notified.
 _WAKE = """
 local function wake(queue, notice, inboxes, key)
     local now_ms = nil
