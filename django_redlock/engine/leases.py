@@ -392,9 +392,9 @@ class Callers:
         )
 
     def ended(self, owner: Owner, lease: Lease) -> None:
-        if self._ended is None:
-            self._ended = weakref.WeakKeyDictionary()
-        self._ended[owner] = lease.lost
+        if self._ended is not None or lease.lost:  # (no weak dict made while none was lost)
+            self._ended = weakref.WeakKeyDictionary() if self._ended is None else self._ended
+            self._ended[owner] = lease.lost
 
     def was_lost(self, owner: Owner) -> bool:
         return bool(self._ended and self._ended.get(owner, False))

@@ -61,12 +61,20 @@ class Lock:
             self.keys = tuple(map(redlock.lock_key, self.resources))
             self.key = " + ".join(self.keys)
         self.ttl = redlock.check_ttl(ttl)  # (within max_ttl, if set)
-        self.at_least, self.at_most = protocol.check_hold_bounds(at_least, at_most)
+        # No bounds on the hold: the usual case, on every new lock.
+        unbounded = at_least is None and at_most is None and max_hold is None
+        if unbounded:
+            self.at_least = self.at_most = None
+        else:
+            self.at_least, self.at_most = protocol.check_hold_bounds(at_least, at_most)
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
         self.label = protocol.check_label(label)
         self.auto_extend = bool(auto_extend)
         self.max_extensions = protocol.check_count("max_extensions", max_extensions)
-        self.ttl, self.max_hold = protocol.capped_by(self.at_most, self.ttl, max_hold)
+        if unbounded:
+            self.max_hold = None
+        else:
+            self.ttl, self.max_hold = protocol.capped_by(self.at_most, self.ttl, max_hold)
         if on_lost is not None and not callable(on_lost):
             raise ValueError(f"on_lost must be callable, got {on_lost!r}")
         self.reentrant = bool(reentrant)
@@ -256,9 +264,7 @@ class Lock:
             finally:
                 self._released(owner, lease)
 
-    # (Plain methods returning the coroutine: ``async with`` awaits whatever they return, and a
-    # coroutine less per entry and exit is felt when a thousand tasks enter at once. The entry
-    # goes through ``aacquire``, which a subclass may wrap: the Django layer's DB guard.)
+    # (Plain methods, a coroutine less each; entering goes through aacquire: subclasses wrap it.)
     def __aenter__(self) -> Coroutine[Any, Any, Lock]:
         return self.aacquire()
 
