@@ -29,6 +29,8 @@ class DjangoLock(Lock):
     so does a locked generator) and ``_release`` / ``_arelease``: every release goes through
     them (``release()``, a block's end, a locked generator's end, whichever thread ends it)."""
 
+    __slots__ = ("db_guard", "template")  # as the engine's ``Lock``: no __dict__ per handle
+
     def __init__(
         self,
         redlock: Redlock,

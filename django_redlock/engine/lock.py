@@ -18,11 +18,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import holding, markers, procedures, protocol, reentry, renames
+from .callers import Callers
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
 from .granting import granted
-from .leases import Callers, Lease, Owner, current_owner
+from .leases import Lease, Owner, current_owner
 from .steps import Procedure
 from .values import make_value
 
@@ -32,6 +33,14 @@ if TYPE_CHECKING:
 
 class Lock:
     """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``."""
+
+    # Slots, not a __dict__: a handle is made per ``with redlock(r):`` and kept while held (a
+    # dict cost 50 bytes more). A mode's subclass (permit, reader) has a __dict__ for its own.
+    __slots__ = (
+        "__weakref__", "_callers", "_redlock", "at_least", "at_most", "auto_extend", "key",
+        "keys", "label", "max_extensions", "max_hold", "on_lost", "reentrant", "resource",
+        "resources", "ttl", "wait",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -323,7 +332,7 @@ class Lock:
         lease.note_failures(won.failures, "acquire")
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
-        return granted(self, owner, want.value, won, self._redlock.observer)
+        return granted(self, owner, want.value, won)
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must
