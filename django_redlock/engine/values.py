@@ -1,7 +1,9 @@
 """What we store on each master as the lock's value: an unguessable token, then who holds it;
 written (``make_value``) and read back (``parse_value``) here only.
 
-``<32 hex token>:{"host":..,"pid":..,"thread":..,"task":..,"label":..,"ttl":..,"since":<unix>}``
+``<32 hex token>:{"host":..,"pid":..,"thread":..,"task":..,"label":..,"ttl":..,"since":<unix>}``,
+``task`` and ``label`` only when there is one (a reader takes a missing field as none): every
+byte of it is kept by the client per held lock and on every master.
 
 A lock whose body ended before its ``at_least`` is kept under the same token with one more field,
 ``"until":<unix>`` (``finished_value``): it is finished, and held until then by nobody's renewal.
@@ -55,14 +57,12 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     who = (process.pid(), thread, task, label, ttl)
     owner_json = _OWNER_JSON.get(who)
     if owner_json is None:
-        fields = {
-            "host": _HOST,
-            "pid": who[0],
-            "thread": thread,
-            "task": task,
-            "label": label,
-            "ttl": ttl,
-        }
+        fields: dict[str, object] = {"host": _HOST, "pid": who[0], "thread": thread}
+        if task is not None:
+            fields["task"] = task
+        if label is not None:
+            fields["label"] = label
+        fields["ttl"] = ttl
         # Everything but the closing brace: "since" changes with every acquisition.
         owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
         if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
