@@ -34,7 +34,7 @@ def granted(
         pid=process.pid(),
         handle=handle,
         queued_as=won.queued_as,
-        max_extensions=handle.max_extensions,
-        max_hold=handle.max_hold,
+        max_extensions=handle._options.max_extensions,  # noqa: SLF001 (the engine's handle)
+        max_hold=handle._options.max_hold,  # noqa: SLF001
         commands=commands,
     )

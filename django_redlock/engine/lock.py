@@ -17,13 +17,14 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, markers, procedures, protocol, reentry, renames
+from . import holding, markers, options, procedures, protocol, reentry, renames
 from .callers import Callers
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
 from .granting import granted
 from .leases import Lease, Owner, current_owner
+from .options import WithOptions
 from .steps import Procedure
 from .values import make_value
 
@@ -31,15 +32,13 @@ if TYPE_CHECKING:
     from .redlock import Redlock
 
 
-class Lock:
+class Lock(WithOptions):
     """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``."""
 
-    # Slots, not a __dict__: a handle is made per ``with redlock(r):`` and kept while held (a
-    # dict cost 50 bytes more). A mode's subclass (permit, reader) has a __dict__ for its own.
+    # Slots: no __dict__ per handle held (a mode's subclass has one for its own fields).
     __slots__ = (
-        "__weakref__", "_callers", "_redlock", "at_least", "at_most", "auto_extend", "key",
-        "keys", "label", "max_extensions", "max_hold", "on_lost", "reentrant", "resource",
-        "resources", "ttl", "wait",
+        "__weakref__", "_callers", "_options", "_redlock", "key", "keys", "resource", "resources",
+        "ttl", "wait",
     )  # fmt: skip
 
     def __init__(
@@ -69,17 +68,18 @@ class Lock:
             self.resource = " + ".join(self.resources)
             self.keys = tuple(map(redlock.lock_key, self.resources))
             self.key = " + ".join(self.keys)
-        self.ttl = redlock.check_ttl(ttl)  # (within max_ttl, if set)
-        self.at_least, self.at_most = protocol.check_hold_bounds(at_least, at_most)
+        self._options, self.ttl = options.checked(
+            redlock.check_ttl(ttl),  # (within max_ttl, if set)
+            label=label,
+            auto_extend=auto_extend,
+            max_extensions=max_extensions,
+            max_hold=max_hold,
+            reentrant=reentrant,
+            on_lost=on_lost,
+            at_least=at_least,
+            at_most=at_most,
+        )
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        self.label = protocol.check_label(label)
-        self.auto_extend = bool(auto_extend)
-        self.max_extensions = protocol.check_count("max_extensions", max_extensions)
-        self.ttl, self.max_hold = protocol.capped_by(self.at_most, self.ttl, max_hold)
-        if on_lost is not None and not callable(on_lost):
-            raise ValueError(f"on_lost must be callable, got {on_lost!r}")
-        self.reentrant = bool(reentrant)
-        self.on_lost = on_lost
         self._callers = Callers(self.resource)
 
     def __repr__(self) -> str:
@@ -291,7 +291,7 @@ class Lock:
     def _want(self, owner: Owner) -> procedures.Want:
         # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
         task = owner.get_name() if isinstance(owner, asyncio.Task) else None
-        value = make_value(self.label, self.ttl, task)
+        value = make_value(self._options.label, self.ttl, task)
         return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
@@ -323,9 +323,9 @@ class Lock:
         lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
         redlock.holders.add(lease)
-        if self.auto_extend:
+        if self._options.auto_extend:
             redlock.watchdog.watch(lease)
-        elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
+        elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
         notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
