@@ -80,7 +80,7 @@ class Lock(WithOptions):
             at_most=at_most,
         )
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        self._callers = Callers(self.resource)
+        self._callers = Callers()
 
     def __repr__(self) -> str:
         lease = self._callers.get(current_owner())
@@ -351,7 +351,7 @@ class Lock(WithOptions):
         """Let go of ``owner``'s lease; return it if it was its last holder (release it on the
         masters), None for an inner re-entrant entry. RuntimeError if ``owner`` does not hold it
         through this handle (or we are a forked child: the parent holds it, not us)."""
-        lease = self._callers.detach(owner, "release")
+        lease = self._callers.detach(owner, "release", self.resource)
         lease.depth -= 1
         if lease.depth > 0:
             return None
@@ -388,7 +388,7 @@ class Lock(WithOptions):
         return lease.lost_error()
 
     def _held_lease(self, action: str, owner: Owner) -> Lease:
-        return self._callers.held(owner, action)
+        return self._callers.held(owner, action, self.resource)
 
 
 def _report_lost(error: LockLost, exc: BaseException | None) -> None:
