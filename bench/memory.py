@@ -11,6 +11,9 @@ acquires ``n`` locks on distinct resources and keeps them:
   added per lock (``DBSIZE``); and
   ``MEMORY USAGE`` / ``STRLEN`` of one lock key on the first master.
 
+Ours twice: the engine (``Redlock(urls).lock(key)``) and the way a Django project takes it
+(``redlock(key)`` over ``settings.REDLOCK``, the app installed), which issue 20 measures.
+
 The floor keeps a (key, token) tuple per lock and stores ``SET key <32 hex chars> PX`` on every
 master: the least a Redlock client can keep and store.
 """
@@ -35,6 +38,13 @@ LOCKS = 1000
 IMPLEMENTATIONS = [
     ("floor", "floor", 5, "a (key, token) tuple; SET key <32 hex> NX PX on each master"),
     ("ours", "ours", 5, "a Lock (+ its Lease) per resource; value = token + owner JSON"),
+    (
+        "ours: redlock()",
+        "ours-django",
+        5,
+        "as ours, through redlock() with Django settings (observer, signals, metrics, DB guard "
+        "on): a DjangoLock, and the watchdog's look at its expiry (the lost signal)",
+    ),
     ("pottery", "pottery", 5, "a pottery.Redlock per resource"),
     ("redlock-py", "redlock-py", 5, "the Lock namedtuple lock() returns"),
     ("redlock-ng", "redlock-ng", 5, "the Lock object acquire() returns (own venv)"),
