@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
-from . import protocol
+from . import protocol, values
 from .callbacks import DISPATCHER
 from .errors import LockLost, NodeFailure
 from .events import logger, notify
@@ -153,9 +153,9 @@ class Lease:
     it lives); what few leases set is kept apart (``_Seldom``)."""
 
     __slots__ = (
-        "__weakref__", "_seldom", "acquired_at", "commands", "depth", "handle", "keys", "lost",
-        "owner", "pid", "queued_as", "released", "resources", "schedule", "ttl", "valid_until",
-        "value", "watcher",
+        "__weakref__", "_owner_text", "_seldom", "_stamp", "acquired_at", "commands", "depth",
+        "handle", "keys", "lost", "owner", "pid", "queued_as", "released", "resources",
+        "schedule", "ttl", "valid_until", "watcher",
     )  # fmt: skip
 
     #: Why it was lost, as first found (a forced release, the masters gone...): every later
@@ -197,7 +197,8 @@ class Lease:
         self.resources = resources
         self.keys = keys  # the keys on the masters
         self.ttl = ttl
-        self.value = value  # token + owner, exactly as stored on the masters: never shown
+        # Its value, in the parts that the locks of one owner do not each keep a copy of.
+        self._stamp, self._owner_text = values.compact_value(value)
         self.valid_until = valid_until  # monotonic deadline of guaranteed exclusivity
         self.acquired_at = time.monotonic()
         self.owner = owner
@@ -221,6 +222,11 @@ class Lease:
         #: How to renew and release it on the masters when that is not the plain lock's way
         #: (a permit of a semaphore, a reader): None for a plain lock.
         self.commands = commands
+
+    @property
+    def value(self) -> str:
+        """Token + owner, exactly as stored on the masters: never shown."""
+        return values.expand_value(self._stamp, self._owner_text)
 
     @property
     def resource(self) -> str:

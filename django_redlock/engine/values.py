@@ -27,6 +27,7 @@ import math
 import re
 import secrets
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ _TOKEN = re.compile(rb"[0-9a-f]{32}")
 #: names, not thread ids (Python reuses those): a lock taken in a new thread names that thread.
 _OWNER_JSON: dict[tuple[int, str, str | None, str | None, float], str] = {}
 _OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
+#: The same texts, by themselves: a held lock keeps its value in parts (``compact_value``), and
+#: its owner's part is then the one string every lock of that owner shares.
+_OWNER_TEXTS: dict[str, str] = {}
+
+_SINCE = ',"since":'
+_STAMP = struct.Struct("<16sd")  # the token's 16 bytes, then "since" (unix seconds)
 
 
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
@@ -67,9 +74,30 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
         owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
         if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
             _OWNER_JSON.clear()
-        _OWNER_JSON[who] = owner_json
+            _OWNER_TEXTS.clear()
+        _OWNER_JSON[who] = _OWNER_TEXTS.setdefault(owner_json, owner_json)
     since = f"{time.time():.3f}"  # wall clock, for display only
-    return f'{secrets.token_hex(16)}:{owner_json},"since":{since}}}'
+    return f"{secrets.token_hex(16)}:{owner_json}{_SINCE}{since}}}"
+
+
+def compact_value(value: str) -> tuple[bytes, str]:
+    """``value`` (as ``make_value`` made it) in the two parts a held lock keeps: its token and
+    "since" packed in 24 bytes (not 32 hex characters and 14 digits), and the owner JSON before
+    "since", the one string every lock of that owner shares. ``expand_value`` gives ``value``
+    back exactly: "since" was written with 3 decimals, which a float keeps. 75-100 bytes less
+    per held lock, for a microsecond of the CPU's per acquisition."""
+    cut = value.rindex(_SINCE)
+    if value[32] != ":" or value[-1] != "}":
+        raise ValueError("not a value make_value made")  # (a bug of ours: nothing else is kept)
+    owner = value[33:cut]
+    stamp = _STAMP.pack(bytes.fromhex(value[:32]), float(value[cut + len(_SINCE) : -1]))
+    return stamp, _OWNER_TEXTS.get(owner, owner)
+
+
+def expand_value(stamp: bytes, owner: str) -> str:
+    """The value ``compact_value`` took apart, exactly as stored on the masters."""
+    token, since = _STAMP.unpack(stamp)
+    return f"{token.hex()}:{owner}{_SINCE}{since:.3f}}}"
 
 
 def finished_value(value: str, until: float) -> str:
