@@ -54,7 +54,7 @@ _OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
 _OWNER_TEXTS: dict[str, str] = {}
 
 _SINCE = ',"since":'
-_STAMP = struct.Struct("<16sd")  # the token's 16 bytes, then "since" (unix seconds)
+_STAMP = struct.Struct("<16sq")  # the token's 16 bytes, then "since" in unix milliseconds
 
 
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
@@ -84,20 +84,20 @@ def compact_value(value: str) -> tuple[bytes, str]:
     """``value`` (as ``make_value`` made it) in the two parts a held lock keeps: its token and
     "since" packed in 24 bytes (not 32 hex characters and 14 digits), and the owner JSON before
     "since", the one string every lock of that owner shares. ``expand_value`` gives ``value``
-    back exactly: "since" was written with 3 decimals, which a float keeps. 75-100 bytes less
-    per held lock, for a microsecond of the CPU's per acquisition."""
+    back exactly ("since" has 3 decimals: whole milliseconds). 99 bytes less per held lock."""
     cut = value.rindex(_SINCE)
-    if value[32] != ":" or value[-1] != "}":
+    seconds, dot, millis = value[cut + len(_SINCE) : -1].partition(".")
+    if value[32] != ":" or value[-1] != "}" or not dot or len(millis) != 3:
         raise ValueError("not a value make_value made")  # (a bug of ours: nothing else is kept)
+    stamp = _STAMP.pack(bytes.fromhex(value[:32]), int(seconds) * 1000 + int(millis))
     owner = value[33:cut]
-    stamp = _STAMP.pack(bytes.fromhex(value[:32]), float(value[cut + len(_SINCE) : -1]))
     return stamp, _OWNER_TEXTS.get(owner, owner)
 
 
 def expand_value(stamp: bytes, owner: str) -> str:
     """The value ``compact_value`` took apart, exactly as stored on the masters."""
     token, since = _STAMP.unpack(stamp)
-    return f"{token.hex()}:{owner}{_SINCE}{since:.3f}}}"
+    return f"{token.hex()}:{owner}{_SINCE}{since // 1000}.{since % 1000:03}}}"
 
 
 def finished_value(value: str, until: float) -> str:
