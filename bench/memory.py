@@ -81,10 +81,12 @@ def one_key(master: LocalMaster, pattern: str) -> tuple[float, float]:
 
 
 def measure(
-    implementation: str, masters: Sequence[LocalMaster], used: int, n: int
+    implementation: str, masters: Sequence[LocalMaster], used: int, n: int, tag: str
 ) -> dict[str, Any]:
+    """``tag``: two characters naming the row in its keys (``bench:mem:<tag>:<i>``): every row's
+    names are as long, so that no row keeps (or stores) more bytes for a longer name."""
     urls = [m.url for m in masters][:used]
-    prefix = f"bench:mem:{implementation}:"
+    prefix = f"bench:mem:{tag}:"
     worker = Worker(implementation, {"urls": urls, "key": f"{prefix}warm", "ttl": 60.0})
     try:
         if implementation != "floor":
@@ -116,10 +118,10 @@ def run(*, n: int = LOCKS) -> tuple[str, dict[str, Any]]:
     with local_masters(5) as masters:
         # Unmeasured: the masters' key tables grow (and stay grown) the first time they hold n
         # keys; without this pass the first row measured pays for that growth alone.
-        measure("floor", masters, 5, n)
-        for label, implementation, used, _ in IMPLEMENTATIONS:
+        measure("floor", masters, 5, n, "xx")
+        for index, (label, implementation, used, _) in enumerate(IMPLEMENTATIONS):
             try:
-                data["rows"][label] = measure(implementation, masters, used, n)
+                data["rows"][label] = measure(implementation, masters, used, n, f"{index:02d}")
             except (Unavailable, RuntimeError, redis.RedisError) as exc:
                 data["rows"][label] = {"error": str(exc)[:200]}
     floor = data["rows"]["floor"]

@@ -6,6 +6,7 @@ OpenTelemetry spans around its operations (``otel.py``, when installed). The eng
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from . import dbguard, otel
@@ -19,6 +20,19 @@ if TYPE_CHECKING:
     from .engine import Redlock
 
 
+class _Layer:
+    """A ``DjangoLock``'s own options."""
+
+    __slots__ = ("db_guard", "template")
+
+    def __init__(self, db_guard: bool, template: str | None) -> None:
+        self.db_guard = db_guard
+        self.template = template or UNTEMPLATED
+
+
+_DEFAULTS = _Layer(True, None)
+
+
 class DjangoLock(Lock):
     """A ``Lock`` guarded from acquisition to release (unless ``db_guard=False``): once its
     lease is lost or its validity is over, the next query in the acquiring context raises
@@ -29,7 +43,13 @@ class DjangoLock(Lock):
     so does a locked generator) and ``_release`` / ``_arelease``: every release goes through
     them (``release()``, a block's end, a locked generator's end, whichever thread ends it)."""
 
-    __slots__ = ("db_guard", "template")  # as the engine's ``Lock``: no __dict__ per handle
+    # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
+    # keeps the defaults (``_Layer``), not two fields per held lock.
+    __slots__ = ("_layer",)
+
+    db_guard: bool = property(attrgetter("_layer.db_guard"))  # type: ignore[assignment]
+    #: The label of the per-template metrics (never the formatted resource: unbounded).
+    template: str = property(attrgetter("_layer.template"))  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -44,9 +64,7 @@ class DjangoLock(Lock):
         if template is not None and (not isinstance(template, str) or not template):
             raise ValueError(f"template must be a non-empty str or None, got {template!r}")
         super().__init__(redlock, *resources, **options)
-        self.db_guard = db_guard
-        #: The label of the per-template metrics (never the formatted resource: unbounded).
-        self.template = template or UNTEMPLATED
+        self._layer = _DEFAULTS if db_guard and template is None else _Layer(db_guard, template)
 
     def _guard(self) -> None:
         lease = self._callers.get(current_owner())

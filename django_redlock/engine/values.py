@@ -53,6 +53,9 @@ _OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
 #: its owner's part is then the one string every lock of that owner shares.
 _OWNER_TEXTS: dict[str, str] = {}
 
+#: The value this thread made last, with its parts: the acquisition that made it keeps them.
+_MADE = threading.local()
+
 _SINCE = ',"since":'
 _STAMP = struct.Struct("<16sq")  # the token's 16 bytes, then "since" in unix milliseconds
 
@@ -75,9 +78,13 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
         if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
             _OWNER_JSON.clear()
             _OWNER_TEXTS.clear()
-        _OWNER_JSON[who] = _OWNER_TEXTS.setdefault(owner_json, owner_json)
-    since = f"{time.time():.3f}"  # wall clock, for display only
-    return f"{secrets.token_hex(16)}:{owner_json}{_SINCE}{since}}}"
+        owner_json = _OWNER_JSON[who] = _OWNER_TEXTS.setdefault(owner_json, owner_json)
+    token = secrets.token_bytes(16)
+    since = int(time.time() * 1000)  # wall clock, for display only: whole milliseconds
+    value = f"{token.hex()}:{owner_json}{_SINCE}{since // 1000}.{since % 1000:03}}}"
+    # Its parts, for the lease that keeps it (``compact_value``), without reading them back.
+    _MADE.last = (value, _STAMP.pack(token, since), owner_json)
+    return value
 
 
 def compact_value(value: str) -> tuple[bytes, str]:
@@ -85,6 +92,9 @@ def compact_value(value: str) -> tuple[bytes, str]:
     "since" packed in 24 bytes (not 32 hex characters and 14 digits), and the owner JSON before
     "since", the one string every lock of that owner shares. ``expand_value`` gives ``value``
     back exactly ("since" has 3 decimals: whole milliseconds). 99 bytes less per held lock."""
+    last = getattr(_MADE, "last", None)
+    if last is not None and last[0] is value:  # the last this thread made (the usual case)
+        return last[1], last[2]
     cut = value.rindex(_SINCE)
     seconds, dot, millis = value[cut + len(_SINCE) : -1].partition(".")
     if value[32] != ":" or value[-1] != "}" or not dot or len(millis) != 3:
