@@ -42,8 +42,8 @@ IMPLEMENTATIONS = [
         "ours (sync)",
         "ours",
         "5",
-        "lock(r, wait=60).acquire(): waiters queue on the masters; a release wakes the head of "
-        "the queue alone, through its process's inbox (fallback: retry after 50-100 ms)",
+        "lock(r, wait=60).acquire(): waiters queue on the masters; a release hands the lock to "
+        "the head of the queue and tells it alone, through its process's inbox",
     ),
     (
         "ours (sync, cold)",
@@ -189,7 +189,15 @@ def race(
 
 #: The parts of a hand-off, in the order they follow one another on the critical path (the
 #: release round runs beside them: the notice leaves the master while the release is in flight).
-PARTS = ("release round", "notice", "wake-up", "before round", "acquire round", "after round")
+PARTS = (
+    "release round",
+    "notice",
+    "wake-up",
+    "quorum told",
+    "before round",
+    "acquire round",
+    "after round",
+)
 
 
 def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
@@ -199,13 +207,18 @@ def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
     - ``release round``: the holder's release, t0 to its return (beside the rest);
     - ``notice``: t0 to the next holder's listener receiving its first release notice;
     - ``wake-up``: from there to its waiting thread running again (its wait step returns);
+    - ``quorum told`` (handed over): from there to the end of its last wait for notices, when
+      a quorum of masters told it that the release handed it the lock;
     - ``before round``: from there to its next round's start (local turn, pauses, admission);
-    - ``acquire round``: the round that won;
-    - ``after round``: from the round's end to ``acquire()`` returning (lease, observer);
+    - ``acquire round``: the round that won (none when handed over);
+    - ``after round``: from the round's end (handed over: the last wait's end) to ``acquire()``
+      returning (lease, observer);
     - ``gap``: t0 to the next holder holding, the sum of the critical path;
     - ``pause``: time the next holder spent in pauses within the gap (courtesy, split retry);
-    - ``woken``: 1 if a notice woke it within the gap, 0 if it got there another way (its
-      first attempt, a pause, the safety poll): its parts other than the gap are then 0.
+    - ``woken``: 1 if a notice woke it within the gap and a round took the lock, 2 if a notice
+      woke it and the release handed it the lock (no round after the notice), 0 if it got
+      there another way (its first attempt, a pause, the safety poll): its parts other than
+      the gap are then 0.
     """
     holds = sorted(
         (got, done, released, w)
@@ -223,6 +236,17 @@ def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
         notice = next((n for n in timeline["notices"] if t0 <= n <= got), None)
         waits = [(b, e) for k, b, e in steps if k == "notice" and notice and e >= notice]
         rounds = [(b, e) for k, b, e in steps if k.startswith("round:") and e <= got]
+        if notice is not None and waits and not any(b >= waits[0][1] for b, _ in rounds):
+            woke, told = waits[0][1], waits[-1][1]
+            part |= {
+                "woken": 2,
+                "notice": notice - t0,
+                "wake-up": woke - notice,
+                "quorum told": told - woke,
+                "after round": got - told,
+            }
+            parts.append(part)
+            continue
         part["woken"] = int(bool(notice and waits and rounds and rounds[-1][0] >= waits[0][1]))
         if part["woken"] and notice is not None:
             woke = waits[0][1]
@@ -240,7 +264,8 @@ def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
 
 def breakdown_text(label: str, parts: list[dict[str, int]]) -> str:
     """One line per part: mean and p50 over the hand-offs a notice woke; the others apart."""
-    woken = [p for p in parts if p["woken"]]
+    handed = [p for p in parts if p["woken"] == 2]
+    woken = [p for p in parts if p["woken"] == 1]
     other = [p for p in parts if not p["woken"]]
     if not parts:
         return f"- {label}: no hand-off recorded"
@@ -250,10 +275,14 @@ def breakdown_text(label: str, parts: list[dict[str, int]]) -> str:
             return "-"
         return f"{statistics.mean(values) / 1e6:.2f} / {statistics.median(values) / 1e6:.2f}"
 
-    cells = [f"{name} {ms([p[name] for p in woken])}" for name in (*PARTS, "pause", "gap")]
+    def cells(group: list[dict[str, int]], names: Sequence[str]) -> str:
+        return "; ".join(f"{name} {ms([p[name] for p in group])}" for name in names)
+
+    told = ("release round", "notice", "wake-up", "quorum told", "after round", "gap")
     line = (
-        f"- {label}: {len(woken)} of {len(parts)} hand-offs woken by a notice, ms mean / p50: "
-        + "; ".join(cells)
+        f"- {label}: {len(handed)} of {len(parts)} hand-offs handed over by the release "
+        f"(no round of its own), ms mean / p50: {cells(handed, told)}. {len(woken)} woken by a "
+        f"notice, then a round: {cells(woken, (*PARTS, 'pause', 'gap'))}"
     )
     if other:
         line += (
@@ -376,9 +405,10 @@ def run(
             "",
             "Our hand-offs, cut into their parts (`handoff_parts`): t0 = the holder starts its "
             "release; the release round runs beside the rest; then the notice reaching the next "
-            "holder's listener, its waiting thread waking, until its next round starts (local "
-            "turn, pauses), the round that won, and from there to holding (lease, observer). "
-            "gap = t0 to holding; pause = pauses inside the gap.",
+            "holder's listener, its waiting thread waking; handed over: until a quorum of "
+            "masters told it the release handed it the lock, then to holding (lease, observer); "
+            "otherwise until its next round starts (local turn, pauses), the round that won, and "
+            "from there to holding. gap = t0 to holding; pause = pauses inside the gap.",
             "",
             *(
                 breakdown_text(label, rows_data[label]["handoffs"])

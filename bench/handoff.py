@@ -42,7 +42,7 @@ IMPLEMENTATIONS: list[tuple[str, str, int, str]] = [
         "ours-django",
         5,
         "with Django settings (REDLOCK NODES): redlock(key, ttl=10, wait=60).acquire(); "
-        "waiters queue on the masters, a release wakes the head of the queue",
+        "waiters queue on the masters, a release hands the lock to the head of the queue",
     ),
     ("ours: redlock()", "ours-django", 1, "the same, NODES with one master"),
     ("pottery", "pottery", 5, "Redlock.acquire(): retries after a random 0-200 ms"),

@@ -290,11 +290,11 @@ def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlo
         thread.join(10)
     assert order == [0, 1, 2]
     assert time.monotonic() - released < 1.0
-    # A plain SET, then a SET that queues it, then the one it was woken for; or one more when
-    # the notice, sent by the first master that applied the release, outran the release to the
-    # others (a split vote, tried again at once: seen with a loaded machine). A waiter woken out
-    # of turn would also try again, but could not then keep the order asserted above.
-    assert all(o.attempts in ([3], [4]) for o in observers), [o.attempts for o in observers]
+    # A plain SET, then a SET that queues it; then each release hands the lock to the next in
+    # line, which holds it without an attempt of its own (``procedures.handed_over``), or with
+    # one if a quorum's word did not come within a node budget (a loaded machine). A waiter
+    # woken out of turn would try again, and could not then keep the order asserted above.
+    assert all(o.attempts in ([2], [3]) for o in observers), [o.attempts for o in observers]
     assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
 
 

@@ -34,6 +34,7 @@ import redis
 
 from .connections import Node
 from .events import logger
+from .quarantine import abstains
 from .scripts import SEVERAL_MARK
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
@@ -100,6 +101,25 @@ class Waiter:
         self.id = waiter_id
         self.notified = Beacon()
         self.subscribed = Beacon()
+        #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
+        #: word counts as a vote (``counts_hand_off``): filled by the listeners, read by
+        #: ``procedures.handed_over``.
+        self.handed: set[Node] = set()
+        #: When its first queued attempt began (monotonic): a lease a release hands it began
+        #: later. None before it queued.
+        self.queued_since: float | None = None
+        #: False once it undid an attempt after it queued: a hand-off that the undo removed may
+        #: be told after it, so from then on a hand-off is only a hint (its next round confirms).
+        self.trusts_hand_offs = True
+
+
+def counts_hand_off(node: Node) -> bool:
+    """Whether a master's word that its release handed a waiter the lock counts as its vote: not
+    for a member whose votes need more than its own write (replica acknowledgement), whose
+    notices may come from another server than its rounds reach (Sentinel, Cluster), or that
+    abstains (quarantine). Those confirm a hand-off by a round, as any lock is taken."""
+    spec = node.spec
+    return spec.ack is None and spec.service is None and spec.seeds is None and not abstains(node)
 
 
 class _Listener(threading.Thread):
@@ -149,7 +169,7 @@ class _Listener(threading.Thread):
             if message["type"] == "subscribe":
                 self.hub.confirm(channel, self)
             elif message["type"] == "message":
-                self.hub.deliver(channel, message["data"])
+                self.hub.deliver(channel, message["data"], self.node)
         self._reset()
 
     def _follow(self, wanted: set[str]) -> None:
@@ -262,17 +282,28 @@ class ReleaseNotices:
             if self.inbox in channels:
                 self._confirmed_by.discard(listener)
 
-    def deliver(self, channel: str, notice: bytes) -> None:
-        """``<digest> <waiter id>``: wake that waiter, once per release (every master sends it).
-        The id may carry the mark of a waiter for several resources."""
+    def deliver(self, channel: str, notice: bytes, node: Node) -> None:
+        """``<digest> <waiter id>[ +]``: wake that waiter, once per release (every master sends
+        it); but a master that handed it the lock (`` +``, and its word counts: see
+        ``counts_hand_off``) only wakes it with the one that makes a quorum, so that it wakes
+        once, holding the lock. (Handed the lock by fewer, its queues split: it sleeps on, and
+        the release of whoever holds the rest hands that to it; see ``handed_over``.) The id may
+        carry the mark of a waiter for several resources."""
         digest, _, named = notice.partition(b" ")
+        named, _, handed = named.partition(b" ")
         named = named.removesuffix(_SEVERAL)
         with self._guard:
             waiter = self._waiters.get(named)
-            if waiter is None or self._heard.get(named) == digest:
+            if waiter is None:
                 return
-            self._heard[named] = digest
-        waiter.notified.fire()
+            if handed and counts_hand_off(node):
+                waiter.handed.add(node)
+                wake = len(waiter.handed) == self.quorum
+            else:
+                wake = self._heard.get(named) != digest
+                self._heard[named] = digest
+        if wake:
+            waiter.notified.fire()
 
 
 class Turn:

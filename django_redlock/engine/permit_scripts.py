@@ -75,7 +75,8 @@ local function wake_first(queue, most, now_ms, notice, inboxes)
         end
         if tonumber(head[2]) > now_ms then
             local inbox = inboxes .. string.match(head[1], '^[^.]*')
-            if redis.call('publish', inbox, notice .. ' ' .. head[1]) > 0 then
+            local id = string.match(head[1], '^%S+')  -- never a value (see scripts' queues)
+            if redis.call('publish', inbox, notice .. ' ' .. id) > 0 then
                 woken[#woken + 1] = head
             end
         end

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from . import admission, protocol, scripts
 from .admission import Full
 from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
-from .notices import Turn, Waiter
+from .notices import Turn, Waiter, counts_hand_off
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
@@ -143,7 +143,7 @@ def attempt(
         wait_ms = max(int((deadline - now) * 1000), 1)
         queue = masters.queue_key(want.resources[0])
         command = scripts.ACQUIRE_WAITING.evalsha(
-            (want.keys[0], queue), (want.value, ttl_ms, waiter.id, wait_ms)
+            (want.keys[0], queue), (want.value, ttl_ms, queued_as(want, waiter), wait_ms)
         )
         request = Round(command, scripts.ACQUIRE_WAITING, patience=patience, enough=granted)
     try:
@@ -156,11 +156,15 @@ def attempt(
         yield release_round(masters, want.resources, want.value, cleanup=True, notify=False)
         raise
     start = replies.began  # 1
+    if waiter is not None and waiter.queued_since is None:
+        waiter.queued_since = start
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
         return Granted(valid_until, failures(masters, replies) if result.failed else [])
     if result.granted or result.failed:  # 4
+        if waiter is not None:
+            waiter.trusts_hand_offs = False
         yield release_round(masters, want.resources, want.value, notify=False)
     return Lost(result, replies)
 
@@ -219,13 +223,28 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                     continue
                 split_retried = False
                 yield from wait_turn(masters, waiter, lost, deadline)
+                handed = yield from handed_over(masters, want, waiter)
+                if handed is not None:
+                    return Won(handed.valid_until, attempts, began, queued_as(want, waiter), [])
                 continue
             delay = protocol.retry_delay(masters.retry_delay, JITTER)  # 5
             if now + delay > deadline:
                 raise not_acquired(masters, want, lost, attempts, now - began)
             yield Pause(delay)
     except BaseException as exc:
-        if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
+        if waiter is not None and not want.several and waiter.queued_since is not None:
+            if not isinstance(exc, GeneratorExit):
+                # Gone from the wait (interrupted, or out of time) while queued: leave the
+                # masters' queues, and pass on the lock where a release had just handed it to
+                # us (else it would stay with no one until its TTL).
+                yield release_round(
+                    masters,
+                    want.resources,
+                    want.value,
+                    cleanup=True,
+                    queued_as=queued_as(want, waiter),
+                )
+        elif waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
             # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the masters' queues,
             # or the next release would wake a name that no one answers to any more.
             for resource in want.resources:
@@ -239,8 +258,36 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
 
 def queued_as(want: Want, waiter: Waiter) -> str:
     """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
-    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``)."""
-    return waiter.id + scripts.SEVERAL_MARK if want.several else waiter.id
+    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``); else
+    with its TTL and value, so that a release can hand it the lock (``scripts.wake``)."""
+    if want.several:
+        return waiter.id + scripts.SEVERAL_MARK
+    return f"{waiter.id} {int(want.ttl * 1000)} {want.value}"
+
+
+def handed_over(masters: Masters, want: Want, waiter: Waiter) -> Procedure[Granted | None]:
+    """Granted if releases handed ``waiter`` the lock on a quorum of masters (``scripts.wake``):
+    ours without a round of our own, and no one could take it between the release and us (no
+    barging). The listeners wake it once a quorum's word came; woken otherwise (a notice of a
+    master whose word is no vote, its timeout), with some masters' word, it awaits the others'
+    for at most one node budget. The lease on each began after our first queued
+    attempt began (``queued_since``), so the validity counts from there; too little left (a
+    long wait), or a hand-off that only hints (``trusts_hand_offs``): None, and the next round
+    takes the lock where it was handed to us as well as where it is free."""
+    since = waiter.queued_since
+    if since is None or not waiter.handed or not waiter.trusts_hand_offs or want.several:
+        return None
+    until = time.monotonic() + masters.node_timeout
+    # (Counted again: a member may have begun to abstain since its word came.)
+    while sum(map(counts_hand_off, tuple(waiter.handed))) < masters.quorum:
+        left = until - time.monotonic()
+        if left <= 0:
+            return None
+        yield AwaitNotice(waiter, left)
+    valid_until = since + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
+    if not waiter.trusts_hand_offs or valid_until - time.monotonic() < want.ttl / 2:
+        return None
+    return Granted(valid_until, [])
 
 
 def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:

@@ -34,7 +34,7 @@ local function wake_readers(queue, reading)
         redis.call('srem', reading, head[1])
         if tonumber(head[2]) > now_ms then
             local inbox = ARGV[6] .. string.match(head[1], '^[^.]*')
-            redis.call('publish', inbox, ARGV[5] .. ' ' .. head[1])
+            redis.call('publish', inbox, ARGV[5] .. ' ' .. string.match(head[1], '^%S+'))
         end
     end
 end
@@ -165,7 +165,7 @@ for _, w in ipairs(redis.call('zrangebyscore', KEYS[3], now_ms + 1, '+inf')) do
     if redis.call('sismember', KEYS[5], w) == 0 then
         -- Woken, and left in the queue: until it wins, new readers still step aside for it.
         local inbox = ARGV[6] .. string.match(w, '^[^.]*')
-        redis.call('publish', inbox, ARGV[5] .. ' ' .. w)
+        redis.call('publish', inbox, ARGV[5] .. ' ' .. string.match(w, '^%S+'))  -- not its value
         return 1
     end
 end

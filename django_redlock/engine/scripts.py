@@ -33,17 +33,24 @@ class Script:
 # time (ms) at which it stops waiting. Earliest deadline first: with equal waits that is first come,
 # first served; an entry past its deadline is a waiter that gave up (or died) and is skipped. Queues
 # on different masters may disagree on the order now and then: that only means two waiters wake
-# instead of one. Safety never depends on them; the quorum SET decides. A waiter for a lock over
-# several resources is named "<inbox>.<n>*" (SEVERAL_MARK) in the queue of each of them.
+# instead of one. Safety never depends on them; the quorum decides. A waiter for a lock over
+# several resources is named "<inbox>.<n>*" (SEVERAL_MARK) in the queue of each of them. A waiter
+# for one resource is queued as "<inbox>.<n> <ttl ms> <its value>", so that a release can hand it
+# the lock (``wake``): only the id before the first space is ever published (the value holds the
+# token), and everything else treats the entry as a whole.
 
 SEVERAL_MARK = "*"
 
 # Shared by the release scripts: wake the waiter at the head of ``queue`` alone: PUBLISH
 # "<notice> <waiter id>" to its process's inbox (``inboxes`` .. its inbox id), so that no one else
 # hears it; ``notice`` is a digest of the lease released (never the token). If no one hears it,
-# that process is gone: the next waiter is tried. Returns the number of subscribers notified.
+# that process is gone: the next waiter is tried. A waiter queued with its value (one resource,
+# exclusive) is *handed* the lock, ``key``, just freed: SET to its value for its TTL, and told so
+# (" +" after its id), so that it holds the lock without a round of its own once a quorum of
+# masters told it the same, and no one can take the key in between (see
+# ``procedures.handed_over``). Returns the number of subscribers notified.
 _WAKE = """
-local function wake(queue, notice, inboxes)
+local function wake(queue, notice, inboxes, key)
     local now_ms = nil
     while true do
         local head = redis.call('zpopmin', queue)
@@ -55,9 +62,13 @@ local function wake(queue, notice, inboxes)
             now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
         end
         if tonumber(head[2]) > now_ms then
-            local inbox = inboxes .. string.match(head[1], '^[^.]*')
-            local heard = redis.call('publish', inbox, notice .. ' ' .. head[1])
+            local id, ttl, value = string.match(head[1], '^(%S+) (%d+) (.*)$')
+            local told = notice .. ' ' .. (id and id .. ' +' or head[1])
+            local heard = redis.call('publish', inboxes .. string.match(head[1], '^[^.]*'), told)
             if heard > 0 then
+                if id then
+                    redis.call('set', key, value, 'PX', ttl)
+                end
                 return heard
             end
         end
@@ -95,7 +106,7 @@ RELEASE = Script(
     + """if ARGV[2] == '' then
     return 1
 end
-return 1 + wake(KEYS[2], ARGV[3], ARGV[4])
+return 1 + wake(KEYS[2], ARGV[3], ARGV[4], KEYS[1])
 """,
 )
 
@@ -116,7 +127,7 @@ for i = 1, n do
         redis.call('del', KEYS[i])
         ours = ours + 1
         if ARGV[2] ~= '' then
-            wake(KEYS[n + i], ARGV[3], ARGV[4])
+            wake(KEYS[n + i], ARGV[3], ARGV[4], KEYS[i])
         end
     end
 end
@@ -183,7 +194,8 @@ local function pass_on(queue, now_ms)
             end
         elseif alive then
             local inbox = ARGV[6] .. string.match(head[1], '^[^.]*')
-            if redis.call('publish', inbox, ARGV[5] .. ' ' .. head[1]) > 0 then
+            local id = string.match(head[1], '^%S+')  -- never the value (see the queue entries)
+            if redis.call('publish', inbox, ARGV[5] .. ' ' .. id) > 0 then
                 break
             end
         end
@@ -249,7 +261,8 @@ HOLDS = Script("holds", _ALL_OURS + "return all_ours() and 1 or 0\n")
 
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value; ARGV[2] TTL in
 # milliseconds; ARGV[3] this waiter's id; ARGV[4] how many more milliseconds it will wait.
-# SET NX PX as an uncontended acquisition does, for a waiter (subscribed to its inbox first). If
+# SET NX PX as an uncontended acquisition does, for a waiter (subscribed to its inbox first); a
+# key that already holds our value was handed to us by a release (``wake``) and is renewed. If
 # it wins, it leaves the queue; if it loses, it joins the queue, keeping its place if it is there
 # already (ZADD NX), and the queue is kept as long as its longest waiter. Returns 1 if set, else
 # {0, the lock key's PTTL}: the waiter sleeps until the holder's lease can have run out.
@@ -257,6 +270,11 @@ ACQUIRE_WAITING = Script(
     "acquire_waiting",
     """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    redis.call('zrem', KEYS[2], ARGV[3])
+    return 1
+end
+if redis.pcall('get', KEYS[1]) == ARGV[1] then  -- a release handed it to us (wake): renewed
+    redis.call('pexpire', KEYS[1], ARGV[2])
     redis.call('zrem', KEYS[2], ARGV[3])
     return 1
 end
