@@ -47,9 +47,13 @@ class DjangoLock(Lock):
     # keeps the defaults (``_Layer``), not two fields per held lock.
     __slots__ = ("_layer",)
 
-    db_guard: bool = property(attrgetter("_layer.db_guard"))  # type: ignore[assignment]
+    db_guard: bool = property(  # type: ignore[assignment]
+        attrgetter("_layer.db_guard"), lambda lock, value: lock._own_layer("db_guard", value)
+    )
     #: The label of the per-template metrics (never the formatted resource: unbounded).
-    template: str = property(attrgetter("_layer.template"))  # type: ignore[assignment]
+    template: str = property(  # type: ignore[assignment]
+        attrgetter("_layer.template"), lambda lock, value: lock._own_layer("template", value)
+    )
 
     def __init__(
         self,
@@ -65,6 +69,12 @@ class DjangoLock(Lock):
             raise ValueError(f"template must be a non-empty str or None, got {template!r}")
         super().__init__(redlock, *resources, **options)
         self._layer = _DEFAULTS if db_guard and template is None else _Layer(db_guard, template)
+
+    def _own_layer(self, name: str, value: object) -> None:
+        """Set one of its options (``_DEFAULTS`` is everyone's: it gets a record of its own)."""
+        if self._layer is _DEFAULTS:
+            self._layer = _Layer(_DEFAULTS.db_guard, _DEFAULTS.template)
+        setattr(self._layer, name, value)
 
     def _guard(self) -> None:
         lease = self._callers.get(current_owner())

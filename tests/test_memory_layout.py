@@ -81,3 +81,14 @@ def test_a_held_lock_costs_the_client_under_a_kilobyte(masters, redlock_of):
     for lock in held:
         lock.release()
     assert per_lock < HELD_LOCK_BYTES, f"{per_lock:.0f} bytes per held lock"
+
+
+def test_an_option_set_on_one_handle_is_its_own(masters, redlock_of):
+    engine = redlock_of(masters)
+    labelled, plain = engine.lock("a", ttl=10), engine.lock("b", ttl=10)
+    labelled.label = "set later"  # (an attribute, as it always was: the record is not shared)
+    assert (labelled.label, plain.label, engine.lock("c").label) == ("set later", None, None)
+    with labelled, plain:
+        stored = {k: masters[0].client().get(k) for k in (labelled.key, plain.key)}
+    assert parse_value(stored[labelled.key])[1].label == "set later"
+    assert parse_value(stored[plain.key])[1].label is None

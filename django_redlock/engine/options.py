@@ -99,9 +99,18 @@ def checked(
 
 
 def option(name: str) -> Any:
-    """A handle's read-only attribute ``name``, read from its ``_options`` (a property whose
-    getter runs in C: nearly as cheap to read as an attribute of its own)."""
-    return property(attrgetter(f"_options.{name}"), doc=f"The lock's ``{name}`` option.")
+    """A handle's attribute ``name``, read from its ``_options`` (a property whose getter runs
+    in C: nearly as cheap to read as an attribute of its own). Setting it (unchecked, as setting
+    the attribute always was) gives the handle a record of its own first: ``DEFAULTS`` is
+    everyone's."""
+
+    def write(lock: Any, value: object) -> None:
+        options = lock._options
+        if options is DEFAULTS:
+            options = lock._options = Options()  # (the defaults, its own)
+        setattr(options, name, value)
+
+    return property(attrgetter(f"_options.{name}"), write, doc=f"The lock's ``{name}`` option.")
 
 
 class WithOptions:
