@@ -50,9 +50,23 @@ def tracer() -> Any | None:
     if api is None:
         return None
     trace, silent, proxy = api
-    if isinstance(trace.get_tracer_provider(), silent):
+    # Until a provider is set, the API's get_tracer_provider() looks for one named by the
+    # environment (OTEL_PYTHON_TRACER_PROVIDER) in os.environ: two KeyErrors raised and caught,
+    # on each of two calls per lock cycle. That provider, if named, was made when ``_api()``
+    # asked for our tracer; so the provider set is looked at where the API keeps it (and the
+    # API asked, should that ever move).
+    provider = getattr(trace, "_TRACER_PROVIDER", _ASK)
+    if provider is None:
+        return None  # none set: the API would answer its proxy provider, which records nothing
+    if provider is _ASK:
+        provider = trace.get_tracer_provider()
+    if isinstance(provider, silent):
         return None
     return proxy
+
+
+#: ``tracer()``: the API keeps its provider elsewhere than we look; ask it.
+_ASK = object()
 
 
 def warm() -> None:
@@ -63,7 +77,8 @@ def warm() -> None:
 @cache
 def _api() -> tuple[Any, tuple[type, ...], Any] | None:
     """The OpenTelemetry trace API, the provider classes that record nothing, and our tracer
-    (the API's proxy: it follows the global provider); None without opentelemetry-api."""
+    (the API's proxy: it follows the global provider; asking for it makes the provider the
+    environment names, if any); None without opentelemetry-api."""
     try:
         from opentelemetry import trace
     except ImportError:

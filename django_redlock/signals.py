@@ -17,8 +17,11 @@ Receivers must be quick and must not raise: what they raise is logged and ignore
 
 from django.dispatch import Signal
 
-lock_acquired = Signal()
-lock_contended = Signal()
-lock_released = Signal()
-lock_lost = Signal()
-masters_failed = Signal()
+# ``use_caching``: each send finds its receivers in a per-sender cache (cleared on every
+# connect and disconnect, as for Django's model signals) instead of filtering every receiver
+# under a lock: two of these are sent on every lock's cycle.
+lock_acquired = Signal(use_caching=True)
+lock_contended = Signal(use_caching=True)
+lock_released = Signal(use_caching=True)
+lock_lost = Signal(use_caching=True)
+masters_failed = Signal(use_caching=True)

@@ -291,7 +291,7 @@ def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlo
     assert order == [0, 1, 2]
     assert time.monotonic() - released < 1.0
     # A plain SET, then a SET that queues it; then each release hands the lock to the next in
-    # line, which holds it without an attempt of its own (``procedures.handed_over``), or with
+    # line, which holds it without an attempt of its own (``handoff.handed_over``), or with
     # one if a quorum's word did not come within a node budget (a loaded machine). A waiter
     # woken out of turn would try again, and could not then keep the order asserted above.
     assert all(o.attempts in ([2], [3]) for o in observers), [o.attempts for o in observers]

@@ -4,6 +4,7 @@ and one event per failing member; recorded by the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -141,5 +142,29 @@ def test_without_a_tracer_provider_locks_make_no_span():
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_provider_named_by_the_environment_is_used():
+    """``OTEL_PYTHON_TRACER_PROVIDER`` names a provider that the API makes when first asked:
+    locks are traced with it although no code set one (``tracer()`` does not ask the API while
+    no provider is set and the environment names none). In a fresh process, as above."""
+    code = (
+        "from django_redlock import otel\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "assert otel.tracer() is not None\n"
+        "assert isinstance(trace.get_tracer_provider(), TracerProvider)\n"
+        "print('ok')\n"
+    )
+    environment = {**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environment,
     )
     assert done.stdout.strip() == "ok", done.stderr

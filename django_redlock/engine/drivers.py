@@ -136,8 +136,8 @@ def fan_out(
 def _wait_replies(wait: Replies) -> None:
     """Wait for each reply in turn, the masters that answered fastest lately first, so that a
     round decided by its quorum's replies does not sit waiting on a slower master's."""
-    sent = wait.sent
-    if wait.enough is not None and len(sent) > 1:
+    sent, enough = wait.sent, wait.enough
+    if enough is not None and len(sent) > 1:
         sent = sorted(sent, key=lambda sent: sent[0].latency)
     needed = wait.needed
     fresh = True  # the first reply of a round cannot be there yet
@@ -152,9 +152,11 @@ def _wait_replies(wait: Replies) -> None:
                 pipe.took(time.monotonic() - slot.sent_at)
                 measured = True
         fresh = False
-        if second_try(slot):
-            break
-        if wait.enough is not None and _decides(wait.enough, slot):
+        reply = slot.reply
+        if type(reply) not in ANSWERS:  # (an answer is never a second try: looked at once)
+            if second_try(slot):
+                break
+        elif enough is not None and enough(reply):
             needed -= 1
             if needed <= 0:
                 break

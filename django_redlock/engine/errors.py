@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,16 @@ class NodeFailure:
 
     def __str__(self) -> str:
         return f"{self.node}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+
+#: The reason of a reply the round did not wait for (``rounds.unawaited``): no failure of its
+#: master.
+UNAWAITED = "unawaited"
+
+
+@functools.lru_cache(maxsize=256)  # one per master (immutable), not one per reply unawaited
+def unawaited_failure(node: str) -> NodeFailure:
+    return NodeFailure(node, UNAWAITED, "the round was decided before it answered")
 
 
 class RedlockError(Exception):

@@ -11,11 +11,11 @@ import time
 from collections.abc import Sequence
 
 from . import protocol, scripts, values
-from .errors import ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
+from .errors import UNAWAITED, ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, confirms, release_round, tally
 from .protocol import Tally
-from .rounds import UNAWAITED, Reply, RoundReplies
+from .rounds import Reply, RoundReplies
 from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
 
 
@@ -136,19 +136,30 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     # A master asked again (its connection broke before the first reply) that finds none of our
     # keys may well have applied the first request: that is a release done, not a lease taken
     # away. Only a first reply can tell that our lease was gone before we released it.
-    replies: list[Reply] = [
-        several if r == 0 and i in answered.asked_again else r for i, r in enumerate(answered)
-    ]
-    if lease.commands is None and _worth_retrying(masters, lease, replies):
+    asked_again = answered.asked_again
+    replies: list[Reply] = (
+        [several if r == 0 and i in asked_again else r for i, r in enumerate(answered)]
+        if asked_again
+        else answered
+    )
+    # One pass over the replies (this is every release's hot path): how many confirmed, how
+    # many masters did not answer, and the highest count of keys-plus-woken a master returned.
+    # (``reported``: those of them that failed, not only went unawaited once a quorum confirmed.)
+    confirmed = unanswered = reported = highest = 0
+    for r in replies:
+        if isinstance(r, int):
+            if r == several if several > 1 else r >= 1:
+                confirmed += 1
+            if r > highest:
+                highest = r
+        elif isinstance(r, NodeFailure):
+            unanswered += 1
+            reported += r.reason != UNAWAITED
+    if lease.commands is None and _worth_retrying(masters, lease, confirmed, unanswered):
         # Its keys must not block everyone until their TTL: retried in the background.
         yield Detach(_keep_releasing(masters, lease, round_, replies))
-    if several > 1:
-        confirmed = sum(r == several for r in replies)
-    else:
-        confirmed = sum(isinstance(r, int) and r >= 1 for r in replies)
-        woken = max((r for r in replies if isinstance(r, int)), default=0) - 1
-        if woken > 0:
-            masters.give_way(lease.resource, COURTESY)
+    if several == 1 and highest - 1 > 0:  # a master woke a waiter: let it go first
+        masters.give_way(lease.resource, COURTESY)
     if confirmed < masters.quorum:
         detail = gone(masters, replies, several=several)
         if time.monotonic() >= lease.valid_until:
@@ -170,7 +181,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
             detail,
             unconfirmed=True,
         )
-    if any(isinstance(r, NodeFailure) for r in replies):
+    if reported:
         lease.note_failures(failures(masters, replies), "release")
 
 
@@ -189,13 +200,12 @@ def _keep_releasing(
         replies = _merge(lease, replies, (yield again))
 
 
-def _worth_retrying(masters: Masters, lease: Lease, replies: list[Reply]) -> bool:
-    confirmed = confirms(len(lease.keys))
-    done = sum(confirmed(r) for r in replies)
-    unanswered = sum(isinstance(r, NodeFailure) for r in replies)
+def _worth_retrying(masters: Masters, lease: Lease, confirmed: int, unanswered: int) -> bool:
+    """Whether a release that ``confirmed`` masters confirmed, ``unanswered`` did not answer, is
+    to be sent again: not confirmed by a quorum, but it could be once those answer."""
     return (
-        done < masters.quorum
-        and done + unanswered >= masters.quorum
+        confirmed < masters.quorum
+        and confirmed + unanswered >= masters.quorum
         and time.monotonic() < lease.valid_until
     )
 

@@ -103,8 +103,11 @@ class Waiter:
         self.subscribed = Beacon()
         #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
         #: word counts as a vote (``counts_hand_off``): filled by the listeners, read by
-        #: ``procedures.handed_over``.
+        #: ``handoff.handed_over``.
         self.handed: set[Node] = set()
+        #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
+        #: Unix epoch (``scripts.ACQUIRE_WAITING``).
+        self.score: int | None = None
         #: When its first queued attempt began (monotonic): a lease a release hands it began
         #: later. None before it queued.
         self.queued_since: float | None = None
@@ -267,6 +270,11 @@ class ReleaseNotices:
                 return {self.inbox}
             return set()
 
+    def heard_everywhere(self) -> bool:
+        """Every master confirmed our inbox subscription: a release there can tell our waiters.
+        (A release pops a queued waiter that no one hears, as one whose process is gone.)"""
+        return len(self._confirmed_by) == len(self.nodes)
+
     def confirm(self, channel: str, listener: _Listener) -> None:
         with self._guard:
             if channel != self.inbox:
@@ -284,10 +292,10 @@ class ReleaseNotices:
 
     def deliver(self, channel: str, notice: bytes, node: Node) -> None:
         """``<digest> <waiter id>[ +]``: wake that waiter, once per release (every master sends
-        it); but a master that handed it the lock (`` +``, and its word counts: see
-        ``counts_hand_off``) only wakes it with the one that makes a quorum, so that it wakes
-        once, holding the lock. (Handed the lock by fewer, its queues split: it sleeps on, and
-        the release of whoever holds the rest hands that to it; see ``handed_over``.) The id may
+        it), and again when a master that handed it the lock (`` +``, and its word counts: see
+        ``counts_hand_off``) makes a quorum. (Waking at the first word, not only at a quorum:
+        queues that disagree can split a release's keys among waiters so that none has a
+        quorum, and then each must find out soon, by a round; see ``handed_over``.) The id may
         carry the mark of a waiter for several resources."""
         digest, _, named = notice.partition(b" ")
         named, _, handed = named.partition(b" ")
@@ -296,12 +304,11 @@ class ReleaseNotices:
             waiter = self._waiters.get(named)
             if waiter is None:
                 return
+            wake = self._heard.get(named) != digest
+            self._heard[named] = digest
             if handed and counts_hand_off(node):
                 waiter.handed.add(node)
-                wake = len(waiter.handed) == self.quorum
-            else:
-                wake = self._heard.get(named) != digest
-                self._heard[named] = digest
+                wake = wake or len(waiter.handed) == self.quorum
         if wake:
             waiter.notified.fire()
 

@@ -136,6 +136,10 @@ class Pipe:
             self._read_lock = threading.Lock()
             self._woken = threading.Condition(threading.Lock())
             self._sleepers = 0
+            # One poll object for every wait of its reader (None on Windows: select() there).
+            self._poller: select.poll | None = select.poll() if hasattr(select, "poll") else None
+            if self._poller is not None:
+                self._poller.register(sock, select.POLLIN)
         else:
             self._out = bytearray()
             self._unsent = []
@@ -160,6 +164,18 @@ class Pipe:
         command written just before it, in the same write (no other round's request between
         them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
         dropped."""
+        if self.loop is None and not slots and not preamble:  # a thread's round: the usual
+            with self._write_lock:
+                if self.closed or len(self._pending) >= MAX_PENDING:
+                    return None
+                slot = Slot(time.monotonic())  # stamped as it is written
+                self._pending.append(slot)
+                try:
+                    self._sock.sendall(request)
+                except OSError as exc:  # (as below)
+                    self.close(exc)
+                    return None
+            return slot
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else Slot(now)
@@ -265,7 +281,7 @@ class Pipe:
         """Read what has arrived if no one else is reading now (sync pipes)."""
         if self.loop is not None:
             self._pump()
-        elif self._read_lock.acquire(blocking=False):
+        elif self._read_lock.acquire(False):  # (not blocking)
             try:
                 self._pump()
             finally:
@@ -281,13 +297,16 @@ class Pipe:
         that finds nothing costs a failed system call and an exception)."""
         while slot.reply is PENDING:
             remaining = deadline - time.monotonic()
-            if self._read_lock.acquire(blocking=False):
+            if self._read_lock.acquire(False):  # (not blocking)
                 try:
                     if not fresh:
                         self._pump()
                     fresh = False
-                    if slot.reply is PENDING and remaining > 0:
-                        _wait_readable(self._sock, remaining)
+                    if slot.reply is PENDING and remaining > 0:  # wait until readable
+                        if self._poller is None:  # Windows: select() has no descriptor limit
+                            select.select([self._sock], [], [], remaining)
+                        else:
+                            self._poller.poll(remaining * 1000)
                         self._pump()
                 finally:
                     self._read_lock.release()
@@ -377,13 +396,3 @@ class Flusher:
         pipes, self._pipes = self._pipes, []
         for pipe in pipes:
             pipe.end_tick()
-
-
-def _wait_readable(sock: socket.socket, timeout: float) -> None:
-    """Block up to ``timeout`` seconds until ``sock`` has data (or is closed)."""
-    if not hasattr(select, "poll"):  # Windows: select() has no descriptor limit there
-        select.select([sock], [], [], timeout)
-        return
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    poller.poll(timeout * 1000)

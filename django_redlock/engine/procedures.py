@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from . import admission, protocol, scripts
 from .admission import Full
 from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
-from .notices import Turn, Waiter, counts_hand_off
+from .handoff import handed_over, queued_as
+from .notices import Turn, Waiter
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
@@ -46,6 +47,14 @@ COURTESY = 0.003
 #: A queued waiter with no notice looks again after at most this long (a lost notice, a master
 #: that restarted): a slow safety poll, not the way it normally learns its turn.
 SAFETY_POLL = 1.0
+
+#: A waiter that some master cannot tell yet (its inbox subscription unconfirmed there) looks
+#: again after this long (see ``wait_turn``).
+UNHEARD_POLL = 0.05
+
+#: A waiter whose rounds keep finding some masters free (a split vote) looks again after this
+#: long, then twice as long each time (see ``acquire``).
+SPLIT_POLL = 0.01
 
 #: Woken when the holder's lease can have run out on a quorum, plus this margin (the masters
 #: expire keys on their own clocks, to the millisecond).
@@ -142,8 +151,11 @@ def attempt(
     else:
         wait_ms = max(int((deadline - now) * 1000), 1)
         queue = masters.queue_key(want.resources[0])
+        if waiter.score is None:  # once: the same number on every master, every round
+            waiter.score = int(time.time() * 1000) + wait_ms
         command = scripts.ACQUIRE_WAITING.evalsha(
-            (want.keys[0], queue), (want.value, ttl_ms, queued_as(want, waiter), wait_ms)
+            (want.keys[0], queue),
+            (want.value, ttl_ms, queued_as(want, waiter), wait_ms, waiter.score),
         )
         request = Round(command, scripts.ACQUIRE_WAITING, patience=patience, enough=granted)
     try:
@@ -161,7 +173,7 @@ def attempt(
     result = tally(masters, replies, want.ttl, start)  # 3
     if result.won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        return Granted(valid_until, failures(masters, replies) if result.failed else [])
+        return Granted(valid_until, failures(masters, replies, refusals=False))
     if result.granted or result.failed:  # 4
         if waiter is not None:
             waiter.trusts_hand_offs = False
@@ -182,7 +194,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
     turn: Turn | None = None
     waiter: Waiter | None = None
     lost: Lost | None = None
-    split_retried = False
+    splits = 0  # rounds lost in a row with some masters free
     try:
         if want.wait > 0:
             # In line with this process's other waiters of the resource, before any I/O: only
@@ -214,18 +226,21 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             if lost.result.contended and waiter is None:
                 continue  # become a waiter, then try again (above)
             if lost.result.contended and waiter is not None:
-                if lost.result.granted and not split_retried:
-                    # Some masters were free: perhaps a split vote with another waiter and no
-                    # holder, so no release would wake us. Try once more shortly, older waiters
-                    # first. (Once: a holder on a bare quorum looks the same, and is waited for.)
-                    split_retried = True
+                # Some masters were free: perhaps a split vote with other waiters and no holder
+                # (they all undid theirs), so no release would wake any of us. Try once more
+                # shortly, older waiters first; split again, look again within SPLIT_POLL,
+                # twice as long each time after that (a holder on a bare quorum looks the
+                # same, and its waiters must not poll it hard), but never a safety poll's
+                # sleep: a split that repeats (queues that disagree) would stall every waiter.
+                splits = splits + 1 if lost.result.granted else 0
+                if splits == 1:
                     yield Pause(protocol.split_retry_delay(now - began, JITTER))
                     continue
-                split_retried = False
-                yield from wait_turn(masters, waiter, lost, deadline)
-                handed = yield from handed_over(masters, want, waiter)
+                most = SAFETY_POLL if not splits else SPLIT_POLL * 2 ** min(splits - 2, 7)
+                yield from wait_turn(masters, waiter, lost, min(deadline, time.monotonic() + most))
+                handed = yield from handed_over(masters, want.ttl, waiter, several=want.several)
                 if handed is not None:
-                    return Won(handed.valid_until, attempts, began, queued_as(want, waiter), [])
+                    return Won(handed, attempts, began, queued_as(want, waiter), [])
                 continue
             delay = protocol.retry_delay(masters.retry_delay, JITTER)  # 5
             if now + delay > deadline:
@@ -256,45 +271,15 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             masters.queues.leave(turn)  # the next local waiter's turn
 
 
-def queued_as(want: Want, waiter: Waiter) -> str:
-    """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
-    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``); else
-    with its TTL and value, so that a release can hand it the lock (``scripts.wake``)."""
-    if want.several:
-        return waiter.id + scripts.SEVERAL_MARK
-    return f"{waiter.id} {int(want.ttl * 1000)} {want.value}"
-
-
-def handed_over(masters: Masters, want: Want, waiter: Waiter) -> Procedure[Granted | None]:
-    """Granted if releases handed ``waiter`` the lock on a quorum of masters (``scripts.wake``):
-    ours without a round of our own, and no one could take it between the release and us (no
-    barging). The listeners wake it once a quorum's word came; woken otherwise (a notice of a
-    master whose word is no vote, its timeout), with some masters' word, it awaits the others'
-    for at most one node budget. The lease on each began after our first queued
-    attempt began (``queued_since``), so the validity counts from there; too little left (a
-    long wait), or a hand-off that only hints (``trusts_hand_offs``): None, and the next round
-    takes the lock where it was handed to us as well as where it is free."""
-    since = waiter.queued_since
-    if since is None or not waiter.handed or not waiter.trusts_hand_offs or want.several:
-        return None
-    until = time.monotonic() + masters.node_timeout
-    # (Counted again: a member may have begun to abstain since its word came.)
-    while sum(map(counts_hand_off, tuple(waiter.handed))) < masters.quorum:
-        left = until - time.monotonic()
-        if left <= 0:
-            return None
-        yield AwaitNotice(waiter, left)
-    valid_until = since + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-    if not waiter.trusts_hand_offs or valid_until - time.monotonic() < want.ttl / 2:
-        return None
-    return Granted(valid_until, [])
-
-
 def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:
     """Sleep until a release names ``waiter``, or the holder's lease can have run out on a
-    quorum (the masters told their PTTL), or the safety poll; never past ``deadline``."""
+    quorum (the masters told their PTTL), or the safety poll; never past ``deadline``. While
+    some master has not confirmed our inbox yet (a process's first wait, on a busy machine), a
+    release there skips us and we leave its queue: then look again within UNHEARD_POLL."""
     expiry = free_in(lost.replies, masters.quorum)
     sleep = SAFETY_POLL if expiry is None else min(expiry + EXPIRY_MARGIN, SAFETY_POLL)
+    if not masters.notices.heard_everywhere():
+        sleep = min(sleep, UNHEARD_POLL)
     yield AwaitNotice(waiter, min(sleep, deadline - time.monotonic()))
 
 

@@ -365,8 +365,8 @@ class Redlock:
         exactly the holder it showed. ``queued_as``: the waiter id the holder had, if it
         waited: its queue entries go too."""
         script = scripts.RELEASE if len(resources) == 1 else scripts.MULTI_RELEASE
-        keys = tuple(self.lock_key(r) for r in resources)
-        queues = tuple(self.queue_key(r) for r in resources)
+        keys = tuple(map(self.lock_key, resources))  # (map: no generator made on each release)
+        queues = tuple(map(self.queue_key, resources))
         if notify:
             args = (value, "1", protocol.notice_digest(value), self.inbox_prefix, queued_as)
         else:

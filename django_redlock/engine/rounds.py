@@ -16,7 +16,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError,
 
 from . import acks, detours
 from .connections import Node
-from .errors import NodeFailure
+from .errors import NodeFailure, unawaited_failure
 from .pipes import PENDING, Broken, Pipe, Slot
 from .protocol import quorum
 from .quarantine import abstain, abstains
@@ -98,7 +98,7 @@ class Requests:
     def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
         """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
         the same write where the member's replicas must acknowledge it (``acks``)."""
-        request = self.for_node(node)
+        request = self._packed if self.script is None else self.for_node(node)
         if node.acks is not None and acks.wanted(self.command, self.script):
             return node.acks.send(pipe, request, now, preamble)
         return pipe.send(request, now, preamble=preamble)
@@ -160,9 +160,12 @@ def exchange(
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] = set()
     sent: list[tuple[int, Pipe, Slot]] = []
-    may_leave_out = len(nodes) - quorum(len(nodes))
+    needed = quorum(len(nodes))
+    may_leave_out = len(nodes) - needed
     unconnected = []
+    watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
+        watched = watched or node.watch is not None
         pipe = pipe_of(node)
         owes = False
         if pipe is not None and pipe.owes:
@@ -182,8 +185,7 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        slot = None if pipe is None else requests.send(node, pipe, began)
-        if pipe is not None and slot is not None:
+        if pipe is not None and (slot := requests.send(node, pipe, began)) is not None:
             sent.append((i, pipe, slot))
         else:
             unconnected.append(i)
@@ -196,35 +198,32 @@ def exchange(
             sent.append((i, made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
-    written = [slot for _, _, slot in sent]
-    needed = quorum(len(nodes))
+    written = sent  # (``sent`` is rebound below, never changed in place)
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
         # last of them is due (each master's budget runs from when its request left), or when
         # the round is decided.
         waited = [(pipe, slot) for _, pipe, slot in sent]
-        yield Replies(waited, _due(sent, budget), enough, needed)
+        yield Replies(waited, _due(waited, budget), enough, needed)
         later = []
         for i, pipe, slot in sent:
             reply = slot.reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
-                replies[i] = reply
                 requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
                 later.append((i, pipe, slot))
                 continue
             else:
-                replies[i] = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
+                reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
-            if (
-                enough is not None
-                and type(replies[i]) in ANSWERS
-                and enough(replies[i])
-                and not abstains(nodes[i])  # (its grants do not count: see ``abstain``)
-            ):
-                needed -= 1
+                if type(reply) not in ANSWERS:
+                    replies[i] = reply
+                    continue
+            replies[i] = reply
+            if enough is not None and enough(reply) and not (watched and abstains(nodes[i])):
+                needed -= 1  # (an abstaining member's grants do not count: see ``abstain``)
         sent = later
         if enough is not None and needed <= 0:
             awaited = [each for each in sent if nodes[each[0]].redirects]  # (see ``detours``)
@@ -236,17 +235,14 @@ def exchange(
             sent, enough = awaited, None
     if asked_again:
         replies.asked_again = frozenset(asked_again)
-    abstain(nodes, replies)
-    replies.began = min((slot.sent_at for slot in written), default=began)
+    if watched:
+        abstain(nodes, replies)
+    replies.began = min([slot.sent_at for _, _, slot in written], default=began)
     return replies
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
 ANSWERS = frozenset({bytes, int, list, type(None)})
-
-
-#: The reason of a reply the round did not wait for (``unawaited``): no failure of its master.
-UNAWAITED = "unawaited"
 
 
 def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFailure:
@@ -259,7 +255,7 @@ def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFai
     script = requests.script
     if script is not None and not slot.keeps_late:
         slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
-    return NodeFailure(node.label, UNAWAITED, "the round was decided before it answered")
+    return unawaited_failure(node.label)
 
 
 def _settle_late(
@@ -281,8 +277,8 @@ def _settle_late(
     return settle
 
 
-def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
-    return max(slot.sent_at for _, _, slot in sent) + budget
+def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
+    return max([slot.sent_at for _, slot in sent]) + budget
 
 
 _SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)

@@ -29,11 +29,13 @@ class Script:
 
 
 # Waiters queue up on each master in a sorted set (KEYS[2] below): member = the waiter's id,
-# "<inbox>.<n>", where <inbox> names the pub/sub channel its process listens on; score = the server
-# time (ms) at which it stops waiting. Earliest deadline first: with equal waits that is first come,
-# first served; an entry past its deadline is a waiter that gave up (or died) and is skipped. Queues
-# on different masters may disagree on the order now and then: that only means two waiters wake
-# instead of one. Safety never depends on them; the quorum decides. A waiter for a lock over
+# "<inbox>.<n>", where <inbox> names the pub/sub channel its process listens on; score = the time
+# (ms since the epoch) at which it stops waiting: a one-resource waiter's own clock's, the same on
+# every master (see ACQUIRE_WAITING), else the master's. Earliest deadline first: with equal waits
+# that is first come, first served; an entry past its deadline (by the master's clock) is a waiter
+# that gave up (or died) and is skipped. Queues on different masters may still disagree now and
+# then (an entry that reached only some of them): that only means a release is split among two
+# waiters. Safety never depends on them; the quorum decides. A waiter for a lock over
 # several resources is named "<inbox>.<n>*" (SEVERAL_MARK) in the queue of each of them. A waiter
 # for one resource is queued as "<inbox>.<n> <ttl ms> <its value>", so that a release can hand it
 # the lock (``wake``): only the id before the first space is ever published (the value holds the
@@ -48,7 +50,7 @@ SEVERAL_MARK = "*"
 # exclusive) is *handed* the lock, ``key``, just freed: SET to its value for its TTL, and told so
 # (" +" after its id), so that it holds the lock without a round of its own once a quorum of
 # masters told it the same, and no one can take the key in between (see
-# ``procedures.handed_over``). Returns the number of subscribers notified.
+# ``handoff.handed_over``). Returns the number of subscribers notified.
 _WAKE = """
 local function wake(queue, notice, inboxes, key)
     local now_ms = nil
@@ -260,7 +262,12 @@ end
 HOLDS = Script("holds", _ALL_OURS + "return all_ours() and 1 or 0\n")
 
 # KEYS[1] lock key; KEYS[2] the resource's waiter queue. ARGV[1] our full value; ARGV[2] TTL in
-# milliseconds; ARGV[3] this waiter's id; ARGV[4] how many more milliseconds it will wait.
+# milliseconds; ARGV[3] this waiter's queue entry; ARGV[4] how many more milliseconds it will
+# wait; ARGV[5] its score: when it stops waiting, in ms of the Unix epoch by its own clock, the
+# same number on every master, so that every master's queue has the waiters in the same order
+# (scored by each master's clock on arrival, two waiters that came within a few milliseconds
+# stood in different orders on different masters, and a release then handed the key to one on
+# some masters and to the other on the rest: neither held a quorum).
 # SET NX PX as an uncontended acquisition does, for a waiter (subscribed to its inbox first); a
 # key that already holds our value was handed to us by a release (``wake``) and is renewed. If
 # it wins, it leaves the queue; if it loses, it joins the queue, keeping its place if it is there
@@ -278,10 +285,8 @@ if redis.pcall('get', KEYS[1]) == ARGV[1] then  -- a release handed it to us (wa
     redis.call('zrem', KEYS[2], ARGV[3])
     return 1
 end
-local now = redis.call('time')
 local wait_ms = tonumber(ARGV[4])
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('zadd', KEYS[2], 'NX', now_ms + wait_ms, ARGV[3])
+redis.call('zadd', KEYS[2], 'NX', ARGV[5], ARGV[3])
 if redis.call('pttl', KEYS[2]) < wait_ms then
     redis.call('pexpire', KEYS[2], wait_ms)
 end

@@ -11,10 +11,10 @@ from typing import Any, Protocol, TypeVar
 from . import scripts
 from .admission import Admission
 from .connections import Node
-from .errors import NodeFailure
+from .errors import UNAWAITED, NodeFailure
 from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
 from .protocol import Vote
-from .rounds import UNAWAITED, Command, Reply
+from .rounds import Command, Reply
 
 T = TypeVar("T")
 
@@ -116,23 +116,36 @@ Procedure = Generator[Step, Any, T]
 # --- votes --------------------------------------------------------------------------------------
 
 
+_GRANTED, _DENIED, _FAILED = Vote.GRANTED, Vote.DENIED, Vote.FAILED
+
+
 def vote(reply: Reply) -> Vote:
     """SET NX answers OK or nil; our scripts answer 0 (or, for a waiter, [0, pttl]) for 'not
     ours' and >= 1 for done."""
+    kind = type(reply)  # the usual answers first: this runs for every reply of every round
+    if kind is bytes:
+        return _GRANTED
+    if kind is int:
+        return _GRANTED if reply else _DENIED
     if isinstance(reply, NodeFailure):
-        return Vote.FAILED
+        return _FAILED
     if reply is None or reply == 0 or isinstance(reply, list):
-        return Vote.DENIED
-    return Vote.GRANTED
+        return _DENIED
+    return _GRANTED
 
 
 def granted(reply: object) -> bool:
     """Whether an answer grants what was asked (decides a round: see ``Round.enough``)."""
-    return vote(reply) is Vote.GRANTED
+    return vote(reply) is _GRANTED
 
 
-def failures(masters: Masters, replies: Sequence[Reply]) -> list[NodeFailure]:
-    """Per-master detail for errors: who failed and why, and who said the lock is held."""
+def failures(
+    masters: Masters, replies: Sequence[Reply], *, refusals: bool = True
+) -> list[NodeFailure]:
+    """Per-master detail for errors: who failed and why, and who said the lock is held. Without
+    ``refusals``, only who failed: of a won round, all that ``Lease.note_failures`` reports."""
+    if not refusals:
+        return [r for r in replies if isinstance(r, NodeFailure) and r.reason != UNAWAITED]
     out = []
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):

@@ -1,0 +1,53 @@
+"""The hand-off: a release gives the lock to the waiter at the head of the resource's queue on
+each master (``scripts.wake``), and a waiter that a quorum of masters told so holds it without a
+round of its own. What a queue entry carries for that, and when a waiter may count the masters'
+word as the lock (``handed_over``); ``procedures.acquire`` waits and asks."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from . import protocol, scripts
+from .notices import Waiter, counts_hand_off
+from .steps import AwaitNotice, Masters, Procedure
+
+if TYPE_CHECKING:
+    from .procedures import Want
+
+
+def queued_as(want: Want, waiter: Waiter) -> str:
+    """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
+    so that a key's turn is never passed on to it (see ``scripts.MULTI_ACQUIRE_WAITING``); else
+    with its TTL and value, so that a release can hand it the lock (``scripts.wake``)."""
+    if want.several:
+        return waiter.id + scripts.SEVERAL_MARK
+    return f"{waiter.id} {int(want.ttl * 1000)} {want.value}"
+
+
+def handed_over(
+    masters: Masters, ttl: float, waiter: Waiter, *, several: bool
+) -> Procedure[float | None]:
+    """Until when the lock is ours (monotonic) if releases handed ``waiter`` the lock on a
+    quorum of masters: ours without a round of our own, and no one could take it between the
+    release and us (no barging). Woken by the first master's word, it awaits a quorum's for at
+    most one node budget (a release reaches every master at once); fewer: its queues split the
+    release's keys among waiters, and its round (which loses, and undoes them, or wins) settles
+    it. The lease on each began after our first queued attempt began (``queued_since``), so the
+    validity counts from there; too little left (a long wait), or a hand-off that only hints
+    (``trusts_hand_offs``): None, and the next round takes the lock where it was handed to us
+    as well as where it is free."""
+    since = waiter.queued_since
+    if since is None or not waiter.handed or not waiter.trusts_hand_offs or several:
+        return None
+    until = time.monotonic() + masters.node_timeout
+    # (Counted again: a member may have begun to abstain since its word came.)
+    while sum(map(counts_hand_off, tuple(waiter.handed))) < masters.quorum:
+        left = until - time.monotonic()
+        if left <= 0:
+            return None
+        yield AwaitNotice(waiter, left)
+    valid_until = since + ttl - protocol.drift(ttl, masters.drift_factor)
+    if not waiter.trusts_hand_offs or valid_until - time.monotonic() < ttl / 2:
+        return None
+    return valid_until
