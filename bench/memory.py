@@ -11,6 +11,9 @@ acquires ``n`` locks on distinct resources and keeps them:
   added per lock (``DBSIZE``); and
   ``MEMORY USAGE`` / ``STRLEN`` of one lock key on the first master.
 
+Ours twice: the engine (``Redlock(urls).lock(key)``) and the way a Django project takes it
+(``redlock(key)`` over ``settings.REDLOCK``, the app installed), which issue 20 measures.
+
 The floor keeps a (key, token) tuple per lock and stores ``SET key <32 hex chars> PX`` on every
 master: the least a Redlock client can keep and store.
 """
@@ -35,6 +38,13 @@ LOCKS = 1000
 IMPLEMENTATIONS = [
     ("floor", "floor", 5, "a (key, token) tuple; SET key <32 hex> NX PX on each master"),
     ("ours", "ours", 5, "a Lock (+ its Lease) per resource; value = token + owner JSON"),
+    (
+        "ours: redlock()",
+        "ours-django",
+        5,
+        "as ours, through redlock() with Django settings (observer, signals, metrics, DB guard "
+        "on): a DjangoLock, and the watchdog's look at its expiry (the lost signal)",
+    ),
     ("pottery", "pottery", 5, "a pottery.Redlock per resource"),
     ("redlock-py", "redlock-py", 5, "the Lock namedtuple lock() returns"),
     ("redlock-ng", "redlock-ng", 5, "the Lock object acquire() returns (own venv)"),
@@ -71,10 +81,12 @@ def one_key(master: LocalMaster, pattern: str) -> tuple[float, float]:
 
 
 def measure(
-    implementation: str, masters: Sequence[LocalMaster], used: int, n: int
+    implementation: str, masters: Sequence[LocalMaster], used: int, n: int, tag: str
 ) -> dict[str, Any]:
+    """``tag``: two characters naming the row in its keys (``bench:mem:<tag>:<i>``): every row's
+    names are as long, so that no row keeps (or stores) more bytes for a longer name."""
     urls = [m.url for m in masters][:used]
-    prefix = f"bench:mem:{implementation}:"
+    prefix = f"bench:mem:{tag}:"
     worker = Worker(implementation, {"urls": urls, "key": f"{prefix}warm", "ttl": 60.0})
     try:
         if implementation != "floor":
@@ -106,10 +118,10 @@ def run(*, n: int = LOCKS) -> tuple[str, dict[str, Any]]:
     with local_masters(5) as masters:
         # Unmeasured: the masters' key tables grow (and stay grown) the first time they hold n
         # keys; without this pass the first row measured pays for that growth alone.
-        measure("floor", masters, 5, n)
-        for label, implementation, used, _ in IMPLEMENTATIONS:
+        measure("floor", masters, 5, n, "xx")
+        for index, (label, implementation, used, _) in enumerate(IMPLEMENTATIONS):
             try:
-                data["rows"][label] = measure(implementation, masters, used, n)
+                data["rows"][label] = measure(implementation, masters, used, n, f"{index:02d}")
             except (Unavailable, RuntimeError, redis.RedisError) as exc:
                 data["rows"][label] = {"error": str(exc)[:200]}
     floor = data["rows"]["floor"]

@@ -6,6 +6,7 @@ OpenTelemetry spans around its operations (``otel.py``, when installed). The eng
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from . import dbguard, otel
@@ -19,6 +20,19 @@ if TYPE_CHECKING:
     from .engine import Redlock
 
 
+class _Layer:
+    """A ``DjangoLock``'s own options."""
+
+    __slots__ = ("db_guard", "template")
+
+    def __init__(self, db_guard: bool, template: str | None) -> None:
+        self.db_guard = db_guard
+        self.template = template or UNTEMPLATED
+
+
+_DEFAULTS = _Layer(True, None)
+
+
 class DjangoLock(Lock):
     """A ``Lock`` guarded from acquisition to release (unless ``db_guard=False``): once its
     lease is lost or its validity is over, the next query in the acquiring context raises
@@ -28,6 +42,18 @@ class DjangoLock(Lock):
     It hooks the engine's ``acquire`` / ``aacquire`` (a ``with`` block's entry calls them, and
     so does a locked generator) and ``_release`` / ``_arelease``: every release goes through
     them (``release()``, a block's end, a locked generator's end, whichever thread ends it)."""
+
+    # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
+    # keeps the defaults (``_Layer``), not two fields per held lock.
+    __slots__ = ("_layer",)
+
+    db_guard: bool = property(  # type: ignore[assignment]
+        attrgetter("_layer.db_guard"), lambda lock, value: lock._own_layer("db_guard", value)
+    )
+    #: The label of the per-template metrics (never the formatted resource: unbounded).
+    template: str = property(  # type: ignore[assignment]
+        attrgetter("_layer.template"), lambda lock, value: lock._own_layer("template", value)
+    )
 
     def __init__(
         self,
@@ -42,9 +68,13 @@ class DjangoLock(Lock):
         if template is not None and (not isinstance(template, str) or not template):
             raise ValueError(f"template must be a non-empty str or None, got {template!r}")
         super().__init__(redlock, *resources, **options)
-        self.db_guard = db_guard
-        #: The label of the per-template metrics (never the formatted resource: unbounded).
-        self.template = template or UNTEMPLATED
+        self._layer = _DEFAULTS if db_guard and template is None else _Layer(db_guard, template)
+
+    def _own_layer(self, name: str, value: object) -> None:
+        """Set one of its options (``_DEFAULTS`` is everyone's: it gets a record of its own)."""
+        if self._layer is _DEFAULTS:
+            self._layer = _Layer(_DEFAULTS.db_guard, _DEFAULTS.template)
+        setattr(self._layer, name, value)
 
     def _guard(self) -> None:
         lease = self._callers.get(current_owner())

@@ -9,7 +9,6 @@ from . import process
 from .leases import Lease, LeaseCommands, Owner
 
 if TYPE_CHECKING:
-    from .events import Observer
     from .lock import Lock
     from .procedures import Won
 
@@ -19,16 +18,14 @@ def granted(
     owner: Owner,
     value: str,
     won: Won,
-    observer: Observer,
     keys: tuple[str, ...] | None = None,
     commands: LeaseCommands | None = None,
 ) -> Lease:
     """The lease that acquisition ``won`` through ``handle`` holds for ``owner``; ``keys`` and
-    ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's."""
+    ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's. (Its
+    observer and ``on_lost`` are the handle's, read from it when they are told.)"""
     return Lease(
-        resource=handle.resource,
         resources=handle.resources,
-        key=handle.key,
         keys=handle.keys if keys is None else keys,
         ttl=handle.ttl,
         value=value,
@@ -36,10 +33,8 @@ def granted(
         owner=owner,
         pid=process.pid(),
         handle=handle,
-        observer=observer,
-        on_lost=handle.on_lost,
         queued_as=won.queued_as,
-        max_extensions=handle.max_extensions,
-        max_hold=handle.max_hold,
+        max_extensions=handle._options.max_extensions,  # noqa: SLF001 (the engine's handle)
+        max_hold=handle._options.max_hold,  # noqa: SLF001
         commands=commands,
     )

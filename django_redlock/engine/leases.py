@@ -13,18 +13,20 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
-from . import process, protocol
+from . import protocol, values
 from .callbacks import DISPATCHER
 from .errors import LockLost, NodeFailure
 from .events import logger, notify
 
 if TYPE_CHECKING:
-    from .events import Observer
     from .lock import Lock
     from .steps import Round
+
+T = TypeVar("T")
 
 #: Who acts: the running asyncio task, else the current thread (the objects themselves).
 Owner = object
@@ -53,10 +55,15 @@ class Watcher(Protocol):
 #: and the watchdog: one lock for all leases (held for a few bytecodes, never across I/O).
 _BOOKS = threading.Lock()
 
+#: Makes a lease's ``_SeldomFields`` (two threads setting two of its fields at once must not
+#: each make one and lose the other's write). Never held while taking another lock.
+_SELDOM_GUARD = threading.Lock()
+
 
 def _after_fork_in_child() -> None:
-    global _BOOKS
-    _BOOKS = threading.Lock()  # a parent thread may have held it at the fork
+    global _BOOKS, _SELDOM_GUARD
+    # A parent thread may have held them at the fork.
+    _BOOKS, _SELDOM_GUARD = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -79,48 +86,113 @@ class LeaseCommands(Protocol):
     def release(self, lease: Lease, *, cleanup: bool = False) -> Round: ...
 
 
+#: The fields of a lease that most leases never change from these defaults: its caps, the
+#: extension bookkeeping, its fences, why it was lost, a waiter's queue id, a mode's commands
+#: (see ``_seldom``).
+_SELDOM_DEFAULTS: dict[str, Any] = {
+    "auto_extend": False,
+    "commands": None,
+    "extensions": 0,
+    "fences": None,
+    "generation": 0,
+    "lost_failures": (),
+    "lost_reason": "",
+    "max_extensions": None,
+    "max_hold": None,
+    "queued_as": "",
+    "schedule": 0,
+    "unsettled": None,
+}
+
+
+class _SeldomFields:
+    """The seldom fields of one lease that has set any of them (or of all the others)."""
+
+    __slots__ = tuple(_SELDOM_DEFAULTS)
+
+    def __init__(self) -> None:
+        for name, default in _SELDOM_DEFAULTS.items():
+            setattr(self, name, default)
+
+
+#: The seldom fields of every lease that has set none of them: read, never written.
+_NONE_SET = _SeldomFields()
+
+
+class _Seldom(property, Generic[T]):
+    """A lease field that most leases never change from its default (``_SELDOM_DEFAULTS``),
+    kept in the lease's ``_seldom`` record: the shared ``_NONE_SET`` until the lease's first
+    write to any of them makes its own. A held lock that waited for nobody, is never extended,
+    fenced or lost, and is a plain lock, carries none of them: 96 bytes less per held lock.
+    Read in C (a property over ``attrgetter``), nearly as fast as a field of its own."""
+
+    def __init__(self, name: str) -> None:
+        field = getattr(_SeldomFields, name)  # the record's slot
+
+        def write(lease: Lease, value: object) -> None:
+            seldom = lease._seldom
+            if seldom is _NONE_SET:
+                with _SELDOM_GUARD:
+                    seldom = lease._seldom
+                    if seldom is _NONE_SET:
+                        seldom = lease._seldom = _SeldomFields()
+            field.__set__(seldom, value)
+
+        super().__init__(attrgetter(f"_seldom.{name}"), write)
+
+    if TYPE_CHECKING:  # what the property reads and takes, for the type checker
+
+        @overload
+        def __get__(self, lease: None, owner: type | None = None, /) -> _Seldom[T]: ...
+        @overload
+        def __get__(self, lease: Lease, owner: type | None = None, /) -> T: ...
+        def __get__(self, lease: Lease | None, owner: type | None = None, /) -> Any: ...
+        def __set__(self, lease: Lease, value: T, /) -> None: ...
+
+
 class Lease:
-    """What an acquired lock holds. Shared by the handles of a re-entrant owner."""
+    """What an acquired lock holds. Shared by the handles of a re-entrant owner.
+
+    Slots, and only those that most held locks need: one lease is kept per held lock, so every
+    field costs that much per held lock. What can be read elsewhere is: the name (``resource``,
+    from ``resources``), the observer and ``on_lost`` (the acquiring handle's, told only while
+    it lives); what few leases set is kept apart (``_Seldom``)."""
 
     __slots__ = (
-        "__weakref__",
-        "acquired_at",
-        "auto_extend",
-        "commands",
-        "depth",
-        "extensions",
-        "fences",
-        "generation",
-        "handle",
-        "key",
-        "keys",
-        "lost",
-        "lost_failures",
-        "lost_reason",
-        "max_extensions",
-        "max_hold",
-        "observer",
-        "on_lost",
-        "owner",
-        "pid",
-        "queued_as",
-        "released",
-        "resource",
-        "resources",
-        "schedule",
-        "ttl",
-        "unsettled",
-        "valid_until",
-        "value",
-        "watcher",
-    )
+        "__weakref__", "_owner_text", "_seldom", "_stamp", "acquired_at", "depth", "handle",
+        "keys", "lost", "owner", "pid", "released", "resources", "ttl", "valid_until", "watcher",
+    )  # fmt: skip
+
+    #: Why it was lost, as first found (a forced release, the masters gone...): every later
+    #: report (``check()``, the block's exit) gives that reason, not a generic one.
+    lost_reason: _Seldom[str] = _Seldom("lost_reason")
+    lost_failures: _Seldom[tuple[NodeFailure, ...]] = _Seldom("lost_failures")
+    #: Fencing tokens, by resource, once read (None until the first: most leases never are).
+    fences: _Seldom[dict[str, int] | None] = _Seldom("fences")
+    #: Extensions made or under way (reserved before their round: see ``reserve_extension``),
+    #: and the caps on them.
+    extensions: _Seldom[int] = _Seldom("extensions")
+    max_extensions: _Seldom[int | None] = _Seldom("max_extensions")
+    max_hold: _Seldom[float | None] = _Seldom("max_hold")
+    #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
+    #: was sent after it (the later-started one wins, see ``renewed``).
+    generation: _Seldom[int] = _Seldom("generation")
+    #: Rounds sent and not yet answered (generation -> their TTL); made by the first one.
+    unsettled: _Seldom[dict[int, float] | None] = _Seldom("unsettled")
+    #: Whether the watchdog renews it (cleared when a cap stops the renewals), and which of the
+    #: watcher's scheduled looks at it is the live one.
+    auto_extend: _Seldom[bool] = _Seldom("auto_extend")
+    schedule: _Seldom[int] = _Seldom("schedule")
+    #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
+    queued_as: _Seldom[str] = _Seldom("queued_as")
+    #: How to renew and release it on the masters when that is not the plain lock's way
+    #: (a permit of a semaphore, a reader): None for a plain lock.
+    commands: _Seldom[LeaseCommands | None] = _Seldom("commands")
 
     def __init__(
         self,
         *,
-        resource: str,
         resources: tuple[str, ...],
-        key: str,
         keys: tuple[str, ...],
         ttl: float,
         value: str,
@@ -128,19 +200,17 @@ class Lease:
         owner: Owner,
         pid: int,
         handle: Lock,
-        observer: Observer,
-        on_lost: Callable[[Lock, LockLost], None] | None = None,
         queued_as: str = "",
         max_extensions: int | None = None,
         max_hold: float | None = None,
         commands: LeaseCommands | None = None,
     ) -> None:
-        self.resource = resource  # the name (several: joined), for messages
+        self._seldom = _NONE_SET
         self.resources = resources
-        self.key = key  # its keys named as one (several: joined)
         self.keys = keys  # the keys on the masters
         self.ttl = ttl
-        self.value = value  # token + owner, exactly as stored on the masters: never shown
+        # Its value, in the parts that the locks of one owner do not each keep a copy of.
+        self._stamp, self._owner_text = values.compact_value(value)
         self.valid_until = valid_until  # monotonic deadline of guaranteed exclusivity
         self.acquired_at = time.monotonic()
         self.owner = owner
@@ -148,36 +218,29 @@ class Lease:
         #: The handle that acquired it, for events. Weak: a lease lives exactly as long as a
         #: handle holds it, so dropping an unreleased lock also stops its auto-extension at once.
         self.handle: weakref.ref[Lock] = weakref.ref(handle)
-        self.observer = observer
-        self.on_lost = on_lost
         self.depth = 1
         self.released = False
         self.lost = False
-        #: Why it was lost, as first found (a forced release, the masters gone...): every later
-        #: report (``check()``, the block's exit) gives that reason, not a generic one.
-        self.lost_reason = ""
-        self.lost_failures: tuple[NodeFailure, ...] = ()
-        #: Fencing tokens, by resource, once read (None until the first: most leases never are).
-        self.fences: dict[str, int] | None = None
-        #: Extensions made or under way (reserved before their round: see ``reserve_extension``).
-        self.extensions = 0
-        self.max_extensions = max_extensions
-        self.max_hold = max_hold
-        #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
-        #: was sent after it (the later-started one wins, see ``renewed``).
-        self.generation = 0
-        #: Rounds sent and not yet answered (generation -> their TTL); made by the first one.
-        self.unsettled: dict[int, float] | None = None
-        #: Whether the watchdog renews it (cleared when a cap stops the renewals), who watches
-        #: it, and which of the watcher's scheduled looks at it is the live one.
-        self.auto_extend = False
-        self.watcher: Watcher | None = None
-        self.schedule = 0
-        #: The waiter id the holder had in the masters' queues, if it waited ("" if not).
-        self.queued_as = queued_as
-        #: How to renew and release it on the masters when that is not the plain lock's way
-        #: (a permit of a semaphore, a reader): None for a plain lock.
-        self.commands = commands
+        self.watcher: Watcher | None = None  # who watches it (the watchdog)
+        if max_extensions is not None:
+            self.max_extensions = max_extensions
+        if max_hold is not None:
+            self.max_hold = max_hold
+        if queued_as:
+            self.queued_as = queued_as
+        if commands is not None:
+            self.commands = commands
+
+    @property
+    def value(self) -> str:
+        """Token + owner, exactly as stored on the masters: never shown."""
+        return values.expand_value(self._stamp, self._owner_text)
+
+    @property
+    def resource(self) -> str:
+        """The name (several: joined), for messages."""
+        resources = self.resources
+        return resources[0] if len(resources) == 1 else " + ".join(resources)
 
     def __repr__(self) -> str:
         # Never the value: error pages and trackers that capture locals would show the token.
@@ -277,10 +340,11 @@ class Lease:
         return error
 
     def _tell_lost(self, handle: Lock, error: LockLost) -> None:
-        notify(self.observer, "lost", handle, error=error)
-        if self.on_lost is not None:
+        notify(handle._redlock.observer, "lost", handle, error=error)
+        on_lost = handle.on_lost
+        if on_lost is not None:
             try:
-                self.on_lost(handle, error)
+                on_lost(handle, error)
             except Exception:  # noqa: BLE001 (a callback's bug must not break the lock)
                 logger.exception("on_lost callback failed for %r", self.resource)
 
@@ -291,110 +355,10 @@ class Lease:
         handle = self.handle()
         if failed and handle is not None:
             DISPATCHER.call(
-                notify, self.observer, "masters_failed", handle, action=action, failures=failed
+                notify,
+                handle._redlock.observer,
+                "masters_failed",
+                handle,
+                action=action,
+                failures=failed,
             )
-
-
-class Callers:
-    """Who holds what through one ``Lock`` handle: each caller's lease, by its owner (the task
-    or thread object), how many times more it entered it through this handle (re-entrant), and
-    whether each one's last lease was lost (readable after its release; held weakly, so a task
-    or thread that ended is forgotten). A lease taken by another process (we are a forked child)
-    is nobody's here."""
-
-    __slots__ = ("_ended", "_leases", "_nested", "_one", "resource")
-
-    def __init__(self, resource: str) -> None:
-        self.resource = resource
-        #: One caller at a time (the usual case) needs no dict: 220 of a held lock's 1,500 bytes.
-        self._one: tuple[Owner, Lease] | None = None
-        self._leases: dict[Owner, Lease] | None = None
-        self._nested: dict[Owner, int] | None = None
-        self._ended: weakref.WeakKeyDictionary[Owner, bool] | None = None
-
-    def _lease_of(self, owner: Owner) -> Lease | None:
-        one = self._one
-        if one is not None and one[0] is owner:
-            return one[1]
-        return None if self._leases is None else self._leases.get(owner)
-
-    def _forget(self, owner: Owner) -> None:
-        if self._one is not None and self._one[0] is owner:
-            self._one = None
-        elif self._leases is not None:
-            self._leases.pop(owner, None)
-
-    def get(self, owner: Owner) -> Lease | None:
-        lease = self._lease_of(owner)
-        if lease is not None and lease.pid != process.pid():
-            return None  # the parent's, copied by fork(): this process holds nothing
-        return lease
-
-    def add(self, owner: Owner, lease: Lease) -> None:
-        mine = self._lease_of(owner)
-        if mine is lease:  # re-entered through this same handle
-            if self._nested is None:
-                self._nested = {}
-            self._nested[owner] = self._nested.get(owner, 0) + 1
-            return
-        if mine is not None:
-            self._forget(owner)
-        if self._one is None:
-            self._one = (owner, lease)
-        else:
-            if self._leases is None:
-                self._leases = {}
-            self._leases[owner] = lease
-        if self._nested:
-            self._nested.pop(owner, None)
-
-    def detach(self, owner: Owner, action: str) -> Lease:
-        """``owner``'s lease, let go of once (its innermost entry through this handle)."""
-        lease = self._lease_of(owner)
-        if lease is None:
-            owners = [*(self._one or ())[:1], *(self._leases or ())]
-            holders = ", ".join(describe(o) for o in owners) or "nobody"
-            raise RuntimeError(
-                f"cannot {action} lock {self.resource!r}: it is not acquired by "
-                f"{describe(owner)} through this object (held through it by: {holders}); only "
-                f"the thread or task that acquired a lock may release it"
-            )
-        if lease.pid != process.pid():  # the parent's: forget it, every entry of it
-            self._forget(owner)
-            if self._nested:
-                self._nested.pop(owner, None)
-            raise self._forked(lease, action)
-        if self._nested and owner in self._nested:
-            if self._nested[owner] > 1:
-                self._nested[owner] -= 1
-            else:
-                del self._nested[owner]
-            return lease
-        self._forget(owner)
-        return lease
-
-    def held(self, owner: Owner, action: str) -> Lease:
-        """``owner``'s lease, or RuntimeError saying why it has none to ``action``."""
-        lease = self._lease_of(owner)
-        if lease is None:
-            raise RuntimeError(
-                f"cannot {action} lock {self.resource!r}: it is not acquired by "
-                f"{describe(owner)} through this object"
-            )
-        if lease.pid != process.pid():
-            raise self._forked(lease, action)
-        return lease
-
-    def _forked(self, lease: Lease, action: str) -> RuntimeError:
-        return RuntimeError(
-            f"cannot {action} lock {self.resource!r}: it was acquired by process {lease.pid}, "
-            f"and a forked child does not hold its parent's locks (it may acquire its own)"
-        )
-
-    def ended(self, owner: Owner, lease: Lease) -> None:
-        if self._ended is not None or lease.lost:  # (no weak dict made while none was lost)
-            self._ended = weakref.WeakKeyDictionary() if self._ended is None else self._ended
-            self._ended[owner] = lease.lost
-
-    def was_lost(self, owner: Owner) -> bool:
-        return bool(self._ended and self._ended.get(owner, False))

@@ -17,12 +17,14 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, markers, procedures, protocol, reentry, renames
+from . import holding, markers, options, procedures, protocol, reentry, renames
+from .callers import Callers
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify
 from .granting import granted
-from .leases import Callers, Lease, Owner, current_owner
+from .leases import Lease, Owner, current_owner
+from .options import WithOptions
 from .steps import Procedure
 from .values import make_value
 
@@ -30,8 +32,14 @@ if TYPE_CHECKING:
     from .redlock import Redlock
 
 
-class Lock:
+class Lock(WithOptions):
     """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``."""
+
+    # Slots: no __dict__ per handle held (a mode's subclass has one for its own fields).
+    __slots__ = (
+        "__weakref__", "_callers", "_options", "_redlock", "key", "keys", "resource", "resources",
+        "ttl", "wait",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -60,26 +68,19 @@ class Lock:
             self.resource = " + ".join(self.resources)
             self.keys = tuple(map(redlock.lock_key, self.resources))
             self.key = " + ".join(self.keys)
-        self.ttl = redlock.check_ttl(ttl)  # (within max_ttl, if set)
-        # No bounds on the hold: the usual case, on every new lock.
-        unbounded = at_least is None and at_most is None and max_hold is None
-        if unbounded:
-            self.at_least = self.at_most = None
-        else:
-            self.at_least, self.at_most = protocol.check_hold_bounds(at_least, at_most)
+        self._options, self.ttl = options.checked(
+            redlock.check_ttl(ttl),  # (within max_ttl, if set)
+            label=label,
+            auto_extend=auto_extend,
+            max_extensions=max_extensions,
+            max_hold=max_hold,
+            reentrant=reentrant,
+            on_lost=on_lost,
+            at_least=at_least,
+            at_most=at_most,
+        )
         self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        self.label = protocol.check_label(label)
-        self.auto_extend = bool(auto_extend)
-        self.max_extensions = protocol.check_count("max_extensions", max_extensions)
-        if unbounded:
-            self.max_hold = None
-        else:
-            self.ttl, self.max_hold = protocol.capped_by(self.at_most, self.ttl, max_hold)
-        if on_lost is not None and not callable(on_lost):
-            raise ValueError(f"on_lost must be callable, got {on_lost!r}")
-        self.reentrant = bool(reentrant)
-        self.on_lost = on_lost
-        self._callers = Callers(self.resource)
+        self._callers = Callers()
 
     def __repr__(self) -> str:
         lease = self._callers.get(current_owner())
@@ -291,7 +292,7 @@ class Lock:
     def _want(self, owner: Owner) -> procedures.Want:
         # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
         task = owner.get_name() if isinstance(owner, asyncio.Task) else None
-        value = make_value(self.label, self.ttl, task)
+        value = make_value(self._options.label, self.ttl, task)
         return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
@@ -323,16 +324,16 @@ class Lock:
         lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
         redlock.holders.add(lease)
-        if self.auto_extend:
+        if self._options.auto_extend:
             redlock.watchdog.watch(lease)
-        elif self.on_lost is not None or not isinstance(redlock.observer, NullObserver):
+        elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
         notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
         lease.note_failures(won.failures, "acquire")
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
-        return granted(self, owner, want.value, won, self._redlock.observer)
+        return granted(self, owner, want.value, won)
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must
@@ -351,7 +352,7 @@ class Lock:
         """Let go of ``owner``'s lease; return it if it was its last holder (release it on the
         masters), None for an inner re-entrant entry. RuntimeError if ``owner`` does not hold it
         through this handle (or we are a forked child: the parent holds it, not us)."""
-        lease = self._callers.detach(owner, "release")
+        lease = self._callers.detach(owner, "release", self.resource)
         lease.depth -= 1
         if lease.depth > 0:
             return None
@@ -388,7 +389,7 @@ class Lock:
         return lease.lost_error()
 
     def _held_lease(self, action: str, owner: Owner) -> Lease:
-        return self._callers.held(owner, action)
+        return self._callers.held(owner, action, self.resource)
 
 
 def _report_lost(error: LockLost, exc: BaseException | None) -> None:

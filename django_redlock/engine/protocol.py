@@ -168,7 +168,7 @@ def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
     if seconds > MAX_SECONDS:
         raise ValueError(f"{name} must be at most {MAX_SECONDS:.0f} seconds (a year), got {value}")
-    return seconds
+    return seconds or 0.0  # (a zero shared: not a float object per ``wait=0`` lock)
 
 
 def check_hold_bounds(at_least: object, at_most: object) -> tuple[float | None, float | None]:

@@ -10,6 +10,8 @@ wait for itself): that is refused at once, with the reason.
 
 from __future__ import annotations
 
+import os
+import threading
 import weakref
 from typing import TYPE_CHECKING
 
@@ -20,34 +22,68 @@ from .leases import Lease, Owner, describe
 if TYPE_CHECKING:
     from .lock import Lock
 
+#: Guards the tables' writes (a lease added, removed, the dead swept): a sweep must not delete a
+#: key that another thread has just given to a new lease. Reads take no lock. One for all
+#: tables, held for a few bytecodes, never across I/O.
+_TABLES = threading.Lock()
+
+#: A table is swept of dead references once it holds this many keys, then whenever it has
+#: doubled since (as the watchdog's schedule is).
+SWEEP_AT = 1024
+
+
+def _after_fork_in_child() -> None:
+    global _TABLES
+    _TABLES = threading.Lock()  # a parent thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class Holders:
     """The live leases of this process, under each of their keys. Weak: a dropped handle does not
-    leave a phantom holder behind."""
+    leave a phantom holder behind.
 
-    __slots__ = ("_by_key",)
+    Each key maps to the lease's plain weak reference, ``weakref.ref(lease)``: Python keeps one
+    per object and hands it out again, so the watchdog's look at the same lease shares it (a
+    ``WeakValueDictionary`` made a keyed reference of its own per lease: 88 more bytes per held
+    lock). A lease dropped unreleased leaves its dead reference behind until the next sweep."""
+
+    __slots__ = ("_by_key", "_sweep_at")
 
     def __init__(self) -> None:
-        self._by_key: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+        self._by_key: dict[str, weakref.ref[Lease]] = {}
+        self._sweep_at = SWEEP_AT
 
     def __getitem__(self, key: str) -> Lease:
-        return self._by_key[key]
+        lease = self._by_key[key]()
+        if lease is None:
+            raise KeyError(key)
+        return lease
 
     def add(self, lease: Lease) -> None:
-        for key in lease.keys:
-            self._by_key[key] = lease
+        ref = weakref.ref(lease)
+        with _TABLES:
+            for key in lease.keys:
+                self._by_key[key] = ref
+            if len(self._by_key) >= self._sweep_at:
+                self._by_key = {k: r for k, r in self._by_key.items() if r() is not None}
+                self._sweep_at = max(SWEEP_AT, 2 * len(self._by_key))
 
     def remove(self, lease: Lease) -> None:
-        for key in lease.keys:
-            if self._by_key.get(key) is lease:
-                del self._by_key[key]
+        with _TABLES:
+            for key in lease.keys:
+                ref = self._by_key.get(key)
+                if ref is not None and ref() is lease:
+                    del self._by_key[key]
 
     def of(self, owner: Owner, keys: tuple[str, ...]) -> list[Lease | None]:
         """Per key, the lease under which ``owner``, in this process, holds it (or None)."""
         pid = process.pid()
         leases: list[Lease | None] = []
         for key in keys:
-            lease = self._by_key.get(key)
+            ref = self._by_key.get(key)
+            lease = None if ref is None else ref()
             if lease is not None and (lease.owner is not owner or lease.pid != pid):
                 lease = None  # another's (or our parent's, if we are a forked child)
             leases.append(None if lease is None or lease.released else lease)

@@ -1,7 +1,9 @@
 """What we store on each master as the lock's value: an unguessable token, then who holds it;
 written (``make_value``) and read back (``parse_value``) here only.
 
-``<32 hex token>:{"host":..,"pid":..,"thread":..,"task":..,"label":..,"ttl":..,"since":<unix>}``
+``<32 hex token>:{"host":..,"pid":..,"thread":..,"task":..,"label":..,"ttl":..,"since":<unix>}``,
+``task`` and ``label`` only when there is one (a reader takes a missing field as none): every
+byte of it is kept by the client per held lock and on every master.
 
 A lock whose body ended before its ``at_least`` is kept under the same token with one more field,
 ``"until":<unix>`` (``finished_value``): it is finished, and held until then by nobody's renewal.
@@ -25,6 +27,7 @@ import math
 import re
 import secrets
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -41,37 +44,72 @@ MAX_VALUE_BYTES = 8192
 FINGERPRINT_LENGTH = 8
 _TOKEN = re.compile(rb"[0-9a-f]{32}")
 
-#: The owner JSON around its task's name (what comes before it, and after it but "since"), by
-#: (process, thread name, label, ttl): JSON-encoding it on every acquisition cost more than the
-#: rest of building the value. Keyed by names, not thread ids (Python reuses those): a lock taken
-#: in a new thread names that thread. Not by task: every task has a name of its own (a burst of a
-#: thousand tasks would encode a thousand owners), and one name alone encodes fast.
-_OWNER_JSON: dict[tuple[int, str, str | None, float], tuple[str, str]] = {}
-_OWNER_JSON_MAX = 1024  # bounded: threads come and go
+#: Everything of the owner JSON but "since", by (process, thread name, task name, label, ttl):
+#: JSON-encoding it on every acquisition cost more than the rest of building the value. Keyed by
+#: names, not thread ids (Python reuses those): a lock taken in a new thread names that thread.
+_OWNER_JSON: dict[tuple[int, str, str | None, str | None, float], str] = {}
+_OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
+#: The same texts, by themselves: a held lock keeps its value in parts (``compact_value``), and
+#: its owner's part is then the one string every lock of that owner shares.
+_OWNER_TEXTS: dict[str, str] = {}
+
+#: The value this thread made last, with its parts: the acquisition that made it keeps them.
+_MADE = threading.local()
+
+_SINCE = ',"since":'
+_STAMP = struct.Struct("<16sq")  # the token's 16 bytes, then "since" in unix milliseconds
 
 
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
     """A fresh value for one acquisition by the current thread and ``task`` (its name, if the
     owner is an asyncio task)."""
     thread = threading.current_thread().name
-    who = (process.pid(), thread, label, ttl)
-    around = _OWNER_JSON.get(who)
-    if around is None:
-        compact = (",", ":")
-        before = json.dumps({"host": _HOST, "pid": who[0], "thread": thread}, separators=compact)
-        after = json.dumps({"label": label, "ttl": ttl}, separators=compact)
-        # ``{"host":..,"pid":..,"thread":..,"task":`` and ``,"label":..,"ttl":..``: all but
-        # the task's name, "since" (it changes with every acquisition) and the closing brace.
-        around = (f'{before[:-1]},"task":', f",{after[1:-1]}")
+    who = (process.pid(), thread, task, label, ttl)
+    owner_json = _OWNER_JSON.get(who)
+    if owner_json is None:
+        fields: dict[str, object] = {"host": _HOST, "pid": who[0], "thread": thread}
+        if task is not None:
+            fields["task"] = task
+        if label is not None:
+            fields["label"] = label
+        fields["ttl"] = ttl
+        # Everything but the closing brace: "since" changes with every acquisition.
+        owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
         if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
             _OWNER_JSON.clear()
-        _OWNER_JSON[who] = around
+            _OWNER_TEXTS.clear()
+        owner_json = _OWNER_JSON[who] = _OWNER_TEXTS.setdefault(owner_json, owner_json)
+    token = secrets.token_bytes(16)
     # Wall clock, for display only, to the millisecond (formatted as integers: a float's
     # formatting goes through the C library's printf, a few percent of a cycle's own work).
-    since_ms = int(time.time() * 1000)
-    since = f"{since_ms // 1000}.{since_ms % 1000:03d}"
-    task_json = "null" if task is None else json.dumps(task)
-    return f'{secrets.token_hex(16)}:{around[0]}{task_json}{around[1]},"since":{since}}}'
+    since = int(time.time() * 1000)
+    value = f"{token.hex()}:{owner_json}{_SINCE}{since // 1000}.{since % 1000:03}}}"
+    # Its parts, for the lease that keeps it (``compact_value``), without reading them back.
+    _MADE.last = (value, _STAMP.pack(token, since), owner_json)
+    return value
+
+
+def compact_value(value: str) -> tuple[bytes, str]:
+    """``value`` (as ``make_value`` made it) in the two parts a held lock keeps: its token and
+    "since" packed in 24 bytes (not 32 hex characters and 14 digits), and the owner JSON before
+    "since", the one string every lock of that owner shares. ``expand_value`` gives ``value``
+    back exactly ("since" has 3 decimals: whole milliseconds). 99 bytes less per held lock."""
+    last = getattr(_MADE, "last", None)
+    if last is not None and last[0] is value:  # the last this thread made (the usual case)
+        return last[1], last[2]
+    cut = value.rindex(_SINCE)
+    seconds, dot, millis = value[cut + len(_SINCE) : -1].partition(".")
+    if value[32] != ":" or value[-1] != "}" or not dot or len(millis) != 3:
+        raise ValueError("not a value make_value made")  # (a bug of ours: nothing else is kept)
+    stamp = _STAMP.pack(bytes.fromhex(value[:32]), int(seconds) * 1000 + int(millis))
+    owner = value[33:cut]
+    return stamp, _OWNER_TEXTS.get(owner, owner)
+
+
+def expand_value(stamp: bytes, owner: str) -> str:
+    """The value ``compact_value`` took apart, exactly as stored on the masters."""
+    token, since = _STAMP.unpack(stamp)
+    return f"{token.hex()}:{owner}{_SINCE}{since // 1000}.{since % 1000:03}}}"
 
 
 def finished_value(value: str, until: float) -> str:
