@@ -265,9 +265,8 @@ class Lock(WithOptions):
             finally:
                 self._released(owner, lease)
 
-    # (Plain methods, a coroutine less each; entering goes through aacquire: subclasses wrap it.)
-    def __aenter__(self) -> Coroutine[Any, Any, Lock]:
-        return self.aacquire()
+    def __aenter__(self) -> Coroutine[Any, Any, Lock]:  # (not async: a coroutine less, here and
+        return self.aacquire()  # in __aexit__; through aacquire, which subclasses wrap)
 
     def __aexit__(
         self,
