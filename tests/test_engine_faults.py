@@ -440,7 +440,11 @@ def test_majority_slower_than_the_ttl_with_a_short_budget(fresh_masters, engine_
     assert time.monotonic() - started < FAILED_ATTEMPT_BOUND
     assert not lock.held
     assert keys_of(masters[3:]) == [None, None]
-    assert wait_until(lambda: keys_of(masters) == [None] * 5, timeout=0.3 + 0.2 + 1.0), [
+    # The slow majority's SETs land late and live at most their 0.2 s TTL from then. How late:
+    # the first request on a new connection through a 0.3 s proxy waits for its handshake's round
+    # trips; in the README's run on a busy machine (Redis 6.2) keys were still seen at 1.5 s,
+    # each with under its TTL left (SET late, not kept): so wait up to 4 s for them to go.
+    assert wait_until(lambda: keys_of(masters) == [None] * 5, timeout=4.0), [
         (m.port, m.call("PTTL", KEY)) for m in masters
     ]
 
