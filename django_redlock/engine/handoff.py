@@ -25,9 +25,7 @@ def queued_as(want: Want, waiter: Waiter) -> str:
     return f"{waiter.id} {int(want.ttl * 1000)} {want.value}"
 
 
-def handed_over(
-    masters: Masters, ttl: float, waiter: Waiter, *, several: bool
-) -> Procedure[float | None]:
+def handed_over(masters: Masters, ttl: float, waiter: Waiter) -> Procedure[float | None]:
     """Until when the lock is ours (monotonic) if releases handed ``waiter`` the lock on a
     quorum of masters: ours without a round of our own, and no one could take it between the
     release and us (no barging). Woken by the first master's word, it awaits a quorum's for at
@@ -38,7 +36,8 @@ def handed_over(
     (``trusts_hand_offs``): None, and the next round takes the lock where it was handed to us
     as well as where it is free."""
     since = waiter.queued_since
-    if since is None or not waiter.handed or not waiter.trusts_hand_offs or several:
+    # (A waiter for several resources is never handed a key: its queue entries carry no value.)
+    if since is None or not waiter.handed or not waiter.trusts_hand_offs:
         return None
     until = time.monotonic() + masters.node_timeout
     # (Counted again: a member may have begun to abstain since its word came.)
@@ -48,6 +47,4 @@ def handed_over(
             return None
         yield AwaitNotice(waiter, left)
     valid_until = since + ttl - protocol.drift(ttl, masters.drift_factor)
-    if not waiter.trusts_hand_offs or valid_until - time.monotonic() < ttl / 2:
-        return None
-    return valid_until
+    return None if valid_until - time.monotonic() < ttl / 2 else valid_until

@@ -236,9 +236,9 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                 if splits == 1:
                     yield Pause(protocol.split_retry_delay(now - began, JITTER))
                     continue
-                most = SAFETY_POLL if not splits else SPLIT_POLL * 2 ** min(splits - 2, 7)
-                yield from wait_turn(masters, waiter, lost, min(deadline, time.monotonic() + most))
-                handed = yield from handed_over(masters, want.ttl, waiter, several=want.several)
+                most = SPLIT_POLL * 2 ** min(splits - 2, 7) if splits else SAFETY_POLL
+                yield from wait_turn(masters, waiter, lost, deadline, most)
+                handed = yield from handed_over(masters, want.ttl, waiter)
                 if handed is not None:
                     return Won(handed, attempts, began, queued_as(want, waiter), [])
                 continue
@@ -247,37 +247,30 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                 raise not_acquired(masters, want, lost, attempts, now - began)
             yield Pause(delay)
     except BaseException as exc:
-        if waiter is not None and not want.several and waiter.queued_since is not None:
-            if not isinstance(exc, GeneratorExit):
-                # Gone from the wait (interrupted, or out of time) while queued: leave the
-                # masters' queues, and pass on the lock where a release had just handed it to
-                # us (else it would stay with no one until its TTL).
-                yield release_round(
-                    masters,
-                    want.resources,
-                    want.value,
-                    cleanup=True,
-                    queued_as=queued_as(want, waiter),
-                )
-        elif waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
-            # Interrupted while a waiter (a cancelled task, Ctrl-C): leave the masters' queues,
-            # or the next release would wake a name that no one answers to any more.
-            for resource in want.resources:
-                queue = masters.queue_key(resource)
-                yield Round(("ZREM", queue, queued_as(want, waiter)), cleanup=True)
+        if waiter is not None and not isinstance(exc, GeneratorExit):
+            # Gone from the wait (interrupted, or out of time) as a waiter: leave the masters'
+            # queues, or the next release would wake (or hand the lock to) a name no one answers
+            # to any more; a release of our value also passes on a key handed to us meanwhile
+            # (else it would stay with no one until its TTL). One round for every resource.
+            yield release_round(
+                masters, want.resources, want.value, cleanup=True, queued_as=queued_as(want, waiter)
+            )
         raise
     finally:
         if turn is not None:
             masters.queues.leave(turn)  # the next local waiter's turn
 
 
-def wait_turn(masters: Masters, waiter: Waiter, lost: Lost, deadline: float) -> Procedure[None]:
+def wait_turn(
+    masters: Masters, waiter: Waiter, lost: Lost, deadline: float, most: float = SAFETY_POLL
+) -> Procedure[None]:
     """Sleep until a release names ``waiter``, or the holder's lease can have run out on a
-    quorum (the masters told their PTTL), or the safety poll; never past ``deadline``. While
-    some master has not confirmed our inbox yet (a process's first wait, on a busy machine), a
-    release there skips us and we leave its queue: then look again within UNHEARD_POLL."""
+    quorum (the masters told their PTTL), or at most ``most`` (the safety poll); never past
+    ``deadline``. While some master has not confirmed our inbox yet (a process's first wait, on
+    a busy machine), a release there skips us and we leave its queue: then look again within
+    UNHEARD_POLL."""
     expiry = free_in(lost.replies, masters.quorum)
-    sleep = SAFETY_POLL if expiry is None else min(expiry + EXPIRY_MARGIN, SAFETY_POLL)
+    sleep = most if expiry is None else min(expiry + EXPIRY_MARGIN, most)
     if not masters.notices.heard_everywhere():
         sleep = min(sleep, UNHEARD_POLL)
     yield AwaitNotice(waiter, min(sleep, deadline - time.monotonic()))
