@@ -146,9 +146,10 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     # many masters did not answer, and the highest count of keys-plus-woken a master returned.
     # (``reported``: those of them that failed, not only went unawaited once a quorum confirmed.)
     confirmed = unanswered = reported = highest = 0
+    confirms_it = confirms(several)
     for r in replies:
         if isinstance(r, int):
-            if r == several if several > 1 else r >= 1:
+            if confirms_it(r):
                 confirmed += 1
             if r > highest:
                 highest = r
