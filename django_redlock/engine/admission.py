@@ -23,6 +23,7 @@ import time
 from collections import deque
 
 from . import deadlines, process
+from .loops import of_loop
 
 #: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
 #: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
@@ -220,9 +221,8 @@ class Admission:
 
     def of(self, loop: asyncio.AbstractEventLoop) -> LoopGate:
         self.threads()  # forgets the parent's gates in a forked child
-        gate = self._loops.get(loop)
-        if gate is None:
-            for closed in [each for each in self._loops if each.is_closed()]:
-                del self._loops[closed]  # loops that ended (asyncio.run returned)
-            gate = self._loops[loop] = LoopGate(loop, self.limit)
-        return gate
+        gate = self._loops.get(loop)  # (the usual case, without making a bound method)
+        return gate if gate is not None else of_loop(self._loops, loop, self._new_gate)
+
+    def _new_gate(self, loop: asyncio.AbstractEventLoop) -> LoopGate:
+        return LoopGate(loop, self.limit)

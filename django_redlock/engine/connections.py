@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from . import acks, cluster, dialing, protocol, sentinel
+from .loops import of_loop
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, cluster_identity, mask_url, sentinel_identity
@@ -332,12 +333,7 @@ _FLUSHERS: dict[asyncio.AbstractEventLoop, Flusher] = {}
 
 
 def _flusher_of(loop: asyncio.AbstractEventLoop) -> Flusher:
-    flusher = _FLUSHERS.get(loop)
-    if flusher is None:
-        for closed in [each for each in _FLUSHERS if each.is_closed()]:
-            _FLUSHERS.pop(closed, None)  # (another thread may sweep too)
-        flusher = _FLUSHERS[loop] = Flusher(loop)
-    return flusher
+    return of_loop(_FLUSHERS, loop, Flusher)
 
 
 Made = Future[Any] | asyncio.Future[Any]  # a connect: in our thread pool, or on the loop

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .loops import of_loop
+
 Expire = Callable[[asyncio.Future[Any]], None]
 
 
@@ -89,8 +91,7 @@ class Deadlines:
 #: half of its size) since the last sweep: rarely, and never for a handful.
 _PURGE_AT = 1024
 
-#: By loop; a closed loop's are dropped when another loop makes its own (as ``admission`` does:
-#: not a weak dictionary, whose values here would keep their loops alive through their futures).
+#: By loop; a closed loop's are dropped when another loop makes its own (``loops``).
 _LOOPS: dict[asyncio.AbstractEventLoop, Deadlines] = {}
 
 
@@ -100,12 +101,7 @@ def of(loop: asyncio.AbstractEventLoop) -> Deadlines:
     last = _last
     if last is not None and last._loop is loop:  # the usual case: one loop, found at once
         return last
-    deadlines = _LOOPS.get(loop)
-    if deadlines is None:
-        for closed in [each for each in _LOOPS if each.is_closed()]:
-            _LOOPS.pop(closed, None)  # loops that ended (another thread may sweep too)
-        deadlines = _LOOPS[loop] = Deadlines(loop)
-    _last = deadlines
+    deadlines = _last = of_loop(_LOOPS, loop, Deadlines)
     return deadlines
 
 
