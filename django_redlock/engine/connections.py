@@ -130,6 +130,7 @@ class Node:
         return self
 
     redirects = False  # (a Cluster shard's replies may: see ``detours``)
+    routed = False  # (a Cluster member's rounds go to its shards: see ``route``)
 
     def redirected(self, error: redis.ResponseError) -> Node | None:
         """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import hiredis
@@ -69,11 +70,13 @@ class Requests:
     def __init__(self, command: Command, script: Script | None) -> None:
         self.command = command
         self.script = script
+        #: The script's SHA (None: no script), which a master that answered is known to have.
+        self.warm_sha = None if script is None else script.sha
         self._packed = pack(command)
         self._with_source: bytes | None = None
 
     def for_node(self, node: Node) -> bytes:
-        if self.script is None or self.script.sha in node.warm:
+        if self.warm_sha is None or self.warm_sha in node.warm:
             return self._packed
         return self.with_source()
 
@@ -92,16 +95,19 @@ class Requests:
         return False
 
     def answered(self, node: Node) -> None:
-        if self.script is not None:
-            node.warm.add(self.script.sha)
+        if self.warm_sha is not None:
+            node.warm.add(self.warm_sha)
 
     def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
         """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
         the same write where the member's replicas must acknowledge it (``acks``)."""
-        request = self._packed if self.script is None else self.for_node(node)
+        sha = self.warm_sha
+        request = self._packed if sha is None or sha in node.warm else self.with_source()
         if node.acks is not None and acks.wanted(self.command, self.script):
             return node.acks.send(pipe, request, now, preamble)
-        return pipe.send(request, now, preamble=preamble)
+        if preamble:
+            return pipe.send(request, now, preamble=preamble)
+        return pipe.send(request, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,17 +161,23 @@ def exchange(
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
     request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``)."""
     began = time.monotonic()
-    nodes = [node.route(command) for node in nodes]
+    nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
     requests = Requests(command, script)
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] = set()
-    sent: list[tuple[int, Pipe, Slot]] = []
+    # What was sent and is waited for: the masters' indexes, and their (pipe, slot) pairs, as
+    # the drivers wait for them (parallel lists: rebuilt only for a round's later waits).
+    where: list[int] = []
+    sent: list[tuple[Pipe, Slot]] = []
     needed = quorum(len(nodes))
     may_leave_out = len(nodes) - needed
     unconnected = []
     watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
-        watched = watched or node.watch is not None
+        if node.routed:
+            node = nodes[i] = node.route(command)
+        if node.watch is not None:
+            watched = True
         pipe = pipe_of(node)
         owes = False
         if pipe is not None and pipe.owes:
@@ -186,7 +198,8 @@ def exchange(
             pipe.close()
             pipe = None
         if pipe is not None and (slot := requests.send(node, pipe, began)) is not None:
-            sent.append((i, pipe, slot))
+            where.append(i)
+            sent.append((pipe, slot))
         else:
             unconnected.append(i)
     for i in unconnected:
@@ -195,24 +208,29 @@ def exchange(
         if not isinstance(made, Pipe):
             replies[i] = made
         elif (slot := requests.send(node, made, time.monotonic())) is not None:
-            sent.append((i, made, slot))
+            where.append(i)
+            sent.append((made, slot))
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
     written = sent  # (``sent`` is rebound below, never changed in place)
+    warm = requests.warm_sha
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
         # last of them is due (each master's budget runs from when its request left), or when
         # the round is decided.
-        waited = [(pipe, slot) for _, pipe, slot in sent]
-        yield Replies(waited, _due(waited, budget), enough, needed)
-        later = []
-        for i, pipe, slot in sent:
+        yield Replies(sent, _due(sent, budget), enough, needed)
+        later_where: list[int] = []
+        later: list[tuple[Pipe, Slot]] = []
+        for i, each in zip(where, sent, strict=True):
+            pipe, slot = each
             reply = slot.reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
-                requests.answered(nodes[i])
+                if warm is not None:
+                    nodes[i].warm.add(warm)  # (see ``Requests.answered``)
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
-                later.append((i, pipe, slot))
+                later_where.append(i)
+                later.append(each)
                 continue
             else:
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
@@ -224,21 +242,30 @@ def exchange(
             replies[i] = reply
             if enough is not None and enough(reply) and not (watched and abstains(nodes[i])):
                 needed -= 1  # (an abstaining member's grants do not count: see ``abstain``)
-        sent = later
-        if enough is not None and needed <= 0:
-            awaited = [each for each in sent if nodes[each[0]].redirects]  # (see ``detours``)
-            for i, pipe, slot in sent:
-                if not nodes[i].redirects:
-                    replies[i] = unawaited(nodes[i], pipe, slot, requests)
-            if not awaited:
-                break
-            sent, enough = awaited, None
+        where, sent = later_where, later
+        if enough is not None and needed <= 0 and sent:
+            awaited_where: list[int] = []
+            awaited: list[tuple[Pipe, Slot]] = []  # (see ``detours``)
+            for i, each in zip(where, sent, strict=True):
+                if nodes[i].redirects:
+                    awaited_where.append(i)
+                    awaited.append(each)
+                else:
+                    replies[i] = unawaited(nodes[i], *each, requests)
+            where, sent, enough = awaited_where, awaited, None
+        elif enough is not None and needed <= 0:
+            break
     if asked_again:
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
-    replies.began = min([slot.sent_at for _, _, slot in written], default=began)
+    replies.began = min(map(_SENT_AT, map(_SLOT, written)), default=began)
     return replies
+
+
+#: A (pipe, slot) pair's slot; when a slot's request left (read in C: every round reads them).
+_SLOT: Callable[[tuple[Pipe, Slot]], Slot] = itemgetter(1)
+_SENT_AT: Callable[[Slot], float] = attrgetter("sent_at")
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
@@ -278,7 +305,7 @@ def _settle_late(
 
 
 def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
-    return max([slot.sent_at for _, slot in sent]) + budget
+    return max(map(_SENT_AT, map(_SLOT, sent))) + budget
 
 
 _SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)

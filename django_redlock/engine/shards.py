@@ -72,6 +72,8 @@ class ShardNode(Node):
 class ClusterMember(Node):
     """A Redis Cluster as one member. Its own pipes are never used: rounds go to its shards."""
 
+    routed = True
+
     def __init__(self, spec: NodeSpec, timeout: float, *, max_ttl: float | None = None) -> None:
         assert spec.seeds is not None  # noqa: S101
         self.seeds = spec.seeds
