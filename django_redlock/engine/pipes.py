@@ -40,6 +40,9 @@ PENDING = object()
 #: what we told it is more than we want replayed when it wakes up.
 MAX_PENDING = 10_000
 
+#: How much one read takes from the socket at most (a read that fills it reads again).
+_READ_SIZE = 65536
+
 #: The socket has no data yet (plain, or TLS with no complete record).
 _NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
 
@@ -123,7 +126,7 @@ class Pipe:
             protocolError=redis.exceptions.InvalidResponse,
             replyError=BaseParser.parse_error,
         )
-        self._buffer = bytearray(65536)  # hiredis copies what it is fed
+        self._buffer = bytearray(_READ_SIZE)  # hiredis copies what it is fed
         self._pending: deque[Slot] = deque()
         self.closed = False
         self.opened_at = time.monotonic()
@@ -217,7 +220,8 @@ class Pipe:
     def end_tick(self) -> None:
         """The loop tick is over: write what its later requests queued, in one send."""
         self._in_tick = False
-        self._flush()
+        if self._out:  # (mostly not: the tick's first request went out at once)
+            self._flush()
 
     def _flush(self) -> None:
         """Write what is queued, in one send (what does not fit waits for POLLOUT)."""
@@ -272,7 +276,7 @@ class Pipe:
                     elif slot.keeps_late:
                         slot.reply = reply
                     reply = reader.gets()
-                if received < len(self._buffer):
+                if received < _READ_SIZE:
                     return
         except (redis.RedisError, OSError, IndexError) as exc:  # IndexError: a reply nobody asked
             self.close(exc)
@@ -340,7 +344,9 @@ class Pipe:
     def owes(self) -> bool:
         """The oldest unanswered request was given up on: the master has been silent."""
         pending = self._pending
-        return bool(pending) and pending[0].abandoned
+        if pending:  # (no bool(): every round asks every pipe)
+            return pending[0].abandoned
+        return False
 
     def stalled(self, now: float, after: float) -> bool:
         """The oldest unanswered request was given up on and sent more than ``after`` seconds

@@ -64,7 +64,7 @@ EXPIRY_MARGIN = 0.003
 # --- acquire ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
 class Want:
     """One acquisition's request: what to lock (one resource, or several: all or none on each
     master), for how long, how long to wait."""
@@ -81,7 +81,7 @@ class Want:
         return len(self.keys) > 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
 class Won:
     """A won acquisition: its validity deadline, and how it went."""
 
@@ -92,7 +92,7 @@ class Won:
     failures: list[NodeFailure]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
 class Granted:
     """A won attempt: until when its lease is exclusively ours (monotonic), and the masters
     that failed meanwhile (a minority, or it would not have been won)."""
@@ -101,7 +101,7 @@ class Granted:
     failures: list[NodeFailure]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
 class Lost:
     """A lost attempt: the tally and what each master said."""
 

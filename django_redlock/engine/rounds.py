@@ -120,7 +120,7 @@ class Connect:
     budget: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
 class Replies:
     """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``; or,
     with ``enough``, only until ``needed`` more of them are answers that ``enough`` accepts (the

@@ -51,7 +51,10 @@ class Masters(Protocol):
 # --- the steps a procedure can ask for ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, repr=False)
+# Not frozen (as the records made on every cycle are not: ``procedures.Want``, ``Won``, ...): a
+# frozen dataclass sets each field through object.__setattr__, and is three times as slow to
+# make. Nothing changes them once made.
+@dataclass(slots=True, repr=False)
 class Round:
     """Send ``command`` to every master at once; the answer is the list of their replies."""
 
