@@ -138,14 +138,18 @@ def fan_out(
 
 def _wait_replies(wait: Replies) -> None:
     """Wait for each reply in turn, the masters that answered fastest lately first, so that a
-    round decided by its quorum's replies does not sit waiting on a slower master's."""
+    round decided by its quorum's replies does not sit waiting on a slower master's. Once it is
+    decided, the replies that came meanwhile are still read, without waiting: a master that
+    answered is not left owing a reply (for the next round to read, after the round took it for
+    unawaited)."""
     sent, enough = wait.sent, wait.enough
     if enough is not None and len(sent) > 1:
-        sent = sorted(sent, key=lambda sent: sent[0].latency)
+        sent = sorted(sent, key=_latency)
     needed = wait.needed
     fresh = True  # the first reply of a round cannot be there yet
     measured = False
-    for pipe, slot in sent:
+    pairs = iter(sent)
+    for pipe, slot in pairs:
         if slot.reply is PENDING:
             pipe.wait(slot, wait.deadline, fresh=fresh)
             if not measured:
@@ -162,7 +166,14 @@ def _wait_replies(wait: Replies) -> None:
         elif enough is not None and enough(reply):
             needed -= 1
             if needed <= 0:
+                for pipe, slot in pairs:  # (the rest: read if here, never waited for)
+                    if slot.reply is PENDING:
+                        pipe.try_pump()
                 break
+
+
+def _latency(sent: tuple[Pipe, Slot]) -> float:
+    return sent[0].latency
 
 
 def _decides(enough: Decides, slot: Slot) -> bool:
