@@ -73,7 +73,8 @@ class Requests:
         #: The script's SHA (None: no script), which a master that answered is known to have.
         self.warm_sha = None if script is None else script.sha
         self._packed = pack(command)
-        self._with_source: bytes | None = None
+        #: The request with the script's source, once a master needed it (else None).
+        self.sourced: bytes | None = None
 
     def for_node(self, node: Node) -> bytes:
         if self.warm_sha is None or self.warm_sha in node.warm:
@@ -82,10 +83,10 @@ class Requests:
 
     def with_source(self) -> bytes:
         """The script request as EVAL with the script's source (no NOSCRIPT possible)."""
-        if self._with_source is None:
+        if self.sourced is None:
             assert self.script is not None  # noqa: S101
-            self._with_source = pack(("EVAL", self.script.source, *self.command[2:]))
-        return self._with_source
+            self.sourced = pack(("EVAL", self.script.source, *self.command[2:]))
+        return self.sourced
 
     def forgot_script(self, node: Node, reply: Reply) -> bool:
         """Whether ``reply`` says the master lost our script (flushed, restarted)."""
@@ -213,7 +214,9 @@ def exchange(
         else:
             replies[i] = NodeFailure(node.label, "error", "connection lost while sending")
     written = sent  # (``sent`` is rebound below, never changed in place)
-    warm = requests.warm_sha
+    # A master that answers the script is known to have it (``Requests.answered``): news only
+    # if some master was sent its source (the others were sent its SHA: known to have it).
+    warm = None if requests.sourced is None else requests.warm_sha
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
@@ -223,16 +226,16 @@ def exchange(
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
         for i, each in zip(where, sent, strict=True):
-            pipe, slot = each
-            reply = slot.reply
+            reply = each[1].reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
                 if warm is not None:
-                    nodes[i].warm.add(warm)  # (see ``Requests.answered``)
-            elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
+                    nodes[i].warm.add(warm)
+            elif reply is PENDING and time.monotonic() < each[1].sent_at + budget:
                 later_where.append(i)
                 later.append(each)
                 continue
             else:
+                pipe, slot = each
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     asked_again.add(i)  # _vote asked it once more, on a new connection
