@@ -190,17 +190,15 @@ class Pipe:
             queued = (first, *(slots or (slot,)))
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
-            if queued:
-                self._pending.extend(queued)
+            queued = queued or (slot,)
+            self._pending.extend(queued)
+            if self._in_tick or self._writing:  # out at the tick's end, with the others
                 self._unsent.extend(queued)
-            else:
-                self._pending.append(slot)
-                self._unsent.append(slot)
-            self._out += request
-            if not self._in_tick and not self._writing:
+                self._out += request
+            else:  # the tick's first request: at once
                 self._in_tick = True
                 self._flusher.later(self)
-                self._flush()  # the tick's first request: at once
+                self._write_first(queued, request)
             return slot
         with self._write_lock:
             if self.closed:
@@ -223,6 +221,17 @@ class Pipe:
         if self._out:  # (mostly not: the tick's first request went out at once)
             self._flush()
 
+    def _write_first(self, slots: tuple[Slot, ...], request: bytes) -> None:
+        """Write the tick's first request now (nothing is queued before it: ``_out`` is empty);
+        what does not fit is queued, for POLLOUT."""
+        now = time.monotonic()
+        for slot in slots:
+            slot.sent_at = now
+        sent = self._send_some(request)
+        if sent < len(request) and not self.closed:
+            self._out += request[sent:]
+            self._wait_writable()
+
     def _flush(self) -> None:
         """Write what is queued, in one send (what does not fit waits for POLLOUT)."""
         if self.closed or not self._out:
@@ -231,15 +240,25 @@ class Pipe:
         for slot in self._unsent:
             slot.sent_at = now
         self._unsent.clear()
-        try:
-            sent = self._sock.send(self._out)
-        except _NOT_YET:
-            sent = 0
-        except OSError as exc:
-            self.close(exc)
+        sent = self._send_some(self._out)
+        if self.closed:
             return
         del self._out[:sent]
-        if self._out and not self._writing:
+        if self._out:
+            self._wait_writable()
+
+    def _send_some(self, data: bytes | bytearray) -> int:
+        """Write what the socket takes of ``data`` now: how much (0 if it broke: closed)."""
+        try:
+            return self._sock.send(data)
+        except _NOT_YET:
+            return 0
+        except OSError as exc:
+            self.close(exc)
+            return 0
+
+    def _wait_writable(self) -> None:
+        if not self._writing:
             self._writing = True
             assert self.loop is not None  # noqa: S101
             self.loop.add_writer(self._fd, self._drain)
