@@ -1,0 +1,86 @@
+"""The uncontended cycle's round path (issue 20, target 1(a)): what the leaner round keeps.
+
+A sync round decided by a quorum still takes the replies that came meanwhile (without waiting
+for any); a round counts a master's answer as a vote exactly as before (the quorum, the
+validity from the earliest request's departure, less drift); a master sent a script's source is
+known to have it once it answered.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_redlock.engine import procedures, scripts
+from django_redlock.engine.drivers import fan_out, run
+from django_redlock.engine.procedures import Want
+from django_redlock.engine.steps import granted
+
+#: How late the paused masters answer (seconds): the others' replies are there long before.
+PAUSE_MS = 300
+
+
+def test_a_sync_round_decided_at_quorum_reads_the_replies_already_there(masters, redlock_of):
+    """Three masters answer late and are waited for first; the two others answered at once:
+    their replies are votes of the round, not given up on as unawaited (nor left owing)."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    with engine.lock("cycle-path:warm", ttl=5):  # the threads' pipes, open
+        pass
+    nodes = engine.nodes
+    for i, node in enumerate(nodes):
+        assert node.pipe is not None
+        node.pipe.latency = 0.0 if i < 3 else 1.0  # (the driver waits for the fastest first)
+    for master in masters[:3]:
+        master.call("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+    began = time.monotonic()
+    replies = fan_out(nodes, ("SET", "cycle-path:late", "v", "NX", "PX", 5000), 2.0, None, granted)
+    assert time.monotonic() - began >= PAUSE_MS / 1000 * 0.9  # it did wait for the paused ones
+    assert replies == [b"OK"] * 5
+    assert not any(node.pipe is not None and node.pipe.owes for node in nodes)
+
+
+def test_a_won_round_counts_validity_from_its_first_request_less_drift(masters, redlock_of):
+    """A won attempt's lease ends at the round's ``began`` (read before its first request left)
+    + TTL - drift, on the monotonic clock. (A drift of a second: no round on a loaded machine
+    takes that long, so a validity that left it out would fall outside the bounds.)"""
+    engine = redlock_of(masters, drift_factor=0.1)
+    ttl = 10.0
+    key = engine.lock_key("cycle-path:validity")
+    want = Want("cycle-path:validity", ("cycle-path:validity",), (key,), ttl, 0.0, "v")
+    before = time.monotonic()
+    outcome = run(engine, procedures.attempt(engine, want, None, before + 1.0))
+    after = time.monotonic()
+    assert isinstance(outcome, procedures.Granted)
+    drift = ttl * 0.1 + 0.002
+    assert before + ttl - drift <= outcome.valid_until <= after + ttl - drift
+
+
+@pytest.mark.parametrize("taken", [2, 3])
+def test_a_round_wins_only_with_a_quorum_of_grants(masters, redlock_of, taken):
+    """Masters already holding the key deny; the attempt wins iff a quorum (3 of 5) granted."""
+    engine = redlock_of(masters)
+    key = engine.lock_key("cycle-path:quorum")
+    for master in masters[:taken]:
+        master.call("SET", key, "someone else", "PX", 5000)
+    want = Want("cycle-path:quorum", ("cycle-path:quorum",), (key,), 2.0, 0.0, "v")
+    outcome = run(engine, procedures.attempt(engine, want, None, time.monotonic() + 1.0))
+    if taken == 2:
+        assert isinstance(outcome, procedures.Granted)
+    else:
+        assert isinstance(outcome, procedures.Lost)
+        assert outcome.result.granted == 2
+        assert [m.call("GET", key) for m in masters[taken:]] == [None] * (5 - taken)  # undone
+
+
+def test_a_master_sent_a_scripts_source_is_known_to_have_it_once_it_answered(masters, redlock_of):
+    """A new connection's first script request goes with its source (the master may have
+    forgotten it); once a master answered it, it is sent the SHA."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    nodes = engine.nodes
+    fan_out(nodes, ("GET", "cycle-path:script"), 2.0)  # the pipes, open (they know no script)
+    assert not any(scripts.HOLDS.sha in node.warm for node in nodes)
+    holds = scripts.HOLDS.evalsha((engine.lock_key("cycle-path:script"),), ("v",))
+    replies = fan_out(nodes, holds, 2.0, scripts.HOLDS)  # (every reply waited for)
+    assert replies == [0] * 5
+    assert all(scripts.HOLDS.sha in node.warm for node in nodes)
