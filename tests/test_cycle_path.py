@@ -8,13 +8,17 @@ known to have it once it answered.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from django_redlock.engine import procedures, scripts
 from django_redlock.engine.drivers import fan_out, run
+from django_redlock.engine.pipes import PENDING, Pipe
 from django_redlock.engine.procedures import Want
+from django_redlock.engine.rounds import pack
 from django_redlock.engine.steps import granted
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.
@@ -84,3 +88,54 @@ def test_a_master_sent_a_scripts_source_is_known_to_have_it_once_it_answered(mas
     replies = fan_out(nodes, holds, 2.0, scripts.HOLDS)  # (every reply waited for)
     assert replies == [0] * 5
     assert all(scripts.HOLDS.sha in node.warm for node in nodes)
+
+
+def test_an_async_requests_go_out_at_once_alone_and_together_in_one_tick(masters, redlock_of):
+    """A loop's pipe writes a tick's first request at once and asks the loop for nothing (no
+    end-of-tick callback: a lone round costs no loop pass for it); requests that follow in the
+    same tick go out together at its end (one callback for them); once the loop read the pipe
+    again, the next request is a new tick's first."""
+    engine = redlock_of(masters)
+    node = engine.nodes[0]
+    ping = pack(("PING",))
+
+    async def scenario() -> tuple[list[list[object]], list[object]]:
+        loop = asyncio.get_running_loop()
+        pipe = await node.aconnect(loop, 2.0)
+        assert isinstance(pipe, Pipe)
+        asked: list[object] = []
+        call_soon = loop.call_soon
+
+        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            asked.append(callback)
+            return call_soon(callback, *args, **kwargs)
+
+        loop.call_soon = counted  # type: ignore[method-assign,assignment]
+        try:
+            alone = pipe.send(ping, time.monotonic())
+            after_alone = list(asked)
+            together = [pipe.send(ping, time.monotonic()) for _ in range(3)]
+            after_together = list(asked)
+            slots = [alone, *together]
+            assert all(slot is not None for slot in slots)
+            deadline = time.monotonic() + 2.0
+            while any(s.reply is PENDING for s in slots) and time.monotonic() < deadline:  # type: ignore[union-attr]
+                await asyncio.sleep(0.001)
+            before_next = len(asked)
+            next_one = pipe.send(ping, time.monotonic())
+            assert next_one is not None
+            while next_one.reply is PENDING and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            replies = [s.reply for s in [*slots, next_one]]  # type: ignore[union-attr]
+            return [after_alone, after_together, asked[before_next:]], replies
+        finally:
+            del loop.call_soon  # (the instance's: the class's again)
+
+    (after_alone, after_together, after_next), replies = asyncio.run(scenario())
+    assert replies == [b"PONG"] * 5
+    end_tick = "Flusher._end_tick"
+    assert [getattr(c, "__qualname__", "") for c in after_alone] == []  # nothing asked of the loop
+    assert [getattr(c, "__qualname__", "") for c in after_together] == [end_tick]  # one write
+    assert end_tick not in [
+        getattr(c, "__qualname__", "") for c in after_next
+    ]  # a new tick

@@ -11,7 +11,9 @@ read fills the oldest slot. A thousand tasks then cost one connection per master
   on a condition and are woken when replies were handed out or the reader leaves).
 - Async pipes (one per event loop): the loop's reader callback reads. The first request of a loop
   tick is written at once; those that follow in the same tick go out together in one write at its
-  end (a thousand tasks cost a few writes, one caller no added latency).
+  end (a thousand tasks cost a few writes, one caller no added latency). The tick ends, for a
+  pipe, when the loop reads it again or calls back its queued requests' write: a lone round
+  (its replies read before its next request) costs the loop no pass of its own for that.
 - redis-py opens the connection (TLS, AUTH, ACL user, SELECT, unix sockets, URL options); after
   that we use its socket directly: non-blocking, through our own hiredis reader.
 - After ``fork()`` a child never reads its parent's pipes (``connections`` forgets them).
@@ -150,7 +152,7 @@ class Pipe:
             self._flusher = flusher
             self._in_tick = False  # this tick's first request went out already
             self._writing = False
-            loop.add_reader(self._fd, self._pump)
+            loop.add_reader(self._fd, self._readable)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._pending)} pending"
@@ -194,10 +196,11 @@ class Pipe:
             self._pending.extend(queued)
             if self._in_tick or self._writing:  # out at the tick's end, with the others
                 self._unsent.extend(queued)
+                if not self._out:  # (and not writing: else out as soon as writable)
+                    self._flusher.later(self)
                 self._out += request
             else:  # the tick's first request: at once
                 self._in_tick = True
-                self._flusher.later(self)
                 self._write_first(queued, request)
             return slot
         with self._write_lock:
@@ -270,6 +273,12 @@ class Pipe:
         self._flush()
 
     # --- reading -----------------------------------------------------------------------------
+
+    def _readable(self) -> None:
+        """The loop's reader callback: its tick is over (the next request goes out at once),
+        and replies came."""
+        self._in_tick = False
+        self._pump()
 
     def _pump(self) -> None:
         """Read every reply that has arrived and hand each to its slot (never waits)."""
@@ -405,8 +414,8 @@ class Pipe:
 
 
 class Flusher:
-    """Ends each loop tick for the pipes of one event loop that wrote during it: one callback a
-    tick for all of them, not one per pipe."""
+    """Ends each loop tick for the pipes of one event loop that queued requests during it (a
+    second one in the tick, or more): one callback a tick for all of them, not one per pipe."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
