@@ -136,6 +136,4 @@ def test_an_async_requests_go_out_at_once_alone_and_together_in_one_tick(masters
     end_tick = "Flusher._end_tick"
     assert [getattr(c, "__qualname__", "") for c in after_alone] == []  # nothing asked of the loop
     assert [getattr(c, "__qualname__", "") for c in after_together] == [end_tick]  # one write
-    assert end_tick not in [
-        getattr(c, "__qualname__", "") for c in after_next
-    ]  # a new tick
+    assert end_tick not in [getattr(c, "__qualname__", "") for c in after_next]  # a new tick
