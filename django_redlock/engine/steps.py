@@ -139,6 +139,11 @@ def vote(reply: Reply) -> Vote:
 
 def granted(reply: object) -> bool:
     """Whether an answer grants what was asked (decides a round: see ``Round.enough``)."""
+    kind = type(reply)  # (as ``vote``: the usual answers without its call)
+    if kind is bytes:
+        return True
+    if kind is int:
+        return reply != 0
     return vote(reply) is _GRANTED
 
 
