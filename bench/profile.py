@@ -27,7 +27,7 @@ from typing import Any
 from django_redlock.engine import Redlock, protocol
 from django_redlock.engine.drivers import fan_out
 from django_redlock.engine.leases import current_owner
-from django_redlock.engine.rounds import pack
+from django_redlock.engine.packing import pack
 from django_redlock.engine.steps import vote
 from django_redlock.engine.values import make_value
 from django_redlock.testing.masters import local_masters

@@ -16,9 +16,10 @@ import pytest
 
 from django_redlock.engine import procedures, scripts
 from django_redlock.engine.drivers import fan_out, run
-from django_redlock.engine.pipes import PENDING, Pipe
+from django_redlock.engine.packing import pack
+from django_redlock.engine.pipes import Pipe
 from django_redlock.engine.procedures import Want
-from django_redlock.engine.rounds import pack
+from django_redlock.engine.slots import PENDING
 from django_redlock.engine.steps import granted
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.

@@ -31,8 +31,9 @@ from typing import Any
 import hiredis
 
 from .errors import NodeFailure
-from .pipes import PENDING, Broken, Pipe, Slot
+from .pipes import Pipe
 from .scripts import Script
+from .slots import PENDING, Broken, Slot
 
 #: The ``NodeFailure.reason`` of a vote that too few replicas acknowledged.
 REASON = "replica ack"

@@ -23,10 +23,10 @@ from .admission import LoopGate
 from .connections import Node
 from .detours import Delay
 from .notices import Waiter
-from .pipes import PENDING, Pipe, Slot
+from .packing import Command
+from .pipes import Pipe
 from .rounds import (
     ANSWERS,
-    Command,
     Connect,
     Decides,
     Exchange,
@@ -36,6 +36,7 @@ from .rounds import (
     second_try,
 )
 from .scripts import Script
+from .slots import PENDING, Slot
 from .steps import (
     AwaitNotice,
     AwaitTurn,

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from . import markers
 from .lock import Lock
+from .packing import Command
 from .permit_lock import PermitLock
 from .permit_scripts import check_limit
 from .permits import release_slot
 from .readers import ReaderLock, reader_keys
-from .rounds import Command
 from .scripts import Script
 
 if TYPE_CHECKING:

@@ -20,8 +20,9 @@ from .locking import locking
 from .markers import is_marker, limit_of
 from .modes import check_mode
 from .notices import LocalQueues, ReleaseNotices
+from .packing import Command
 from .reentry import Holders
-from .rounds import Command, Reply
+from .rounds import Reply
 from .shards import ClusterMember
 from .steps import Procedure, Round
 from .values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value

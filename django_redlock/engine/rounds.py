@@ -11,26 +11,24 @@ from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any
 
-import hiredis
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError, TryAgainError
 
-from . import acks, detours
+from . import detours
 from .connections import Node
 from .errors import NodeFailure, unawaited_failure
-from .pipes import PENDING, Broken, Pipe, Slot
+from .packing import Command, Requests, pack
+from .pipes import Pipe
 from .protocol import quorum
 from .quarantine import abstain, abstains
 from .scripts import Script
+from .slots import PENDING, Broken, Slot
 
 #: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
 #: is left out of the rounds for this long: it would most likely cost every round its budget
 #: again, where a dead one refuses at once. At most ``N - quorum`` masters are left out at a
 #: time, so leaving out never by itself makes a quorum impossible.
 SKIP_SILENT_FOR = 1.0
-
-#: One Redis command: name then arguments.
-Command = tuple[Any, ...]
 
 Reply = object  # a master's raw answer, or a NodeFailure when it gave none within its budget
 
@@ -53,62 +51,9 @@ class RoundReplies(list[Reply]):
     began: float = 0.0
 
 
-def pack(command: Command) -> bytes:
-    """RESP bytes of ``command``, by hiredis directly (our arguments are already str, bytes or
-    numbers). A round sends the same bytes to every master: packed once, not once per master."""
-    return hiredis.pack_command(command)  # type: ignore[no-any-return]
-
-
 def failure(node: Node, exc: BaseException) -> NodeFailure:
     kind = "timeout" if isinstance(exc, redis.TimeoutError | TimeoutError) else "error"
     return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
-
-
-class Requests:
-    """One round's request, packed once in each form it is sent in."""
-
-    def __init__(self, command: Command, script: Script | None) -> None:
-        self.command = command
-        self.script = script
-        #: The script's SHA (None: no script), which a master that answered is known to have.
-        self.warm_sha = None if script is None else script.sha
-        self._packed = pack(command)
-        #: The request with the script's source, once a master needed it (else None).
-        self.sourced: bytes | None = None
-
-    def for_node(self, node: Node) -> bytes:
-        if self.warm_sha is None or self.warm_sha in node.warm:
-            return self._packed
-        return self.with_source()
-
-    def with_source(self) -> bytes:
-        """The script request as EVAL with the script's source (no NOSCRIPT possible)."""
-        if self.sourced is None:
-            assert self.script is not None  # noqa: S101
-            self.sourced = pack(("EVAL", self.script.source, *self.command[2:]))
-        return self.sourced
-
-    def forgot_script(self, node: Node, reply: Reply) -> bool:
-        """Whether ``reply`` says the master lost our script (flushed, restarted)."""
-        if self.script is not None and isinstance(reply, NoScriptError):
-            node.warm.discard(self.script.sha)
-            return True
-        return False
-
-    def answered(self, node: Node) -> None:
-        if self.warm_sha is not None:
-            node.warm.add(self.warm_sha)
-
-    def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
-        """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
-        the same write where the member's replicas must acknowledge it (``acks``)."""
-        sha = self.warm_sha
-        request = self._packed if sha is None or sha in node.warm else self.with_source()
-        if node.acks is not None and acks.wanted(self.command, self.script):
-            return node.acks.send(pipe, request, now, preamble)
-        if preamble:
-            return pipe.send(request, now, preamble=preamble)
-        return pipe.send(request, now)
 
 
 @dataclass(frozen=True, slots=True)

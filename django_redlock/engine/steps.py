@@ -13,8 +13,9 @@ from .admission import Admission
 from .connections import Node
 from .errors import UNAWAITED, NodeFailure
 from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
+from .packing import Command
 from .protocol import Vote
-from .rounds import Command, Reply
+from .rounds import Reply
 
 T = TypeVar("T")
 

@@ -1,0 +1,42 @@
+"""A request's place in a pipe's queue (``pipes``): the ``Slot`` its reply fills, ``PENDING``
+until then, or ``Broken`` if the pipe broke first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+#: What a slot holds until its reply comes.
+PENDING = object()
+
+
+class Broken:
+    """A slot's answer when its pipe broke before the reply came (not a reply of the master)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Slot:
+    """One request's place in a pipe's queue; ``reply`` is PENDING until its answer is read."""
+
+    __slots__ = ("abandoned", "on_late", "on_reply", "reply", "sent_at")
+
+    #: Whether its reply is still stored once given up on (read by no round, but by the slot
+    #: itself: see ``acks``); else it is dropped.
+    keeps_late = False
+
+    def __init__(self, sent_at: float) -> None:
+        #: Monotonic time the request left (an async pipe stamps it at the flush): the master's
+        #: budget runs from here, not from when the round began, so that a busy client (a
+        #: thousand rounds queued on one event loop) is not taken for a slow master.
+        self.sent_at = sent_at
+        self.reply: object = PENDING
+        self.abandoned = False
+        #: Called with the slot (in the reading thread) when the reply came: how an async round
+        #: learns it.
+        self.on_reply: Callable[[Slot], None] | None = None
+        #: Called with the reply (in the reading thread) when it comes after the slot was given
+        #: up on: how a round that returned at quorum still learns what a slow master said.
+        self.on_late: Callable[[object], None] | None = None
