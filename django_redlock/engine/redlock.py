@@ -190,7 +190,7 @@ class Redlock:
         self.watchdog = WATCHDOG
         #: Leases held in this process, under each of their keys: how re-entry is recognized.
         self.holders = Holders()
-        # Made now (cheap: its listener threads start on the first wait), so that no lock is
+        # Made now (cheap: its keeper thread starts on the first wait), so that no lock is
         # needed to make it lazily; a lock a thread held at a fork() would stay held in the child.
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
         #: This process's waiters, per resource, in arrival order (one competes on the masters).
@@ -375,7 +375,7 @@ class Redlock:
 
     @property
     def notices(self) -> ReleaseNotices:
-        """Release notices for waiters; its listener threads start on first wait."""
+        """Release notices for waiters; its keeper thread starts on first wait."""
         return self._notices
 
     def give_way(self, resource: str, seconds: float) -> None:
