@@ -22,7 +22,6 @@ from . import deadlines
 from .admission import LoopGate
 from .connections import Node
 from .detours import Delay
-from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
 from .rounds import (
     ANSWERS,
@@ -47,6 +46,7 @@ from .steps import (
     Round,
     Step,
 )
+from .waiter import Waiter
 
 T = TypeVar("T")
 

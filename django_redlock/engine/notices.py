@@ -1,9 +1,8 @@
 """Release notices and local waiter queues: waiters sleep until it is their turn, instead of
 polling blindly.
 
-Inside one process, the waiters of one resource queue up locally (``LocalQueues``), first come
-first served; only the one at the head competes on the masters, so a thousand local waiters cost
-one network waiter, and they get the lock in the order they came.
+Inside one process, only the first waiter of a resource competes on the masters
+(``local_queues``).
 
 A waiter that lost an attempt is queued on each master (see ``scripts``). Each process has an
 inbox, one pub/sub channel, to which it keeps one connection per master subscribed while it has
@@ -27,7 +26,6 @@ keeper, no connections of its own and a new inbox: the parent's threads do not e
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import secrets
@@ -40,134 +38,19 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
-
+from .beacon import Beacon
 from .connections import Node
-from .events import logger
-from .quarantine import abstains
+from .inboxes import Inbox
 from .scripts import SEVERAL_MARK
+from .waiter import Waiter, counts_hand_off
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
 #: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
 LINGER = 5.0
-#: How long a master whose inbox connection failed is left before connecting again.
-RECONNECT = 1.0
 #: The keeper's longest sleep or read between two looks at what its connections need.
 KEEPER_TURN = 0.5
 
 _SEVERAL = SEVERAL_MARK.encode()
-
-
-class Beacon:
-    """A one-shot event that both threads and asyncio tasks can wait on. ``fired`` says whether
-    it fired; a thread waiting in ``ReleaseNotices.wait`` can also be woken without it
-    (``nudge``: the reading turn is free)."""
-
-    __slots__ = ("_event", "_futures", "_guard", "fired")
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._guard = threading.Lock()
-        self.fired = False
-
-    def fire(self) -> None:
-        with self._guard:
-            self.fired = True
-            self._event.set()
-            futures, self._futures = self._futures, []
-        for loop, future in futures:
-            try:
-                loop.call_soon_threadsafe(_resolve, future)
-            except RuntimeError:  # that loop closed meanwhile: no one awaits there any more
-                pass
-
-    def nudge(self) -> None:
-        self._event.set()
-
-    def clear(self) -> None:
-        with self._guard:
-            self.fired = False
-            self._event.clear()
-
-    def wait(self, timeout: float) -> bool:
-        """Sleep until it fires (or a nudge, or ``timeout``); answers whether it fired."""
-        self._event.wait(max(timeout, 0.0))
-        with self._guard:
-            if not self.fired:
-                self._event.clear()  # a nudge: spent
-            return self.fired
-
-    async def await_(self, timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        with self._guard:
-            if self.fired:
-                return True
-            self._futures.append((loop, future))
-        timer = loop.call_later(max(timeout, 0.0), _resolve, future)
-        try:
-            await future
-        finally:
-            timer.cancel()
-            with self._guard:
-                if (loop, future) in self._futures:
-                    self._futures.remove((loop, future))
-        return self.fired
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class Waiter:
-    """One waiter. ``notified`` fires when a release names it (it is first in a master's queue);
-    ``subscribed`` once enough masters confirmed the inbox subscription that no notice can be
-    missed."""
-
-    def __init__(self, waiter_id: str) -> None:
-        #: How this waiter is named in the masters' waiter queues: "<inbox id>.<n>".
-        self.id = waiter_id
-        self.notified = Beacon()
-        self.subscribed = Beacon()
-        #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
-        #: word counts as a vote (``counts_hand_off``): filled by the listeners, read by
-        #: ``handoff.handed_over``.
-        self.handed: set[Node] = set()
-        #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
-        #: Unix epoch (``scripts.ACQUIRE_WAITING``).
-        self.score: int | None = None
-        #: When its first queued attempt began (monotonic): a lease a release hands it began
-        #: later. None before it queued.
-        self.queued_since: float | None = None
-        #: False once it undid an attempt after it queued: a hand-off that the undo removed may
-        #: be told after it, so from then on a hand-off is only a hint (its next round confirms).
-        self.trusts_hand_offs = True
-        #: It waits on an event loop: the keeper thread reads for it.
-        self.asynchronous = False
-
-
-def counts_hand_off(node: Node) -> bool:
-    """Whether a master's word that its release handed a waiter the lock counts as its vote: not
-    for a member whose votes need more than its own write (replica acknowledgement), whose
-    notices may come from another server than its rounds reach (Sentinel, Cluster), or that
-    abstains (quarantine). Those confirm a hand-off by a round, as any lock is taken."""
-    spec = node.spec
-    return spec.ack is None and spec.service is None and spec.seeds is None and not abstains(node)
-
-
-class _Inbox:
-    """Our inbox's subscription on one master: its connection (None while there is none), and
-    whether the master confirmed it."""
-
-    __slots__ = ("conn", "confirmed", "node", "retry_at")
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.conn: Any = None
-        self.confirmed = False
-        self.retry_at = float("-inf")
 
 
 #: The reading turn's holder when it is the keeper thread (else a waiting thread's beacon).
@@ -198,7 +81,7 @@ class ReleaseNotices:
         self._asynchronous = 0  # how many of them wait on an event loop (the keeper reads)
         #: Per waiter, the last notice acted on: every master announces each release.
         self._heard: dict[bytes, bytes] = {}
-        self._inboxes = [_Inbox(node) for node in self.nodes]  # the parent's: not closed here
+        self._inboxes = [Inbox(node) for node in self.nodes]  # the parent's: not closed here
         self._last_used = float("-inf")
         #: Who reads (a waiting thread's beacon, ``_KEEPER``, or None), and the threads waiting
         #: for the turn, first come first served.
@@ -334,9 +217,9 @@ class ReleaseNotices:
         return self._confirmations() == len(self.nodes)
 
     def _settled(self) -> bool:
-        """Every master confirmed our inbox, or failed to connect lately."""
+        """Every master confirmed our inbox, or will not soon (``Inbox.settled``)."""
         now = time.monotonic()
-        return all(inbox.confirmed or inbox.retry_at > now for inbox in self._inboxes)
+        return all(inbox.settled(now) for inbox in self._inboxes)
 
     def _confirmations(self) -> int:
         return sum(inbox.confirmed for inbox in self._inboxes)
@@ -353,11 +236,11 @@ class ReleaseNotices:
             left = until - time.monotonic()
             if left <= 0:
                 return
-            watched: dict[int, _Inbox] = {}
+            watched: dict[int, Inbox] = {}
             poller = select.poll()
             poller.register(bell, select.POLLIN)
             for inbox in self._inboxes:
-                sock = getattr(inbox.conn, "_sock", None)  # redis-py keeps no public handle
+                sock = inbox.socket()
                 if sock is not None:
                     watched[sock.fileno()] = inbox
                     poller.register(sock, select.POLLIN)
@@ -367,22 +250,14 @@ class ReleaseNotices:
                         bell.recv(4096)
                     except OSError:
                         pass
-                else:
-                    self._drain(watched[fd])
+                    continue
+                inbox = watched[fd]
+                for message in inbox.messages():
+                    self._take(inbox, message)
+                if inbox.conn is None:
+                    self._keeper_wake.set()  # it broke: to connect again
 
-    def _drain(self, inbox: _Inbox) -> None:
-        """Everything this connection has (all of it: what its parser buffered is invisible to
-        ``poll``). A broken connection is dropped; the keeper connects again."""
-        conn = inbox.conn
-        try:
-            while conn is not None and conn._sock is not None and conn.can_read(timeout=0):  # noqa: SLF001
-                self._take(inbox, conn.read_response())
-        except (redis.RedisError, OSError) as exc:
-            logger.debug("release notices from %s unavailable: %s", inbox.node.label, exc)
-            self._drop(inbox, conn)
-            self._keeper_wake.set()
-
-    def _take(self, inbox: _Inbox, message: Any) -> None:
+    def _take(self, inbox: Inbox, message: Any) -> None:
         kind, channel, data = message
         if kind == b"message":
             self.deliver(channel.decode(), data, inbox.node)
@@ -475,106 +350,23 @@ class ReleaseNotices:
         return any(inbox.conn is not None for inbox in self._inboxes)
 
     def _connect_missing(self) -> None:
-        """A connection subscribed to our inbox on every master that has none (one connect budget
-        each: a master that is down is tried again after RECONNECT)."""
+        """A connection subscribed to our inbox on every master that has none (see ``Inbox``)."""
         for inbox in self._inboxes:
-            if inbox.conn is not None or time.monotonic() < inbox.retry_at or self.closed:
-                continue
-            try:
-                conn = inbox.node.subscriber()
-                conn.send_command("SUBSCRIBE", self.inbox)
-            except (redis.RedisError, OSError) as exc:
-                logger.debug("release notices from %s unavailable: %s", inbox.node.label, exc)
-                inbox.retry_at = time.monotonic() + RECONNECT
-                continue
-            inbox.conn = conn
-            self._ring()  # the reader watches it from now on
-
-    def _drop(self, inbox: _Inbox, conn: Any) -> None:
-        with self._guard:
-            if inbox.conn is conn:
-                inbox.conn, inbox.confirmed = None, False
-                inbox.retry_at = time.monotonic() + RECONNECT
-        if conn is not None:
-            conn.disconnect()
+            if inbox.due(time.monotonic()) and not self.closed and inbox.subscribe(self.inbox):
+                self._ring()  # the reader watches it from now on
 
     def _disconnect_all(self) -> None:
         for inbox in self._inboxes:
-            self._drop(inbox, inbox.conn)
-            inbox.retry_at = float("-inf")
-
-
-class Turn:
-    """One local waiter's place in the queue of each of its resources; ``ready`` fires when it
-    is first in all of them."""
-
-    __slots__ = ("ready", "resources")
-
-    def __init__(self, resources: tuple[str, ...]) -> None:
-        self.resources = resources
-        self.ready = Beacon()
-
-
-class LocalQueues:
-    """The waiters of each resource in this process, in arrival order. A waiter whose turn it is
-    (first in the queue of each of its resources) competes on the masters (as their queued
-    waiter); when it leaves (it got the lock, gave up or was interrupted), the next one's turn
-    may come.
-
-    A lock over several resources joins all their queues at once, under one guard: every two
-    waiters then stand in the same order in every queue they share, so the oldest waiter is
-    always first in all of its queues, and no two wait for each other (whatever the order in
-    which they named their resources)."""
-
-    def __init__(self) -> None:
-        self._new_process()
-        _QUEUES.add(self)
-
-    def _new_process(self) -> None:
-        self._guard = threading.Lock()
-        self._queues: dict[str, deque[Turn]] = {}
-
-    def join(self, resources: tuple[str, ...]) -> Turn:
-        turn = Turn(resources)
-        with self._guard:
-            for resource in resources:
-                self._queues.setdefault(resource, deque()).append(turn)
-            first = self._first(turn)
-        if first:
-            turn.ready.fire()
-        return turn
-
-    def _first(self, turn: Turn) -> bool:
-        return all(self._queues[resource][0] is turn for resource in turn.resources)
-
-    def leave(self, turn: Turn) -> None:
-        following: list[Turn] = []
-        with self._guard:
-            for resource in turn.resources:
-                queue = self._queues.get(resource)
-                if queue is None or turn not in queue:
-                    continue
-                was_first = queue[0] is turn
-                queue.remove(turn)
-                if not queue:
-                    del self._queues[resource]
-                elif was_first and queue[0] not in following:
-                    following.append(queue[0])
-            ready = [waiting for waiting in following if self._first(waiting)]
-        for waiting in ready:
-            waiting.ready.fire()
+            inbox.drop(inbox.conn, retry_later=False)
 
 
 _HUBS: weakref.WeakSet[ReleaseNotices] = weakref.WeakSet()
-_QUEUES: weakref.WeakSet[LocalQueues] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     # The parent's waiters do not exist in the child.
     for hub in list(_HUBS):
         hub._new_process()  # noqa: SLF001 (this module's own hook)
-    for queues in list(_QUEUES):
-        queues._new_process()  # noqa: SLF001
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

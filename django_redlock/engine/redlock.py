@@ -15,11 +15,12 @@ from .drivers import arun, run
 from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
 from .events import NullObserver, Observer
 from .leases import current_owner, describe
+from .local_queues import LocalQueues
 from .lock import Lock
 from .locking import locking
 from .markers import is_marker, limit_of
 from .modes import check_mode
-from .notices import LocalQueues, ReleaseNotices
+from .notices import ReleaseNotices
 from .reentry import Holders
 from .rounds import Command, Reply
 from .shards import ClusterMember
