@@ -315,9 +315,8 @@ class Node:
                 attempt.made.add_done_callback(_discard)
 
     def subscriber(self) -> redis.connection.AbstractConnection:
-        """A new connection for our release-notice inbox (``notices``), connected: the lock
-        path's settings (RESP2, no retries, this node's budget to connect). Not one of the lock
-        path's connections: it leaves their state (the scripts loaded there) alone."""
+        """A new connection for our release-notice inbox (``inboxes``), connected with the lock
+        path's settings (RESP2, no retries, this node's budget), leaving the lock path's alone."""
         conn = self.spec.connection_class(**self._kwargs)
         conn.connect()
         return conn
