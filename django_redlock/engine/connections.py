@@ -129,8 +129,8 @@ class Node:
         shard that owns the command's slot, see ``shards``)."""
         return self
 
-    redirects = False  # (a Cluster shard's replies may: see ``detours``)
-    routed = False  # (a Cluster member's rounds go to its shards: see ``route``)
+    # A Cluster shard's replies may redirect (``detours``); a Cluster member routes (``route``).
+    redirects = routed = False
 
     def redirected(self, error: redis.ResponseError) -> Node | None:
         """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
@@ -314,6 +314,13 @@ class Node:
         for attempt in attempts.values():  # connects still under way: what they make is closed
             if attempt.made is not None:
                 attempt.made.add_done_callback(_discard)
+
+    def subscriber(self) -> redis.connection.AbstractConnection:
+        """A new connection for our release-notice inbox (``inboxes``), connected with the lock
+        path's settings (RESP2, no retries, this node's budget), leaving the lock path's alone."""
+        conn = self.spec.connection_class(**self._kwargs)
+        conn.connect()
+        return conn
 
     def client(self, timeout: float | None = None) -> redis.Redis:
         """A plain redis-py client with this node's settings (``timeout``: for connecting and for
