@@ -129,8 +129,7 @@ class Node:
         shard that owns the command's slot, see ``shards``)."""
         return self
 
-    # A Cluster shard's replies may redirect (``detours``); a Cluster member routes (``route``).
-    redirects = routed = False
+    redirects = routed = False  # (a Cluster shard redirects: ``detours``; a member: ``route``)
 
     def redirected(self, error: redis.ResponseError) -> Node | None:
         """Where a ``MOVED``/``ASK`` reply sends the request (a Cluster shard); None here."""
