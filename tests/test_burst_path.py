@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import threading
 import time
 import weakref
 
 import pytest
 
-from django_redlock.engine import deadlines, dialing
-from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate
+from django_redlock.engine import admission, deadlines, dialing
+from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate, ThreadGate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,3 +173,79 @@ def test_a_burst_with_a_master_down_tries_it_once_a_loop_pass_not_once_a_round(
         assert 2 <= len(attempts) < tasks // 4, f"{len(attempts)} connects for {2 * tasks} rounds"
 
     asyncio.run(burst())
+
+
+# --- whose round goes next when turns are scarce ------------------------------------------------
+
+
+def _admitted_order(holder_waited: float) -> list[str]:
+    """One turn (limit 1), taken; two acquisitions queue, then a holder's round (a release), and
+    after ``holder_waited`` seconds the turn is given on three times: the order they got it."""
+    order: list[str] = []
+
+    async def main() -> None:
+        gate = LoopGate(asyncio.get_running_loop(), limit=1)
+        assert gate.enter_at_once()
+
+        async def queued(name: str, patience: float | None) -> None:
+            await gate.enter(patience)
+            order.append(name)
+
+        tasks = []
+        for name, patience in (("acquisition 1", 10.0), ("acquisition 2", 10.0), ("release", None)):
+            tasks.append(asyncio.create_task(queued(name, patience)))
+            await asyncio.sleep(0)  # queued in this order
+        await asyncio.sleep(holder_waited)
+        for _ in tasks:
+            gate.leave()
+            await asyncio.sleep(0)  # the task that got the turn runs
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    return order
+
+
+def test_acquisitions_queued_before_a_release_get_their_turn_before_it():
+    """Turns go in arrival order: a release queued after two acquisitions waits for them (before,
+    every holder's round went first, and a burst's last acquisitions waited behind nearly every
+    release of the burst)."""
+    assert _admitted_order(0.0) == ["acquisition 1", "acquisition 2", "release"]
+
+
+def test_a_release_waits_behind_earlier_acquisitions_at_most_holder_patience(monkeypatch):
+    """A holder's round that has waited ``HOLDER_PATIENCE`` goes ahead of every acquisition (its
+    lease's clock runs while it waits)."""
+    monkeypatch.setattr(admission, "HOLDER_PATIENCE", 0.05)
+    assert _admitted_order(0.15) == ["release", "acquisition 1", "acquisition 2"]
+
+
+def test_threads_take_turns_in_the_same_order(monkeypatch):
+    """The threads' gate follows the same rule: arrival order, a holder's round ahead once it has
+    waited ``HOLDER_PATIENCE``."""
+    monkeypatch.setattr(admission, "HOLDER_PATIENCE", 0.3)
+
+    def order(holder_waited: float) -> list[str]:
+        gate, got = ThreadGate(limit=1), []
+        gate.enter(10.0)
+        threads = []
+        for name, patience in (("acquisition", 10.0), ("release", None)):
+
+            def queued(name: str = name, patience: float | None = patience) -> None:
+                gate.enter(patience)
+                got.append(name)
+                gate.leave()
+
+            threads.append(threading.Thread(target=queued))
+            threads[-1].start()
+            deadline = time.monotonic() + 5
+            queued = len(threads)
+            while len(gate.holders) + len(gate.waiting) < queued and time.monotonic() < deadline:
+                time.sleep(0.001)  # queued in this order
+        time.sleep(holder_waited)
+        gate.leave()
+        for thread in threads:
+            thread.join(5)
+        return got
+
+    assert order(0.0) == ["acquisition", "release"]
+    assert order(0.45) == ["release", "acquisition"]

@@ -10,9 +10,11 @@ unconfirmed. Waiting *here* instead costs only the caller's patience: the master
 whose turn cannot come within its patience is told so (``Overloaded``, with the queue's length)
 rather than given an error that blames the masters.
 
-A holder's rounds (release, extend, clean-up) wait too, but without a limit and ahead of every
-waiting acquisition: a lease's clock runs while they wait, and a release is what frees the keys
-that acquisitions want.
+A holder's rounds (release, extend, clean-up) wait too, without a limit, and take turns with
+the acquisitions in arrival order, but behind acquisitions for at most ``HOLDER_PATIENCE``:
+then they go ahead of every waiting acquisition, since a lease's clock runs while they wait.
+(Always ahead, a burst's last acquisitions waited behind nearly every release of the burst:
+1,000 tasks holding 20 ms each, p99 ~200 ms where arrival order gives about half.)
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import asyncio
 import threading
 import time
 from collections import deque
+from typing import TypeVar
 
 from . import deadlines, process
 from .loops import of_loop
+
+T = TypeVar("T")
 
 #: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
 #: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
@@ -34,6 +39,10 @@ IN_FLIGHT = 256
 #: may wait for its turn here before it is refused as ``Overloaded``. An acquisition with a
 #: ``wait`` waits at most what is left of it.
 PATIENCE = 60.0
+
+#: How long a holder's round waits behind acquisitions that were queued before it, at most;
+#: then it goes ahead of them. Short next to any lease's TTL.
+HOLDER_PATIENCE = 0.1
 
 #: The queue's pace is measured over windows of at least this long while it is not empty.
 _PACE_WINDOW = 0.1
@@ -96,8 +105,9 @@ class LoopGate:
         self.loop = loop
         self.limit = limit
         self.in_flight = 0
-        self.holders: deque[asyncio.Future[None]] = deque()  # served first
-        self.waiting: deque[asyncio.Future[None]] = deque()  # acquisitions
+        # (When each round arrived, and its turn to come; holders': see HOLDER_PATIENCE.)
+        self.holders: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self.waiting: deque[tuple[float, asyncio.Future[None]]] = deque()  # acquisitions
         self.pace = _Pace()
 
     def queued(self) -> int:
@@ -113,7 +123,7 @@ class LoopGate:
 
     async def enter(self, patience: float | None) -> None:
         """Wait for a turn (FIFO) at most ``patience`` seconds, else ``Full``; None: a holder's
-        round, which waits as long as it takes, ahead of every acquisition."""
+        round, which waits as long as it takes (see ``HOLDER_PATIENCE``)."""
         if self.enter_at_once():
             return
         queued = self.queued() if patience is not None else len(self.holders)
@@ -125,9 +135,9 @@ class LoopGate:
         began = time.monotonic()
         turn = self.loop.create_future()
         if patience is None:
-            self.holders.append(turn)
+            self.holders.append((began, turn))
         else:
-            self.waiting.append(turn)
+            self.waiting.append((began, turn))
             # (One timer per loop for every patience: ``deadlines``.)
             deadlines.of(self.loop).call_at(began + max(patience, 0.0), _expire, turn)
         try:
@@ -141,16 +151,28 @@ class LoopGate:
             raise
 
     def leave(self) -> None:
-        """A round is done: its turn goes to the oldest holder's round waiting, else to the
-        oldest acquisition still waiting."""
-        for queue in (self.holders, self.waiting):
-            while queue:
-                turn = queue.popleft()
-                if not turn.done():
-                    turn.set_result(None)
-                    self.pace.turn_given(time.monotonic())
-                    return
+        """A round is done: its turn goes to the next round waiting (``next_queue``) that is
+        still waiting."""
+        now = time.monotonic()
+        while (queue := next_queue(self.holders, self.waiting, now)) is not None:
+            turn = queue.popleft()[1]
+            if not turn.done():
+                turn.set_result(None)
+                self.pace.turn_given(now)
+                return
         self.in_flight -= 1
+
+
+Queued = deque[tuple[float, T]]
+
+
+def next_queue(holders: Queued[T], waiting: Queued[T], now: float) -> Queued[T] | None:
+    """The queue whose first round has the next turn: the one that arrived first, but a holder's
+    round that has waited ``HOLDER_PATIENCE`` before any acquisition; None if both are empty."""
+    if not holders or not waiting:
+        return holders or waiting or None
+    arrived = holders[0][0]
+    return holders if arrived <= waiting[0][0] or now - arrived >= HOLDER_PATIENCE else waiting
 
 
 def _expire(turn: asyncio.Future[None]) -> None:
@@ -164,8 +186,8 @@ class ThreadGate:
     def __init__(self, limit: int = IN_FLIGHT) -> None:
         self.limit = limit
         self.in_flight = 0
-        self.holders: deque[threading.Event] = deque()
-        self.waiting: deque[threading.Event] = deque()
+        self.holders: deque[tuple[float, threading.Event]] = deque()
+        self.waiting: deque[tuple[float, threading.Event]] = deque()
         self.pace = _Pace()
         self._lock = threading.Lock()
 
@@ -182,22 +204,24 @@ class ThreadGate:
             if not self.holders and not self.waiting:
                 self.pace.queue_formed()
             turn = threading.Event()
-            (self.holders if patience is None else self.waiting).append(turn)
-        began = time.monotonic()
+            began = time.monotonic()
+            entry = (began, turn)
+            (self.holders if patience is None else self.waiting).append(entry)
         if turn.wait(None if patience is None else max(patience, 0.0)):
             return
         with self._lock:
             if turn.is_set():
                 return  # handed a turn just as the patience ran out: take it
-            self.waiting.remove(turn)
+            self.waiting.remove(entry)
         raise Full(queued, expected, time.monotonic() - began)
 
     def leave(self) -> None:
         with self._lock:
-            queue = self.holders or self.waiting
-            if queue:
-                queue.popleft().set()
-                self.pace.turn_given(time.monotonic())
+            now = time.monotonic()
+            queue = next_queue(self.holders, self.waiting, now)
+            if queue is not None:
+                queue.popleft()[1].set()
+                self.pace.turn_given(now)
             else:
                 self.in_flight -= 1
 
