@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import os
 import socket
 import threading
 import time
@@ -18,6 +20,7 @@ import pytest
 
 from django_redlock.engine import admission, deadlines, dialing
 from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate, ThreadGate
+from django_redlock.engine.values import make_value, parse_value
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -249,3 +252,21 @@ def test_threads_take_turns_in_the_same_order(monkeypatch):
 
     assert order(0.0) == ["acquisition", "release"]
     assert order(0.45) == ["release", "acquisition"]
+
+
+@pytest.mark.parametrize("label", [None, 'a "quoted" ,"since":1.5} label', "ünï ✓"])
+@pytest.mark.parametrize("task", [None, "Task-7", 'Задача "\\\n'])
+@pytest.mark.parametrize("ttl", [0.01, 10.0, 86_400.25])
+def test_the_owner_json_of_a_new_task_is_the_json_of_its_fields(label, task, ttl):
+    """A burst makes a value per new task: the owner JSON around the task's name is encoded once
+    per thread and the name alone each time; the text is still exactly ``json.dumps``' of the
+    fields (readers parse it)."""
+    value = make_value(label, ttl, task)
+    fields: dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid()}
+    fields["thread"] = threading.current_thread().name
+    fields |= {"task": task} if task is not None else {}
+    fields |= {"label": label} if label is not None else {}
+    fields["ttl"] = ttl
+    since = value.rindex(',"since":')
+    assert value[33:since] == json.dumps(fields, separators=(",", ":"))[:-1]
+    assert parse_value(value.encode())[1].task == task

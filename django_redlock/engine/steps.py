@@ -51,7 +51,8 @@ class Masters(Protocol):
 # --- the steps a procedure can ask for ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, repr=False)
+# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+@dataclass(slots=True, repr=False)
 class Round:
     """Send ``command`` to every master at once; the answer is the list of their replies."""
 

@@ -21,6 +21,7 @@ module's callers: a holder is named by its fingerprint (a short sha256).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -67,14 +68,10 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     who = (process.pid(), thread, task, label, ttl)
     owner_json = _OWNER_JSON.get(who)
     if owner_json is None:
-        fields: dict[str, object] = {"host": _HOST, "pid": who[0], "thread": thread}
-        if task is not None:
-            fields["task"] = task
-        if label is not None:
-            fields["label"] = label
-        fields["ttl"] = ttl
-        # Everything but the closing brace: "since" changes with every acquisition.
-        owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
+        # Everything but the closing brace: "since" changes with every acquisition. A burst of
+        # tasks makes one per task: the JSON around the task's name is encoded once per thread.
+        head, tail = _owner_parts(who[0], thread, label, ttl)
+        owner_json = f'{head},"task":{_json_text(task)}{tail}' if task is not None else head + tail
         if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
             _OWNER_JSON.clear()
             _OWNER_TEXTS.clear()
@@ -87,6 +84,20 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     # Its parts, for the lease that keeps it (``compact_value``), without reading them back.
     _MADE.last = (value, _STAMP.pack(token, since), owner_json)
     return value
+
+
+@functools.lru_cache(maxsize=256)
+def _owner_parts(pid: int, thread: str, label: str | None, ttl: float) -> tuple[str, str]:
+    """The owner JSON's fields before ``task`` (its opening brace, ``host``, ``pid``, ``thread``)
+    and after it (``label``, ``ttl``: no closing brace), each as ``json.dumps`` writes them."""
+    head = json.dumps({"host": _HOST, "pid": pid, "thread": thread}, separators=(",", ":"))
+    after: dict[str, object] = {} if label is None else {"label": label}
+    after["ttl"] = ttl
+    return head[:-1], "," + json.dumps(after, separators=(",", ":"))[1:-1]
+
+
+#: A string as ``json.dumps`` writes it (its C encoder, without building an encoder each time).
+_json_text = json.encoder.encode_basestring_ascii
 
 
 def compact_value(value: str) -> tuple[bytes, str]:
