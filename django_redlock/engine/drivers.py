@@ -140,11 +140,11 @@ def _wait_replies(wait: Replies) -> None:
     round decided by its quorum's replies does not sit waiting on a slower master's."""
     sent, enough = wait.sent, wait.enough
     if enough is not None and len(sent) > 1:
-        sent = sorted(sent, key=lambda sent: sent[1].latency)
+        sent = sorted(sent, key=lambda sent: sent[0].latency)
     needed = wait.needed
     fresh = True  # the first reply of a round cannot be there yet
     measured = False
-    for _, pipe, slot in sent:
+    for pipe, slot in sent:
         if slot.reply is PENDING:
             pipe.wait(slot, wait.deadline, fresh=fresh)
             if not measured:
@@ -267,7 +267,7 @@ def _give_up(rounds: Exchange, wait: Connect | Replies | Delay) -> None:
     """An interrupted round: replies still to come are dropped when they come (the pipes are
     shared: closing one would break every other round on it)."""
     if isinstance(wait, Replies):
-        for _, pipe, slot in wait.sent:
+        for pipe, slot in wait.sent:
             if slot.reply is PENDING:
                 pipe.abandon(slot)
     rounds.close()
@@ -294,12 +294,12 @@ class _Came:
     def waiting(cls, loop: asyncio.AbstractEventLoop, wait: Replies) -> _Came | None:
         """The wait for ``wait``'s replies; None if there is nothing to wait for."""
         sent, enough, needed = wait.sent, wait.enough, wait.needed
-        slots = [slot for _, _, slot in sent if slot.reply is PENDING]
+        slots = [slot for _, slot in sent if slot.reply is PENDING]
         if len(slots) < len(sent):  # (a round's later wait: some answered already)
-            if not slots or any(second_try(slot) for _, _, slot in sent):
+            if not slots or any(second_try(slot) for _, slot in sent):
                 return None
             if enough is not None:
-                needed -= sum(_decides(enough, slot) for _, _, slot in sent)
+                needed -= sum(_decides(enough, slot) for _, slot in sent)
                 if needed <= 0:
                     return None
         came = cls(loop.create_future(), slots, needed, enough)

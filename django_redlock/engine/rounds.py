@@ -117,12 +117,11 @@ class Connect:
 
 @dataclass(slots=True)
 class Replies:
-    """A round waits for: the replies of ``sent`` (master's index in the round, pipe, slot:
-    the round's own records, not copies), until ``deadline``; or, with ``enough``, only until
-    ``needed`` more of them are answers that ``enough`` accepts (the round is decided: it
-    returns at quorum)."""
+    """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``; or,
+    with ``enough``, only until ``needed`` more of them are answers that ``enough`` accepts (the
+    round is decided: it returns at quorum)."""
 
-    sent: list[tuple[int, Pipe, Slot]]
+    sent: list[tuple[Pipe, Slot]]
     deadline: float
     enough: Decides | None = None
     needed: int = 0
@@ -160,7 +159,7 @@ def exchange(
     nodes = [node.route(command) for node in nodes]
     requests = Requests(command, script)
     replies = RoundReplies([None] * len(nodes))
-    asked_again: frozenset[int] = frozenset()  # (the empty one is shared: made only if needed)
+    asked_again: set[int] = set()
     sent: list[tuple[int, Pipe, Slot]] = []
     needed = quorum(len(nodes))
     may_leave_out = len(nodes) - needed
@@ -206,20 +205,20 @@ def exchange(
         # that the second try still has most of the budget; else when all came, or when the
         # last of them is due (each master's budget runs from when its request left), or when
         # the round is decided.
-        yield Replies(sent, _due(sent, budget), enough, needed)
+        waited = [(pipe, slot) for _, pipe, slot in sent]
+        yield Replies(waited, _due(waited, budget), enough, needed)
         later = []
-        for each in sent:
-            i, pipe, slot = each
+        for i, pipe, slot in sent:
             reply = slot.reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
                 requests.answered(nodes[i])
             elif reply is PENDING and time.monotonic() < slot.sent_at + budget:
-                later.append(each)
+                later.append((i, pipe, slot))
                 continue
             else:
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
-                    asked_again |= {i}  # _vote asked it once more, on a new connection
+                    asked_again.add(i)  # _vote asked it once more, on a new connection
                 if type(reply) not in ANSWERS:
                     replies[i] = reply
                     continue
@@ -236,7 +235,7 @@ def exchange(
                 break
             sent, enough = awaited, None
     if asked_again:
-        replies.asked_again = asked_again
+        replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
     replies.began = min([slot.sent_at for _, _, slot in written], default=began)
@@ -279,8 +278,8 @@ def _settle_late(
     return settle
 
 
-def _due(sent: list[tuple[int, Pipe, Slot]], budget: float) -> float:
-    return max([slot.sent_at for _, _, slot in sent]) + budget
+def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
+    return max([slot.sent_at for _, slot in sent]) + budget
 
 
 _SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)
@@ -371,7 +370,7 @@ def _ask(
     if slot is None:
         return NodeFailure(node.label, "error", "connection lost while resending")
     while slot.reply is PENDING and time.monotonic() < slot.sent_at + budget:
-        yield Replies([(-1, pipe, slot)], slot.sent_at + budget)  # (-1: a second try's)
+        yield Replies([(pipe, slot)], slot.sent_at + budget)
     return _late(node, pipe, slot)
 
 
