@@ -61,7 +61,8 @@ class Round:
     #: Clean-up after an interruption: the async runner shields it from a second cancellation.
     cleanup: bool = False
     #: An acquisition's: it waits for its turn among this process's rounds (``admission``) at
-    #: most this long. None: a holder's round, which goes at once.
+    #: most this long. None: a holder's round, which waits as long as it takes, and behind
+    #: acquisitions at most ``admission.HOLDER_PATIENCE``.
     patience: float | None = None
     #: Which answers decide the round: it returns once a quorum of them came (``exchange``).
     enough: Callable[[object], bool] | None = None
