@@ -65,6 +65,12 @@ IMPLEMENTATIONS = [
         "5",
         "the same, worker processes not warmed up",
     ),
+    (
+        "ours (redlock(), 1 master)",
+        "ours-django",
+        "1",
+        "the same, NODES with one master: like for like with the single-node peers below",
+    ),
     ("pottery", "pottery", "5", "acquire(): retries after a random 0-200 ms"),
     ("redlock-py", "redlock-py", "5", "lock() until it returns a lock: 3 tries 200 ms apart each"),
     ("redlock-ng", "redlock-ng", "5", "acquire(blocking=True): retries after 100-300 ms"),

@@ -168,6 +168,7 @@ def warm() -> None:
     """Import ``prometheus_client`` if it is installed (``AppConfig.ready``); registers nothing."""
     try:
         import prometheus_client  # noqa: F401
+        import prometheus_client.core  # noqa: F401 (the permits collector's first collect)
     except ImportError:
         pass
 

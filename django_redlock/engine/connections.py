@@ -314,6 +314,13 @@ class Node:
             if attempt.made is not None:
                 attempt.made.add_done_callback(_discard)
 
+    def subscriber(self) -> redis.connection.AbstractConnection:
+        """A new connection for our release-notice inbox (``inboxes``), connected with the lock
+        path's settings (RESP2, no retries, this node's budget), leaving the lock path's alone."""
+        conn = self.spec.connection_class(**self._kwargs)
+        conn.connect()
+        return conn
+
     def client(self, timeout: float | None = None) -> redis.Redis:
         """A plain redis-py client with this node's settings (``timeout``: for connecting and for
         each answer), for one-off admin commands (status, inventory, tests). Not for the lock

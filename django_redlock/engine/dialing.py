@@ -22,6 +22,7 @@ that succeeded into a timeout: when the budget's timer fires, the socket itself 
 from __future__ import annotations
 
 import asyncio
+import encodings.idna  # noqa: F401 (see below)
 import ipaddress
 import os
 import select
@@ -35,6 +36,10 @@ import redis
 from redis._parsers.base import BaseParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+# ``socket.getaddrinfo`` encodes a host name given as text with IDNA, importing that codec (and
+# ``stringprep``, ``unicodedata``) inside a process's first connect: ~2 ms of a cold worker's
+# first lock, on the path of everyone waiting behind it. Imported with the engine instead.
 
 
 # Settings that every one of our connections overrides, whatever the node's URL or cache says.

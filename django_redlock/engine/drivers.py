@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 from . import deadlines
 from .connections import Node
 from .detours import Delay
-from .notices import Waiter
 from .pipes import PENDING, Pipe, Slot
 from .rounds import (
     ANSWERS,
@@ -46,6 +45,7 @@ from .steps import (
     Round,
     Step,
 )
+from .waiter import Waiter
 
 T = TypeVar("T")
 
@@ -90,14 +90,14 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Listen):
         waiter = masters.notices.listen()
         waiters.append(waiter)
-        waiter.subscribed.wait(masters.node_timeout)
+        masters.notices.wait(waiter.subscribed, masters.node_timeout, settle=True)
         return waiter
     if isinstance(step, AwaitTurn):
         return step.turn.ready.wait(step.timeout)
     if isinstance(step, Detach):
         threading.Thread(target=run, args=(masters, step.procedure), daemon=True).start()
         return None
-    notified = step.waiter.notified.wait(step.timeout)
+    notified = masters.notices.wait(step.waiter.notified, step.timeout)
     step.waiter.notified.clear()
     return notified
 
@@ -204,7 +204,7 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         await asyncio.sleep(step.seconds)
         return None
     if isinstance(step, Listen):
-        waiter = masters.notices.listen()
+        waiter = masters.notices.listen(asynchronous=True)
         waiters.append(waiter)
         await waiter.subscribed.await_(masters.node_timeout)
         return waiter

@@ -9,8 +9,8 @@ import time
 from typing import TYPE_CHECKING
 
 from . import protocol, scripts
-from .notices import Waiter, counts_hand_off
 from .steps import AwaitNotice, Masters, Procedure
+from .waiter import Waiter, counts_hand_off
 
 if TYPE_CHECKING:
     from .procedures import Want

@@ -1,215 +1,71 @@
 """Release notices and local waiter queues: waiters sleep until it is their turn, instead of
 polling blindly.
 
-Inside one process, the waiters of one resource queue up locally (``LocalQueues``), first come
-first served; only the one at the head competes on the masters, so a thousand local waiters cost
-one network waiter, and they get the lock in the order they came.
+Inside one process, only the first waiter of a resource competes on the masters
+(``local_queues``).
 
-A waiter that lost an attempt is queued on each master (see ``scripts``). Each process has an inbox,
-one pub/sub channel, on which it keeps one listener thread per master while it has waiters (and for
-``LINGER`` seconds after). A release pops the head of the resource's queue and PUBLISHes to that
-waiter's inbox only, naming the waiter; the listener wakes exactly that waiter. Notices are a hint,
-never a guarantee: a waiter also wakes after a fallback timeout (a lease that simply expires sends
-none, and a master may be down), and it always competes for the lock with a normal quorum attempt.
+A waiter that lost an attempt is queued on each master (see ``scripts``). Each process has an
+inbox, one pub/sub channel, to which it keeps one connection per master subscribed while it has
+waiters (and for ``LINGER`` seconds after). A release pops the head of the resource's queue and
+PUBLISHes to that waiter's inbox only, naming the waiter (and hands it the lock: ``handoff``).
+Notices are a hint, never a guarantee: a waiter also wakes after a fallback timeout (a lease that
+simply expires sends none, and a master may be down), and a waiter that is not handed the lock
+competes for it with a normal quorum attempt.
 
-One thread-based listener serves sync and async waiters alike (async ones are woken through
-``loop.call_soon_threadsafe``), so there is one implementation to get right. After ``fork()`` the
-child starts with no listener and a new inbox: the parent's threads do not exist there.
+Who reads the inbox connections: one thread at a time holds the *reading turn*. A waiting thread
+takes it itself when it is free (``ReleaseNotices.wait``): it sleeps in ``poll()`` on every
+master's connection at once, so a release wakes the very thread that waits for it, once, with the
+words of all the masters that answered meanwhile; no listener thread has to be scheduled first and
+then wake it (measured: a second thread switch was a third of a hand-off's gap on a busy 2-CPU
+machine). Other waiting threads sleep until the reader fires their beacon or passes the turn on.
+A process's one keeper thread connects and subscribes (a master that is down costs it, not a
+waiter, its connect budget), and reads while asyncio waiters wait and no thread reads for itself
+(they are woken through ``loop.call_soon_threadsafe``). After ``fork()`` the child starts with no
+keeper, no connections of its own and a new inbox: the parent's threads do not exist there.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import secrets
+import select
+import socket
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
-
+from .beacon import Beacon
 from .connections import Node
-from .events import logger
-from .quarantine import abstains
+from .inboxes import Inbox
 from .scripts import SEVERAL_MARK
+from .waiter import Waiter, counts_hand_off
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
 #: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
 LINGER = 5.0
+#: The keeper's longest sleep or read between two looks at what its connections need.
+KEEPER_TURN = 0.5
 
 _SEVERAL = SEVERAL_MARK.encode()
 
 
-class Beacon:
-    """A one-shot event that both threads and asyncio tasks can wait on."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._guard = threading.Lock()
-
-    def fire(self) -> None:
-        with self._guard:
-            self._event.set()
-            futures, self._futures = self._futures, []
-        for loop, future in futures:
-            try:
-                loop.call_soon_threadsafe(_resolve, future)
-            except RuntimeError:  # that loop closed meanwhile: no one awaits there any more
-                pass
-
-    def clear(self) -> None:
-        self._event.clear()
-
-    def wait(self, timeout: float) -> bool:
-        return self._event.wait(max(timeout, 0.0))
-
-    async def await_(self, timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        with self._guard:
-            if self._event.is_set():
-                return True
-            self._futures.append((loop, future))
-        timer = loop.call_later(max(timeout, 0.0), _resolve, future)
-        try:
-            await future
-        finally:
-            timer.cancel()
-            with self._guard:
-                if (loop, future) in self._futures:
-                    self._futures.remove((loop, future))
-        return self._event.is_set()
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class Waiter:
-    """One waiter. ``notified`` fires when a release names it (it is first in a master's queue);
-    ``subscribed`` once enough masters confirmed the inbox subscription that no notice can be
-    missed."""
-
-    def __init__(self, waiter_id: str) -> None:
-        #: How this waiter is named in the masters' waiter queues: "<inbox id>.<n>".
-        self.id = waiter_id
-        self.notified = Beacon()
-        self.subscribed = Beacon()
-        #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
-        #: word counts as a vote (``counts_hand_off``): filled by the listeners, read by
-        #: ``handoff.handed_over``.
-        self.handed: set[Node] = set()
-        #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
-        #: Unix epoch (``scripts.ACQUIRE_WAITING``).
-        self.score: int | None = None
-        #: When its first queued attempt began (monotonic): a lease a release hands it began
-        #: later. None before it queued.
-        self.queued_since: float | None = None
-        #: False once it undid an attempt after it queued: a hand-off that the undo removed may
-        #: be told after it, so from then on a hand-off is only a hint (its next round confirms).
-        self.trusts_hand_offs = True
-
-
-def counts_hand_off(node: Node) -> bool:
-    """Whether a master's word that its release handed a waiter the lock counts as its vote: not
-    for a member whose votes need more than its own write (replica acknowledgement), whose
-    notices may come from another server than its rounds reach (Sentinel, Cluster), or that
-    abstains (quarantine). Those confirm a hand-off by a round, as any lock is taken."""
-    spec = node.spec
-    return spec.ack is None and spec.service is None and spec.seeds is None and not abstains(node)
-
-
-class _Listener(threading.Thread):
-    """Reads one master's pub/sub connection and keeps it subscribed to the wanted channels."""
-
-    def __init__(self, hub: ReleaseNotices, node: Node) -> None:
-        super().__init__(name=f"redlock-notices {node.label}", daemon=True)
-        self.hub = hub
-        self.node = node
-        self.pubsub: Any = None
-        self.subscribed: set[str] = set()  # requested on the current connection
-        self.lock = threading.Lock()
-        #: Set when there may be something to subscribe to, or the hub closes. One per listener:
-        #: a shared one could be cleared by another listener before this one waits on it.
-        self.wake = threading.Event()
-
-    def subscribe(self, channel: str) -> None:
-        """Called by a waiter's thread: subscribe now rather than at the listener's next turn.
-        (redis-py's PubSub serializes sends, so this is safe beside ``get_message``.)"""
-        with self.lock:
-            if self.pubsub is None or channel in self.subscribed:
-                return
-            try:
-                self.pubsub.subscribe(channel)
-            except (redis.RedisError, OSError):
-                return  # the listener thread sees the broken connection and reconnects
-            self.subscribed.add(channel)
-
-    def run(self) -> None:
-        while not self.hub.closed:
-            wanted = self.hub.wanted_channels()
-            if not wanted and not self.subscribed:
-                self.wake.wait(timeout=LINGER)
-                self.wake.clear()
-                continue
-            try:
-                self._follow(wanted)
-                message = self.pubsub.get_message(timeout=0.5) if self.subscribed else None
-            except (redis.RedisError, OSError) as exc:
-                logger.debug("release notices from %s unavailable: %s", self.node.label, exc)
-                self._reset()
-                time.sleep(1.0)
-                continue
-            if message is None:
-                continue
-            channel = message["channel"].decode()
-            if message["type"] == "subscribe":
-                self.hub.confirm(channel, self)
-            elif message["type"] == "message":
-                self.hub.deliver(channel, message["data"], self.node)
-        self._reset()
-
-    def _follow(self, wanted: set[str]) -> None:
-        with self.lock:
-            if self.pubsub is None:
-                self.pubsub = self.node.client().pubsub()
-            new = wanted - self.subscribed
-            if new:
-                self.pubsub.subscribe(*new)
-                self.subscribed |= new
-            stale = self.subscribed - wanted
-            if stale:
-                self.pubsub.unsubscribe(*stale)
-                self.subscribed -= stale
-                self.hub.unconfirm(stale, self)
-
-    def _reset(self) -> None:
-        with self.lock:
-            if self.pubsub is not None:
-                try:
-                    self.pubsub.close()
-                except (redis.RedisError, OSError):
-                    pass
-            self.pubsub = None
-            self.hub.unconfirm(self.subscribed, self)
-            self.subscribed = set()
+#: The reading turn's holder when it is the keeper thread (else a waiting thread's beacon).
+_KEEPER = object()
 
 
 class ReleaseNotices:
-    """The per-process hub: waiters register here; listeners deliver notices to them."""
+    """The per-process hub: waiters register here, and the holder of the reading turn delivers
+    the masters' notices to them (see the module's docstring)."""
 
     def __init__(self, nodes: Sequence[Node], quorum: int, inbox_prefix: str) -> None:
         self.nodes = nodes
         self.quorum = quorum
         self.closed = False
         self._inbox_prefix = inbox_prefix
-        self._listeners: list[_Listener] = []
         self._new_process()
         _HUBS.add(self)
 
@@ -222,73 +78,197 @@ class ReleaseNotices:
         self.inbox = self._inbox_prefix + self._inbox_id
         self._numbers = itertools.count()
         self._waiters: dict[bytes, Waiter] = {}
+        self._asynchronous = 0  # how many of them wait on an event loop (the keeper reads)
         #: Per waiter, the last notice acted on: every master announces each release.
         self._heard: dict[bytes, bytes] = {}
-        self._confirmed_by: set[_Listener] = set()
+        self._inboxes = [Inbox(node) for node in self.nodes]  # the parent's: not closed here
         self._last_used = float("-inf")
-        self._listeners = []
+        #: Who reads (a waiting thread's beacon, ``_KEEPER``, or None), and the threads waiting
+        #: for the turn, first come first served.
+        self._reader: object = None
+        self._standby: deque[Beacon] = deque()
+        self._keeper_yields = False  # a thread asked the keeper for the turn
+        self._keeper: threading.Thread | None = None
+        self._keeper_wake = threading.Event()
+        #: A reader's ``poll()`` also watches this pair's second end: rung when it should look
+        #: again (a new connection, a thread asking the keeper for the turn, close). Made with
+        #: the keeper, closed when it stops (a fork's child closes its copy of the parent's).
+        for end in getattr(self, "_bell", ()):
+            end.close()
+        self._bell: tuple[socket.socket, ...] = ()
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the listener threads and close their connections (waits up to ``timeout``)."""
+        """Stop the keeper and close the inbox connections (waits up to ``timeout``)."""
         self.closed = True
         with self._guard:
-            listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            listener.wake.set()
-        for listener in listeners:
-            listener.join(timeout)
+            keeper = self._keeper
+            standby = list(self._standby)
+        self._ring()
+        self._keeper_wake.set()
+        for beacon in standby:
+            beacon.nudge()
+        if keeper is not None:
+            keeper.join(timeout)
+        else:
+            self._disconnect_all()
 
-    def listen(self) -> Waiter:
+    # --- waiters ---------------------------------------------------------------------------
+
+    def listen(self, asynchronous: bool = False) -> Waiter:
         """Register a waiter; its ``subscribed`` beacon fires once a quorum of masters will
-        deliver our inbox (at once if they already do)."""
+        deliver our inbox (at once if they already do). ``asynchronous``: it waits on an event
+        loop, so the keeper reads for it."""
         with self._guard:
             waiter = Waiter(f"{self._inbox_id}.{next(self._numbers)}")
+            waiter.asynchronous = asynchronous
             self._waiters[waiter.id.encode()] = waiter
-            if len(self._confirmed_by) >= self.quorum:
+            self._asynchronous += asynchronous
+            if self._confirmations() >= self.quorum:
                 waiter.subscribed.fire()
-            if not self._listeners:
-                self._listeners = [_Listener(self, node) for node in self.nodes]
-                for listener in self._listeners:
-                    listener.start()
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener.wake.set()
-            listener.subscribe(self.inbox)
+            if self._keeper is None and not self.closed:
+                self._bell = socket.socketpair()
+                for end in self._bell:
+                    end.setblocking(False)
+                self._keeper = threading.Thread(
+                    target=self._keep,
+                    name=f"redlock-notices {', '.join(node.label for node in self.nodes)}",
+                    daemon=True,
+                )
+                self._keeper.start()
+        self._keeper_wake.set()
         return waiter
 
     def unlisten(self, waiter: Waiter) -> None:
         key = waiter.id.encode()
         with self._guard:
-            self._waiters.pop(key, None)
+            if self._waiters.pop(key, None) is not None:
+                self._asynchronous -= waiter.asynchronous
             self._heard.pop(key, None)
             self._last_used = time.monotonic()
 
-    def wanted_channels(self) -> set[str]:
-        """The inbox while there are waiters, or there were within the last LINGER seconds."""
+    def wait(self, beacon: Beacon, timeout: float, settle: bool = False) -> bool:
+        """A waiting thread's sleep until ``beacon`` fires, or ``timeout``; answers whether it
+        fired. It reads the masters' notices itself while it holds the reading turn (taken
+        from the keeper if need be), else sleeps until the reader fires its beacon or passes
+        the turn on. ``settle`` (a new waiter's ``subscribed``): reading, it also waits for the
+        confirmations of the masters still to answer, not only a quorum's (no one reads them
+        once it stops, until its next wait; see ``heard_everywhere``)."""
+        until = time.monotonic() + timeout
+        if settle:
+            done: Callable[[], bool] = lambda: beacon.fired and self._settled()  # noqa: E731
+        else:
+            done = lambda: beacon.fired  # noqa: E731
+        try:
+            while not done() and not self.closed:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                with self._guard:
+                    reads = self._reader is None
+                    if reads:
+                        self._reader = beacon
+                        if beacon in self._standby:
+                            self._standby.remove(beacon)
+                    elif beacon not in self._standby:
+                        self._standby.append(beacon)
+                        self._keeper_yields = self._reader is _KEEPER
+                if reads:
+                    try:
+                        self._read(done, until)
+                    finally:
+                        self._pass_turn()
+                elif beacon.fired:
+                    break  # another thread reads: a quorum's confirmations are enough
+                else:
+                    if self._keeper_yields:
+                        self._ring()
+                    beacon.wait(left)
+        finally:
+            with self._guard:
+                if beacon in self._standby:
+                    self._standby.remove(beacon)
+                after = self._standby[0] if self._reader is None and self._standby else None
+            if after is not None:
+                after.nudge()
+        return beacon.fired
+
+    def _pass_turn(self) -> None:
+        """The reader is done: the first thread waiting for the turn takes it, else the keeper
+        if asyncio waiters need a reader."""
         with self._guard:
-            if self._waiters or time.monotonic() - self._last_used <= LINGER:
-                return {self.inbox}
-            return set()
+            self._reader = None
+            self._keeper_yields = False
+            after = self._standby[0] if self._standby else None
+            keeper = after is None and self._asynchronous > 0
+        if after is not None:
+            after.nudge()
+        elif keeper:
+            self._keeper_wake.set()
+
+    def _ring(self) -> None:
+        try:
+            self._bell[0].send(b"!")
+        except (IndexError, OSError):  # (BlockingIOError: rung already, not heard yet)
+            pass  # no keeper, or closed: no reader
 
     def heard_everywhere(self) -> bool:
         """Every master confirmed our inbox subscription: a release there can tell our waiters.
         (A release pops a queued waiter that no one hears, as one whose process is gone.)"""
-        return len(self._confirmed_by) == len(self.nodes)
+        return self._confirmations() == len(self.nodes)
 
-    def confirm(self, channel: str, listener: _Listener) -> None:
-        with self._guard:
-            if channel != self.inbox:
+    def _settled(self) -> bool:
+        """Every master confirmed our inbox, or will not soon (``Inbox.settled``)."""
+        now = time.monotonic()
+        return all(inbox.settled(now) for inbox in self._inboxes)
+
+    def _confirmations(self) -> int:
+        return sum(inbox.confirmed for inbox in self._inboxes)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _read(self, done: Callable[[], bool], until: float) -> None:
+        """Deliver what the masters send until ``done()``, ``until`` (monotonic) or close; only
+        the holder of the reading turn calls this. All the connections that poll found readable
+        are read before ``done`` is asked again: a release's words from several masters come
+        together, and a hand-off needs a quorum's."""
+        bell = self._bell[1]
+        while not done() and not self.closed:
+            left = until - time.monotonic()
+            if left <= 0:
                 return
-            self._confirmed_by.add(listener)
-            confirmed = len(self._confirmed_by) >= self.quorum
-            waiters = list(self._waiters.values()) if confirmed else []
-        for waiter in waiters:
-            waiter.subscribed.fire()
+            watched: dict[int, Inbox] = {}
+            poller = select.poll()
+            poller.register(bell, select.POLLIN)
+            for inbox in self._inboxes:
+                sock = inbox.socket()
+                if sock is not None:
+                    watched[sock.fileno()] = inbox
+                    poller.register(sock, select.POLLIN)
+            for fd, _ in poller.poll(left * 1000):
+                if fd == bell.fileno():
+                    try:
+                        bell.recv(4096)
+                    except OSError:
+                        pass
+                    continue
+                inbox = watched[fd]
+                for message in inbox.messages():
+                    self._take(inbox, message)
+                if inbox.conn is None:
+                    self._keeper_wake.set()  # it broke: to connect again
 
-    def unconfirm(self, channels: set[str], listener: _Listener) -> None:
-        with self._guard:
-            if self.inbox in channels:
-                self._confirmed_by.discard(listener)
+    def _take(self, inbox: Inbox, message: Any) -> None:
+        kind, channel, data = message
+        if kind == b"message":
+            self.deliver(channel.decode(), data, inbox.node)
+        elif kind == b"subscribe" and channel.decode() == self.inbox:
+            inbox.confirmed = True
+            with self._guard:
+                waiters = (
+                    list(self._waiters.values()) if self._confirmations() >= self.quorum else []
+                )
+            for waiter in waiters:
+                waiter.subscribed.fire()
 
     def deliver(self, channel: str, notice: bytes, node: Node) -> None:
         """``<digest> <waiter id>[ +]``: wake that waiter, once per release (every master sends
@@ -312,78 +292,81 @@ class ReleaseNotices:
         if wake:
             waiter.notified.fire()
 
+    # --- the keeper ------------------------------------------------------------------------
 
-class Turn:
-    """One local waiter's place in the queue of each of its resources; ``ready`` fires when it
-    is first in all of them."""
+    def _keep(self) -> None:
+        """The keeper thread: connects and subscribes the inbox on every master while it is
+        wanted, closes the connections once it is not, and reads while only asyncio waiters
+        need a reader."""
+        try:
+            while not self.closed:
+                if self._wanted():
+                    self._connect_missing()
+                if self._take_turn_for_keeper():
+                    try:
+                        if self._wanted():
+                            self._read(lambda: self._keeper_yields, time.monotonic() + KEEPER_TURN)
+                        else:
+                            self._disconnect_all()
+                    finally:
+                        self._pass_turn()
+                    if self._asynchronous > 0:
+                        continue
+                self._keeper_wake.wait(KEEPER_TURN if self._wanted() else LINGER)
+                self._keeper_wake.clear()
+        finally:
+            # Closed: the reader sees it at once (the bell); its connections are ours to close
+            # once it is gone.
+            give_up = time.monotonic() + 1.0
+            while not self._take_turn_at_close() and time.monotonic() < give_up:
+                time.sleep(0.005)
+            self._disconnect_all()
+            for end in self._bell:
+                end.close()
 
-    __slots__ = ("ready", "resources")
-
-    def __init__(self, resources: tuple[str, ...]) -> None:
-        self.resources = resources
-        self.ready = Beacon()
-
-
-class LocalQueues:
-    """The waiters of each resource in this process, in arrival order. A waiter whose turn it is
-    (first in the queue of each of its resources) competes on the masters (as their queued
-    waiter); when it leaves (it got the lock, gave up or was interrupted), the next one's turn
-    may come.
-
-    A lock over several resources joins all their queues at once, under one guard: every two
-    waiters then stand in the same order in every queue they share, so the oldest waiter is
-    always first in all of its queues, and no two wait for each other (whatever the order in
-    which they named their resources)."""
-
-    def __init__(self) -> None:
-        self._new_process()
-        _QUEUES.add(self)
-
-    def _new_process(self) -> None:
-        self._guard = threading.Lock()
-        self._queues: dict[str, deque[Turn]] = {}
-
-    def join(self, resources: tuple[str, ...]) -> Turn:
-        turn = Turn(resources)
+    def _take_turn_at_close(self) -> bool:
         with self._guard:
-            for resource in resources:
-                self._queues.setdefault(resource, deque()).append(turn)
-            first = self._first(turn)
-        if first:
-            turn.ready.fire()
-        return turn
+            if self._reader is None:
+                self._reader = _KEEPER
+            return self._reader is _KEEPER
 
-    def _first(self, turn: Turn) -> bool:
-        return all(self._queues[resource][0] is turn for resource in turn.resources)
+    def _wanted(self) -> bool:
+        """The inbox while there are waiters, or there were within the last LINGER seconds."""
+        return bool(self._waiters) or time.monotonic() - self._last_used <= LINGER
 
-    def leave(self, turn: Turn) -> None:
-        following: list[Turn] = []
+    def _take_turn_for_keeper(self) -> bool:
+        """The keeper reads only when no thread wants to and someone needs it: asyncio waiters,
+        or connections to close. (Threads read for themselves when they wait; between two
+        waits, and while the inbox lingers, notices keep in the connections' buffers.)"""
         with self._guard:
-            for resource in turn.resources:
-                queue = self._queues.get(resource)
-                if queue is None or turn not in queue:
-                    continue
-                was_first = queue[0] is turn
-                queue.remove(turn)
-                if not queue:
-                    del self._queues[resource]
-                elif was_first and queue[0] not in following:
-                    following.append(queue[0])
-            ready = [waiting for waiting in following if self._first(waiting)]
-        for waiting in ready:
-            waiting.ready.fire()
+            if self._reader is not None or self._standby:
+                return False
+            if not self._asynchronous and (self._wanted() or not self._connected()):
+                return False
+            self._reader = _KEEPER
+            return True
+
+    def _connected(self) -> bool:
+        return any(inbox.conn is not None for inbox in self._inboxes)
+
+    def _connect_missing(self) -> None:
+        """A connection subscribed to our inbox on every master that has none (see ``Inbox``)."""
+        for inbox in self._inboxes:
+            if inbox.due(time.monotonic()) and not self.closed and inbox.subscribe(self.inbox):
+                self._ring()  # the reader watches it from now on
+
+    def _disconnect_all(self) -> None:
+        for inbox in self._inboxes:
+            inbox.drop(inbox.conn, retry_later=False)
 
 
 _HUBS: weakref.WeakSet[ReleaseNotices] = weakref.WeakSet()
-_QUEUES: weakref.WeakSet[LocalQueues] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     # The parent's waiters do not exist in the child.
     for hub in list(_HUBS):
         hub._new_process()  # noqa: SLF001 (this module's own hook)
-    for queues in list(_QUEUES):
-        queues._new_process()  # noqa: SLF001
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

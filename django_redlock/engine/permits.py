@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from . import protocol
 from .errors import LockContended
 from .leases import Lease
+from .local_queues import Turn
 from .markers import described
-from .notices import Turn, Waiter
 from .permit_scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_RELEASE, PERMIT_UNDO
 from .procedures import (
     EXPIRY_MARGIN,
@@ -51,6 +51,7 @@ from .procedures import (
 )
 from .rounds import Reply
 from .steps import AwaitTurn, Listen, Masters, Pause, Procedure, Round, failures, free_in
+from .waiter import Waiter
 
 #: Tries at once on a slot the masters said is free, before pausing (two acquirers that picked
 #: the same one split its votes; a pause with jitter lets them drift apart).

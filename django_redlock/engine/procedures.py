@@ -17,7 +17,7 @@ from . import admission, protocol, scripts
 from .admission import Full
 from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
 from .handoff import handed_over, queued_as
-from .notices import Turn, Waiter
+from .local_queues import Turn
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
@@ -33,6 +33,7 @@ from .steps import (
     granted,
     vote,
 )
+from .waiter import Waiter
 
 #: Jitter for retries (one per process: seeding one per lock cost ~8 us and ~3 KB). Tokens never
 #: come from here but from ``secrets``.

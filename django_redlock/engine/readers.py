@@ -25,12 +25,13 @@ from .errors import LockContended
 from .granting import granted
 from .group_lock import GroupLock
 from .leases import Lease, Owner
+from .local_queues import Turn
 from .markers import described
-from .notices import Turn, Waiter
 from .procedures import JITTER, Granted, Lost, Want, Won, not_acquired, tally, wait_turn
 from .reader_scripts import READER_ACQUIRE, READER_EXTEND, READER_RELEASE
 from .rounds import Reply
 from .steps import AwaitTurn, Listen, Masters, Pause, Procedure, Round, failures
+from .waiter import Waiter
 
 if TYPE_CHECKING:
     from .redlock import Redlock

@@ -15,11 +15,12 @@ from .drivers import arun, run
 from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
 from .events import NullObserver, Observer
 from .leases import current_owner, describe
+from .local_queues import LocalQueues
 from .lock import Lock
 from .locking import locking
 from .markers import is_marker, limit_of
 from .modes import check_mode
-from .notices import LocalQueues, ReleaseNotices
+from .notices import ReleaseNotices
 from .reentry import Holders
 from .rounds import Command, Reply
 from .shards import ClusterMember
@@ -190,7 +191,7 @@ class Redlock:
         self.watchdog = WATCHDOG
         #: Leases held in this process, under each of their keys: how re-entry is recognized.
         self.holders = Holders()
-        # Made now (cheap: its listener threads start on the first wait), so that no lock is
+        # Made now (cheap: its keeper thread starts on the first wait), so that no lock is
         # needed to make it lazily; a lock a thread held at a fork() would stay held in the child.
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
         #: This process's waiters, per resource, in arrival order (one competes on the masters).
@@ -375,7 +376,7 @@ class Redlock:
 
     @property
     def notices(self) -> ReleaseNotices:
-        """Release notices for waiters; its listener threads start on first wait."""
+        """Release notices for waiters; its keeper thread starts on first wait."""
         return self._notices
 
     def give_way(self, resource: str, seconds: float) -> None:

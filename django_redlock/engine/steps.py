@@ -12,9 +12,11 @@ from . import scripts
 from .admission import Admission
 from .connections import Node
 from .errors import UNAWAITED, NodeFailure
-from .notices import LocalQueues, ReleaseNotices, Turn, Waiter
+from .local_queues import LocalQueues, Turn
+from .notices import ReleaseNotices
 from .protocol import Vote
 from .rounds import Command, Reply
+from .waiter import Waiter
 
 T = TypeVar("T")
 
