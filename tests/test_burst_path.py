@@ -18,8 +18,9 @@ import weakref
 
 import pytest
 
-from django_redlock.engine import admission, deadlines, dialing
+from django_redlock.engine import admission, deadlines, dialing, holding
 from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate, ThreadGate
+from django_redlock.engine.drivers import fan_out
 from django_redlock.engine.values import make_value, parse_value
 
 pytestmark = pytest.mark.timeout(60)
@@ -181,9 +182,10 @@ def test_a_burst_with_a_master_down_tries_it_once_a_loop_pass_not_once_a_round(
 # --- whose round goes next when turns are scarce ------------------------------------------------
 
 
-def _admitted_order(holder_waited: float) -> list[str]:
-    """One turn (limit 1), taken; two acquisitions queue, then a holder's round (a release), and
-    after ``holder_waited`` seconds the turn is given on three times: the order they got it."""
+def _admitted_order(holder_waited: float, behind: float) -> list[str]:
+    """One turn (limit 1), taken; two acquisitions queue, then a holder's round (a release that
+    lets those queued before it go first for ``behind`` seconds), and after ``holder_waited``
+    seconds the turn is given on three times: the order they got it."""
     order: list[str] = []
 
     async def main() -> None:
@@ -191,7 +193,7 @@ def _admitted_order(holder_waited: float) -> list[str]:
         assert gate.enter_at_once()
 
         async def queued(name: str, patience: float | None) -> None:
-            await gate.enter(patience)
+            await gate.enter(patience, behind)
             order.append(name)
 
         tasks = []
@@ -208,41 +210,38 @@ def _admitted_order(holder_waited: float) -> list[str]:
     return order
 
 
-def test_acquisitions_queued_before_a_release_get_their_turn_before_it(monkeypatch):
-    """Turns go in arrival order: a release queued after two acquisitions waits for them (before,
-    every holder's round went first, and a burst's last acquisitions waited behind nearly every
-    release of the burst). (A long HOLDER_PATIENCE: a loaded machine's pause is not the rule.)"""
-    monkeypatch.setattr(admission, "HOLDER_PATIENCE", 5.0)
-    assert _admitted_order(0.0) == ["acquisition 1", "acquisition 2", "release"]
+def test_acquisitions_queued_before_a_release_get_their_turn_before_it():
+    """A release that lets earlier acquisitions go first waits for them (before, every holder's
+    round went first, and a burst's last acquisitions waited behind nearly every release of the
+    burst). (A long ``behind``: a loaded machine's pause must not decide the order.)"""
+    assert _admitted_order(0.0, behind=5.0) == ["acquisition 1", "acquisition 2", "release"]
 
 
-def test_a_release_waits_behind_earlier_acquisitions_at_most_holder_patience(monkeypatch):
-    """A holder's round that has waited ``HOLDER_PATIENCE`` goes ahead of every acquisition (its
-    lease's clock runs while it waits)."""
-    monkeypatch.setattr(admission, "HOLDER_PATIENCE", 0.05)
-    assert _admitted_order(0.15) == ["release", "acquisition 1", "acquisition 2"]
+def test_a_release_goes_first_once_it_has_let_acquisitions_go_first_long_enough():
+    """A holder's round that has waited its ``behind`` goes ahead of every acquisition (its
+    lease's clock runs while it waits); one with none (a fence read, a clean-up) at once."""
+    assert _admitted_order(0.15, behind=0.05) == ["release", "acquisition 1", "acquisition 2"]
+    assert _admitted_order(0.0, behind=0.0) == ["release", "acquisition 1", "acquisition 2"]
 
 
-def test_threads_take_turns_in_the_same_order(monkeypatch):
-    """The threads' gate follows the same rule: arrival order, a holder's round ahead once it has
-    waited ``HOLDER_PATIENCE``."""
+def test_threads_take_turns_in_the_same_order():
+    """The threads' gate follows the same rule."""
 
-    def order(holder_waited: float) -> list[str]:
+    def order(holder_waited: float, behind: float) -> list[str]:
         gate, got = ThreadGate(limit=1), []
         gate.enter(10.0)
         threads = []
         for name, patience in (("acquisition", 10.0), ("release", None)):
 
             def queued(name: str = name, patience: float | None = patience) -> None:
-                gate.enter(patience)
+                gate.enter(patience, behind)
                 got.append(name)
                 gate.leave()
 
             threads.append(threading.Thread(target=queued))
             threads[-1].start()
-            deadline = time.monotonic() + 5
-            queued = len(threads)
-            while len(gate.holders) + len(gate.waiting) < queued and time.monotonic() < deadline:
+            deadline, expected = time.monotonic() + 5, len(threads)
+            while len(gate.holders) + len(gate.waiting) < expected and time.monotonic() < deadline:
                 time.sleep(0.001)  # queued in this order
         time.sleep(holder_waited)
         gate.leave()
@@ -250,10 +249,30 @@ def test_threads_take_turns_in_the_same_order(monkeypatch):
             thread.join(5)
         return got
 
-    monkeypatch.setattr(admission, "HOLDER_PATIENCE", 5.0)
-    assert order(0.0) == ["acquisition", "release"]
-    monkeypatch.setattr(admission, "HOLDER_PATIENCE", 0.05)
-    assert order(0.2) == ["release", "acquisition"]
+    assert order(0.0, behind=5.0) == ["acquisition", "release"]
+    assert order(0.2, behind=0.05) == ["release", "acquisition"]
+
+
+def test_a_release_or_renewal_lets_earlier_acquisitions_go_first_a_tenth_of_its_lease(
+    masters, redlock_of
+):
+    """What a holder's release and renewal rounds let queued acquisitions have: a tenth of what
+    is left of the lease (it reaches the masters well within it), at most ``HOLDER_PATIENCE``;
+    nothing once the lease ran out. Driven step by step, with real rounds."""
+    now = time.monotonic()
+    assert admission.holder_patience(now + 30.0) == admission.HOLDER_PATIENCE
+    assert 0.09 < admission.holder_patience(now + 1.0) <= 0.1
+    assert admission.holder_patience(now - 1.0) == 0.0
+    engine = redlock_of(masters)
+    lock = engine.lock("patience", ttl=2.0).acquire()
+    lease = engine.holders[lock.key]
+    for procedure in (holding.extend(engine, lease, once=True), holding.release(engine, lease)):
+        step = next(procedure)
+        assert 0.1 < step.behind <= 0.2  # (a tenth of the 2 s lease's validity left)
+        replies = fan_out(engine.nodes, step.command, engine.node_timeout, step.script)
+        with pytest.raises(StopIteration):
+            procedure.send(replies)
+    assert {m.client().get(lock.key) for m in masters} == {None}  # released
 
 
 @pytest.mark.parametrize("label", [None, 'a "quoted" ,"since":1.5} label', "ünï ✓"])

@@ -77,7 +77,7 @@ def run(masters: Masters, procedure: Procedure[T]) -> T:
 def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Round):
         gate = masters.admission.threads()
-        gate.enter(step.patience)
+        gate.enter(step.patience, step.behind)
         try:
             return fan_out(
                 masters.nodes, step.command, masters.node_timeout, step.script, step.enough
@@ -228,7 +228,7 @@ async def afan_out(masters: Masters, step: Round) -> RoundReplies:
     loop = asyncio.get_running_loop()
     gate = masters.admission.of(loop)
     if not gate.enter_at_once():
-        await gate.enter(step.patience)
+        await gate.enter(step.patience, step.behind)
     try:
         pipe_of = methodcaller("loop_pipe", loop)
         nodes, budget = masters.nodes, masters.node_timeout
