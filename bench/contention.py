@@ -211,8 +211,9 @@ def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
     timelines on the shared monotonic clock. t0 = the holder starts its release; then
 
     - ``release round``: the holder's release, t0 to its return (beside the rest);
-    - ``notice``: t0 to the next holder's listener receiving its first release notice;
-    - ``wake-up``: from there to its waiting thread running again (its wait step returns);
+    - ``notice``: t0 to the next holder's process reading its first release notice (its
+      waiting thread itself, since it reads its own notices: ``engine.notices``);
+    - ``wake-up``: from there to its wait step returning;
     - ``quorum told`` (handed over): from there to the end of its last wait for notices, when
       a quorum of masters told it that the release handed it the lock;
     - ``before round``: from there to its next round's start (local turn, pauses, admission);
@@ -410,8 +411,8 @@ def run(
             report.table(headers, rows),
             "",
             "Our hand-offs, cut into their parts (`handoff_parts`): t0 = the holder starts its "
-            "release; the release round runs beside the rest; then the notice reaching the next "
-            "holder's listener, its waiting thread waking; handed over: until a quorum of "
+            "release; the release round runs beside the rest; then the notice read by the next "
+            "holder's waiting thread, its wait step returning; handed over: until a quorum of "
             "masters told it the release handed it the lock, then to holding (lease, observer); "
             "otherwise until its next round starts (local turn, pauses), the round that won, and "
             "from there to holding. gap = t0 to holding; pause = pauses inside the gap.",

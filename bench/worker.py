@@ -239,8 +239,8 @@ class DjangoRedis(Impl):
 class Timeline:
     """What one of our workers did in each hand-off (``config["breakdown"]``), for scenario
     (c)'s breakdown: every step the engine's sync driver performed (a round, a pause, a wait
-    for a notice or for the local turn) with its start and end, and when the notice listener
-    received each release notice. Installed by wrapping the driver's ``_perform`` and the
+    for a notice or for the local turn) with its start and end, and when the process read
+    each release notice. Installed by wrapping the driver's ``_perform`` and the
     notices' ``deliver`` in this worker only: the engine is not changed for the bench."""
 
     def __init__(self) -> None:

@@ -5,6 +5,7 @@ A test that needs Redis and cannot get one fails with the reason (it never skips
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +47,23 @@ def wait_until(condition: Callable[[], object], timeout: float, *, step: float =
     while not condition() and time.monotonic() < deadline:
         time.sleep(step)
     return condition()
+
+
+async def until_set(event: asyncio.Event, setter: asyncio.Task[Any], timeout: float = 30.0) -> None:
+    """Await ``event``, which task ``setter`` sets (a holder that took its lock, say); if
+    ``setter`` ended first, raise what it raised (its acquisition failed on a loaded machine)
+    instead of waiting for ever: ``event.wait()`` alone has no timer, and the test would hang
+    until pytest-timeout with nothing to say."""
+    waiting = asyncio.ensure_future(event.wait())
+    done, _ = await asyncio.wait(
+        {waiting, setter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+    )
+    if waiting in done:
+        return
+    waiting.cancel()
+    if setter in done:
+        setter.result()  # raises what it raised
+    raise AssertionError(f"not set within {timeout} s, nor did its setter end")
 
 
 def _heal(masters: list[LocalMaster]) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable
 from django_redlock.testing.proxy import DelayProxy
-from tests.conftest import wait_until
+from tests.conftest import until_set, wait_until
 
 NODE_TIMEOUT = 0.1  # as in test_engine_faults: healthy masters answer in time on a busy machine
 ROUND_BOUND = 3 * NODE_TIMEOUT + 0.25
@@ -129,14 +129,15 @@ def test_async_wait_gets_the_lock_when_the_holder_releases(masters, engine_of):
     engine = engine_of(urls(masters), retry_delay=0.02)
 
     async def hold(holding):
-        async with engine.lock("job", ttl=5):
+        # (wait=5: a single try of the holder may fail on a loaded machine.)
+        async with engine.lock("job", ttl=5, wait=5):
             holding.set()
             await asyncio.sleep(0.2)
 
     async def main():
         holding = asyncio.Event()
         holder = asyncio.create_task(hold(holding))
-        await holding.wait()
+        await until_set(holding, holder)
         started = time.monotonic()
         async with engine.lock("job", ttl=5, wait=5) as lock:
             assert lock.held

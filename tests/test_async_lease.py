@@ -10,6 +10,8 @@ import pytest
 from django_redlock import LockContended, LockLost
 from django_redlock.testing.masters import LocalMaster
 
+from .conftest import until_set
+
 
 def keys_left(masters: list[LocalMaster], key: str) -> int:
     return sum(m.call("EXISTS", key) for m in masters)
@@ -85,12 +87,12 @@ def test_a_task_cancelled_inside_the_block_still_releases(masters, redlock_of):
         entered = asyncio.Event()
 
         async def worker() -> None:
-            async with engine.lock("d", ttl=30):
+            async with engine.lock("d", ttl=30, wait=5):
                 entered.set()
                 await asyncio.sleep(10)
 
         task = asyncio.create_task(worker())
-        await entered.wait()
+        await until_set(entered, task)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -13,6 +13,8 @@ import pytest
 
 from django_redlock.engine import Lock, LockContended, LockLost
 
+from .conftest import until_set
+
 
 def test_a_template_field_from_a_var_keyword_parameter_of_any_name(masters, redlock_of):
     engine = redlock_of(masters)
@@ -115,8 +117,8 @@ def test_a_decorated_async_generator_holds_the_lock_and_never_blocks_the_loop(ma
         # Waiting for a holder on this same loop: a blocking acquire would stop the loop, and
         # the holder with it, until ``wait`` ran out.
         held = asyncio.Event()
-        holder = asyncio.create_task(_hold_for(other.lock("feed:7", ttl=10), 0.3, held))
-        await held.wait()
+        holder = asyncio.create_task(_hold_for(other.lock("feed:7", ttl=10, wait=5), 0.3, held))
+        await until_set(held, holder)
         seen["waited for a holder on the loop"] = [row async for row in patient_rows(7)]
         await holder
         return seen

@@ -8,6 +8,8 @@ against the safety poll it would otherwise wait for: a missed notice would cost 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -197,3 +199,39 @@ def test_the_inbox_closes_once_it_stops_lingering(fresh_masters, redlock_of, mon
         assert hand_over(lock, masters, "hot", seen) < PROMPT
     assert subscribers(masters, engine) == [1, 1, 1]  # lingering
     assert wait_until(lambda: subscribers(masters, engine) == [0, 0, 0], 5.0)
+
+
+def test_a_forked_child_reads_its_own_inbox(fresh_masters, redlock_of):
+    """A child forked after its parent waited (a prefork worker: the parent's keeper thread and
+    inbox connections exist) waits with an inbox, a keeper and connections of its own, and a
+    release wakes it promptly."""
+    masters = fresh_masters(3)
+    holder, engine = redlock_of(masters), redlock_of(masters)
+    warm = holder.lock("warm", ttl=10).acquire()
+    with waiting_thread(engine, "warm") as seen:
+        assert hand_over(warm, masters, "warm", seen) < PROMPT  # the parent waited once
+    parent_inbox = engine.notices.inbox
+    lock = holder.lock("hot", ttl=10).acquire()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: wait, report, leave at once (no test teardown here)
+        status = 1
+        try:
+            with engine.lock("hot", ttl=10, wait=20):
+                report = {"got": time.monotonic(), "inbox": engine.notices.inbox}
+            os.write(write, json.dumps(report).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    try:
+        assert wait_until(lambda: queued(masters, "hot") == [1, 1, 1], 10.0)
+        released = time.monotonic()
+        lock.release()
+        with os.fdopen(read) as child:
+            report = json.loads(child.read() or "{}")
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+    assert report["inbox"] != parent_inbox
+    assert report["got"] - released < PROMPT

@@ -234,7 +234,7 @@ class ReleaseNotices:
         bell = self._bell[1]
         while not done() and not self.closed:
             left = until - time.monotonic()
-            if left <= 0:
+            if left <= 0 or bell.fileno() < 0:  # (closed meanwhile: the keeper closed the bell)
                 return
             watched: dict[int, Inbox] = {}
             poller = select.poll()

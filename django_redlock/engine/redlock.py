@@ -389,7 +389,7 @@ class Redlock:
         return self._courtesy.get(resource, 0.0)
 
     def close(self) -> None:
-        """Stop the release-notice listeners and close the connections (the threads' and every
+        """Stop the release-notice keeper and close the connections (the threads' and every
         event loop's)."""
         notices = self._notices
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)  # if used again
