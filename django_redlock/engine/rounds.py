@@ -104,7 +104,8 @@ class Requests:
         return pipe.send(request, now, preamble=preamble)
 
 
-@dataclass(frozen=True, slots=True)
+# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+@dataclass(slots=True)
 class Connect:
     """A round waits for: ``node``'s pipe, made now within ``budget``, or being made by another
     round (then awaited: that attempt has its own budget). Answered with the ``Pipe`` or the
@@ -114,7 +115,7 @@ class Connect:
     budget: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Replies:
     """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``; or,
     with ``enough``, only until ``needed`` more of them are answers that ``enough`` accepts (the
