@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import os
 import socket
+import threading
 import time
 import weakref
 
 import pytest
 
-from django_redlock.engine import deadlines, dialing
-from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate
+from django_redlock.engine import admission, deadlines, dialing, holding
+from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate, ThreadGate
+from django_redlock.engine.drivers import fan_out
+from django_redlock.engine.values import make_value, parse_value
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,3 +177,117 @@ def test_a_burst_with_a_master_down_tries_it_once_a_loop_pass_not_once_a_round(
         assert 2 <= len(attempts) < tasks // 4, f"{len(attempts)} connects for {2 * tasks} rounds"
 
     asyncio.run(burst())
+
+
+# --- whose round goes next when turns are scarce ------------------------------------------------
+
+
+def _admitted_order(holder_waited: float, behind: float) -> list[str]:
+    """One turn (limit 1), taken; two acquisitions queue, then a holder's round (a release that
+    lets those queued before it go first for ``behind`` seconds), and after ``holder_waited``
+    seconds the turn is given on three times: the order they got it."""
+    order: list[str] = []
+
+    async def main() -> None:
+        gate = LoopGate(asyncio.get_running_loop(), limit=1)
+        assert gate.enter_at_once()
+
+        async def queued(name: str, patience: float | None) -> None:
+            await gate.enter(patience, behind)
+            order.append(name)
+
+        tasks = []
+        for name, patience in (("acquisition 1", 10.0), ("acquisition 2", 10.0), ("release", None)):
+            tasks.append(asyncio.create_task(queued(name, patience)))
+            await asyncio.sleep(0)  # queued in this order
+        await asyncio.sleep(holder_waited)
+        for _ in tasks:
+            gate.leave()
+            await asyncio.sleep(0)  # the task that got the turn runs
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    return order
+
+
+def test_acquisitions_queued_before_a_release_get_their_turn_before_it():
+    """A release that lets earlier acquisitions go first waits for them (before, every holder's
+    round went first, and a burst's last acquisitions waited behind nearly every release of the
+    burst). (A long ``behind``: a loaded machine's pause must not decide the order.)"""
+    assert _admitted_order(0.0, behind=5.0) == ["acquisition 1", "acquisition 2", "release"]
+
+
+def test_a_release_goes_first_once_it_has_let_acquisitions_go_first_long_enough():
+    """A holder's round that has waited its ``behind`` goes ahead of every acquisition (its
+    lease's clock runs while it waits); one with none (a fence read, a clean-up) at once."""
+    assert _admitted_order(0.15, behind=0.05) == ["release", "acquisition 1", "acquisition 2"]
+    assert _admitted_order(0.0, behind=0.0) == ["release", "acquisition 1", "acquisition 2"]
+
+
+def test_threads_take_turns_in_the_same_order():
+    """The threads' gate follows the same rule."""
+
+    def order(holder_waited: float, behind: float) -> list[str]:
+        gate, got = ThreadGate(limit=1), []
+        gate.enter(10.0)
+        threads = []
+        for name, patience in (("acquisition", 10.0), ("release", None)):
+
+            def queued(name: str = name, patience: float | None = patience) -> None:
+                gate.enter(patience, behind)
+                got.append(name)
+                gate.leave()
+
+            threads.append(threading.Thread(target=queued))
+            threads[-1].start()
+            deadline, expected = time.monotonic() + 5, len(threads)
+            while len(gate.holders) + len(gate.waiting) < expected and time.monotonic() < deadline:
+                time.sleep(0.001)  # queued in this order
+        time.sleep(holder_waited)
+        gate.leave()
+        for thread in threads:
+            thread.join(5)
+        return got
+
+    assert order(0.0, behind=5.0) == ["acquisition", "release"]
+    assert order(0.2, behind=0.05) == ["release", "acquisition"]
+
+
+def test_a_release_or_renewal_lets_earlier_acquisitions_go_first_a_tenth_of_its_lease(
+    masters, redlock_of
+):
+    """What a holder's release and renewal rounds let queued acquisitions have: a tenth of what
+    is left of the lease (it reaches the masters well within it), at most ``HOLDER_PATIENCE``;
+    nothing once the lease ran out. Driven step by step, with real rounds."""
+    now = time.monotonic()
+    assert admission.holder_patience(now + 30.0) == admission.HOLDER_PATIENCE
+    assert 0.09 < admission.holder_patience(now + 1.0) <= 0.1
+    assert admission.holder_patience(now - 1.0) == 0.0
+    engine = redlock_of(masters)
+    lock = engine.lock("patience", ttl=2.0).acquire()
+    lease = engine.holders[lock.key]
+    for procedure in (holding.extend(engine, lease, once=True), holding.release(engine, lease)):
+        step = next(procedure)
+        assert 0.1 < step.behind <= 0.2  # (a tenth of the 2 s lease's validity left)
+        replies = fan_out(engine.nodes, step.command, engine.node_timeout, step.script)
+        with pytest.raises(StopIteration):
+            procedure.send(replies)
+    assert {m.client().get(lock.key) for m in masters} == {None}  # released
+
+
+@pytest.mark.parametrize("label", [None, 'a "quoted" ,"since":1.5} label', "ünï ✓"])
+@pytest.mark.parametrize("task", [None, "Task-7", 'Задача "\\\n'])
+@pytest.mark.parametrize("ttl", [0.01, 10.0, 86_400.25])
+def test_the_owner_json_of_a_new_task_is_the_json_of_its_fields(label, task, ttl):
+    """A burst makes a value per new task: the owner JSON around the task's name is encoded once
+    per thread and the name alone each time; the text is still exactly ``json.dumps``' of the
+    fields (readers parse it)."""
+    value = make_value(label, ttl, task)
+    fields: dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid()}
+    fields["thread"] = threading.current_thread().name
+    fields |= {"task": task} if task is not None else {}
+    fields |= {"label": label} if label is not None else {}
+    fields["ttl"] = ttl
+    since = value.rindex(',"since":')
+    assert value[33:since] == json.dumps(fields, separators=(",", ":"))[:-1]
+    assert parse_value(value.encode())[1].task == task

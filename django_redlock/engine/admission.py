@@ -10,9 +10,12 @@ unconfirmed. Waiting *here* instead costs only the caller's patience: the master
 whose turn cannot come within its patience is told so (``Overloaded``, with the queue's length)
 rather than given an error that blames the masters.
 
-A holder's rounds (release, extend, clean-up) wait too, but without a limit and ahead of every
-waiting acquisition: a lease's clock runs while they wait, and a release is what frees the keys
-that acquisitions want.
+A holder's rounds (release, extend, clean-up) wait too, without a limit, and ahead of every
+waiting acquisition: a lease's clock runs while they wait. But a holder's release or renewal
+lets the acquisitions queued before it go first for a while (its ``behind``: a tenth of what is
+left of its lease, ``holder_patience``), so that it never waits long next to its lease either:
+always ahead, a burst's last acquisitions waited behind nearly every release of the burst
+(1,000 tasks holding 20 ms each: p99 ~200 ms, about half that in arrival order).
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import asyncio
 import threading
 import time
 from collections import deque
+from typing import TypeVar
 
 from . import deadlines, process
 from .loops import of_loop
+
+T = TypeVar("T")
 
 #: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
 #: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
@@ -34,6 +40,11 @@ IN_FLIGHT = 256
 #: may wait for its turn here before it is refused as ``Overloaded``. An acquisition with a
 #: ``wait`` waits at most what is left of it.
 PATIENCE = 60.0
+
+#: A holder's release or renewal lets the acquisitions queued before it go first for at most
+#: this share of what is left of its lease (``holder_patience``), and at most HOLDER_PATIENCE.
+LEASE_SHARE = 0.1
+HOLDER_PATIENCE = 1.0
 
 #: The queue's pace is measured over windows of at least this long while it is not empty.
 _PACE_WINDOW = 0.1
@@ -96,8 +107,10 @@ class LoopGate:
         self.loop = loop
         self.limit = limit
         self.in_flight = 0
-        self.holders: deque[asyncio.Future[None]] = deque()  # served first
-        self.waiting: deque[asyncio.Future[None]] = deque()  # acquisitions
+        # (When each round arrived, and its turn to come.)
+        self.holders: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self.waiting: deque[tuple[float, asyncio.Future[None]]] = deque()  # acquisitions
+        self.urgent_at = _NEVER  # when a queued holder's round goes ahead of every acquisition
         self.pace = _Pace()
 
     def queued(self) -> int:
@@ -111,9 +124,10 @@ class LoopGate:
             return True
         return False
 
-    async def enter(self, patience: float | None) -> None:
+    async def enter(self, patience: float | None, behind: float = 0.0) -> None:
         """Wait for a turn (FIFO) at most ``patience`` seconds, else ``Full``; None: a holder's
-        round, which waits as long as it takes, ahead of every acquisition."""
+        round, which waits as long as it takes, ahead of every acquisition but those queued
+        before it, for ``behind`` seconds at most."""
         if self.enter_at_once():
             return
         queued = self.queued() if patience is not None else len(self.holders)
@@ -125,9 +139,10 @@ class LoopGate:
         began = time.monotonic()
         turn = self.loop.create_future()
         if patience is None:
-            self.holders.append(turn)
+            self.holders.append((began, turn))
+            self.urgent_at = min(self.urgent_at, began + behind)
         else:
-            self.waiting.append(turn)
+            self.waiting.append((began, turn))
             # (One timer per loop for every patience: ``deadlines``.)
             deadlines.of(self.loop).call_at(began + max(patience, 0.0), _expire, turn)
         try:
@@ -141,16 +156,41 @@ class LoopGate:
             raise
 
     def leave(self) -> None:
-        """A round is done: its turn goes to the oldest holder's round waiting, else to the
-        oldest acquisition still waiting."""
-        for queue in (self.holders, self.waiting):
-            while queue:
-                turn = queue.popleft()
-                if not turn.done():
-                    turn.set_result(None)
-                    self.pace.turn_given(time.monotonic())
-                    return
+        """A round is done: its turn goes to the next round waiting (``next_queue``) that is
+        still waiting."""
+        now = time.monotonic()
+        while (queue := next_queue(self.holders, self.waiting, now, self.urgent_at)) is not None:
+            turn = queue.popleft()[1]
+            if not self.holders:
+                self.urgent_at = _NEVER
+            if not turn.done():
+                turn.set_result(None)
+                self.pace.turn_given(now)
+                return
         self.in_flight -= 1
+
+
+_NEVER = float("inf")
+
+Queued = deque[tuple[float, T]]
+
+
+def next_queue(
+    holders: Queued[T], waiting: Queued[T], now: float, urgent_at: float
+) -> Queued[T] | None:
+    """The queue whose first round has the next turn: the one that arrived first; the holders'
+    from ``urgent_at`` on (the earliest time one of them goes ahead of every acquisition); None
+    if both are empty."""
+    if not holders or not waiting:
+        return holders or waiting or None
+    return holders if holders[0][0] <= waiting[0][0] or now >= urgent_at else waiting
+
+
+def holder_patience(valid_until: float) -> float:
+    """How long a holder's round for a lease valid until ``valid_until`` (monotonic) lets the
+    acquisitions queued before it go first: a tenth of what is left of the lease (it still
+    reaches the masters well within it), at most HOLDER_PATIENCE."""
+    return min(HOLDER_PATIENCE, max(0.0, (valid_until - time.monotonic()) * LEASE_SHARE))
 
 
 def _expire(turn: asyncio.Future[None]) -> None:
@@ -164,12 +204,13 @@ class ThreadGate:
     def __init__(self, limit: int = IN_FLIGHT) -> None:
         self.limit = limit
         self.in_flight = 0
-        self.holders: deque[threading.Event] = deque()
-        self.waiting: deque[threading.Event] = deque()
+        self.holders: deque[tuple[float, threading.Event]] = deque()
+        self.waiting: deque[tuple[float, threading.Event]] = deque()
+        self.urgent_at = _NEVER
         self.pace = _Pace()
         self._lock = threading.Lock()
 
-    def enter(self, patience: float | None) -> None:
+    def enter(self, patience: float | None, behind: float = 0.0) -> None:
         """As ``LoopGate.enter``, blocking."""
         with self._lock:
             if self.in_flight < self.limit and not self.holders and not self.waiting:
@@ -182,22 +223,30 @@ class ThreadGate:
             if not self.holders and not self.waiting:
                 self.pace.queue_formed()
             turn = threading.Event()
-            (self.holders if patience is None else self.waiting).append(turn)
-        began = time.monotonic()
+            began = time.monotonic()
+            entry = (began, turn)
+            if patience is None:
+                self.holders.append(entry)
+                self.urgent_at = min(self.urgent_at, began + behind)
+            else:
+                self.waiting.append(entry)
         if turn.wait(None if patience is None else max(patience, 0.0)):
             return
         with self._lock:
             if turn.is_set():
                 return  # handed a turn just as the patience ran out: take it
-            self.waiting.remove(turn)
+            self.waiting.remove(entry)
         raise Full(queued, expected, time.monotonic() - began)
 
     def leave(self) -> None:
         with self._lock:
-            queue = self.holders or self.waiting
-            if queue:
-                queue.popleft().set()
-                self.pace.turn_given(time.monotonic())
+            now = time.monotonic()
+            queue = next_queue(self.holders, self.waiting, now, self.urgent_at)
+            if queue is not None:
+                queue.popleft()[1].set()
+                if not self.holders:
+                    self.urgent_at = _NEVER
+                self.pace.turn_given(now)
             else:
                 self.in_flight -= 1
 

@@ -19,7 +19,6 @@ from operator import methodcaller
 from typing import Any, TypeVar
 
 from . import deadlines
-from .admission import LoopGate
 from .connections import Node
 from .detours import Delay
 from .packing import Command
@@ -79,7 +78,7 @@ def run(masters: Masters, procedure: Procedure[T]) -> T:
 def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Round):
         gate = masters.admission.threads()
-        gate.enter(step.patience)
+        gate.enter(step.patience, step.behind)
         try:
             return fan_out(
                 masters.nodes, step.command, masters.node_timeout, step.script, step.enough
@@ -201,9 +200,9 @@ async def arun(masters: Masters, procedure: Procedure[T]) -> T:
                 if not isinstance(step, Round):
                     answer = await _aperform(masters, step, waiters)
                 elif step.cleanup:
-                    answer = await asyncio.shield(_around(masters, step))
+                    answer = await asyncio.shield(afan_out(masters, step))
                 else:
-                    answer = await _around(masters, step)
+                    answer = await afan_out(masters, step)
             except BaseException as exc:  # noqa: BLE001 (handed to the procedure, re-raised there)
                 error = exc
     finally:
@@ -211,18 +210,8 @@ async def arun(masters: Masters, procedure: Procedure[T]) -> T:
             masters.notices.unlisten(waiter)
 
 
-async def _around(masters: Masters, step: Round) -> RoundReplies:
-    """A round: its turn among this loop's rounds (``admission``: awaited only when none is
-    free), then the round, which gives the turn back when it ends."""
-    gate = masters.admission.of(asyncio.get_running_loop())
-    if not gate.enter_at_once():
-        await gate.enter(step.patience)
-    nodes, budget = masters.nodes, masters.node_timeout
-    return await afan_out(nodes, step.command, budget, step.script, step.enough, gate)
-
-
 async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
-    """Any step but a round (``_around``)."""
+    """Any step but a round (``afan_out``)."""
     if isinstance(step, Pause):
         await asyncio.sleep(step.seconds)
         return None
@@ -244,19 +233,18 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     return notified
 
 
-async def afan_out(
-    nodes: Sequence[Node],
-    command: Command,
-    budget: float,
-    script: Script | None = None,
-    enough: Decides | None = None,
-    gate: LoopGate | None = None,
-) -> RoundReplies:
-    """One round (``rounds.exchange``) with asyncio waits, on the running loop's pipes; ``gate``:
-    the admission turn it holds, given back when it ends."""
+async def afan_out(masters: Masters, step: Round) -> RoundReplies:
+    """One round: its turn among this loop's rounds (``admission``: awaited only when none is
+    free), then ``rounds.exchange`` with asyncio waits, on the running loop's pipes; the turn is
+    given back when it ends. (One coroutine: a round's every coroutine costs the burst.)"""
+    loop = asyncio.get_running_loop()
+    gate = masters.admission.of(loop)
+    if not gate.enter_at_once():
+        await gate.enter(step.patience, step.behind)
     try:
-        loop = asyncio.get_running_loop()
-        rounds = exchange(nodes, command, budget, methodcaller("loop_pipe", loop), script, enough)
+        pipe_of = methodcaller("loop_pipe", loop)
+        nodes, budget = masters.nodes, masters.node_timeout
+        rounds = exchange(nodes, step.command, budget, pipe_of, step.script, step.enough)
         answer: object = None
         while True:
             try:
@@ -280,8 +268,7 @@ async def afan_out(
                 _give_up(rounds, wait)  # cancelled
                 raise
     finally:
-        if gate is not None:
-            gate.leave()
+        gate.leave()
 
 
 #: Background procedures (``Detach``) still running on some event loop.

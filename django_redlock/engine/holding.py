@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from . import protocol, scripts, values
+from .admission import holder_patience
 from .errors import UNAWAITED, ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
 from .procedures import COURTESY, JITTER, confirms, release_round, tally
@@ -61,14 +62,15 @@ def _extend_rounds(
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)
         try:
-            replies: list[Reply] = yield (
+            replies: list[Reply] = yield in_turn(
                 Round(
                     scripts.EXTEND.evalsha(lease.keys, (lease.value, int(round_ttl * 1000))),
                     scripts.EXTEND,
                     enough=granted,  # decided by a quorum's renewals: returns then
                 )
                 if lease.commands is None
-                else lease.commands.extend(lease, int(round_ttl * 1000))
+                else lease.commands.extend(lease, int(round_ttl * 1000)),
+                lease,
             )
         finally:
             lease.settled(generation)
@@ -95,6 +97,14 @@ def _extend_rounds(
             lease.give_back_extension()
             return 0.0
         yield Pause(delay)
+
+
+def in_turn(round_: Round, lease: Lease) -> Round:
+    """``round_``, a release or renewal of ``lease``, lets the acquisitions of this process
+    queued before it go first for a while (``admission.holder_patience``): their callers asked
+    first, and the lease still has ten times that left."""
+    round_.behind = holder_patience(lease.valid_until)
+    return round_
 
 
 def holds(masters: Masters, lease: Lease) -> Procedure[bool]:
@@ -126,7 +136,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     else:
         round_ = lease.commands.release(lease)
     try:
-        answered: RoundReplies = yield round_
+        answered: RoundReplies = yield in_turn(round_, lease)
     except BaseException:
         # Interrupted (a cancelled task): finish the release, shielded, before letting the
         # interruption through, so that a cancellation never leaves the lock held.
@@ -252,7 +262,7 @@ def finish(masters: Masters, lease: Lease, keep: float) -> Procedure[None]:
         lease.keys + queues, (lease.value, keep_ms, finished, lease.queued_as)
     )
     try:
-        replies: list[Reply] = yield Round(command, scripts.FINISH)
+        replies: list[Reply] = yield in_turn(Round(command, scripts.FINISH), lease)
     except BaseException:
         yield Round(command, scripts.FINISH, cleanup=True)  # as release: never left half done
         raise

@@ -241,9 +241,16 @@ class Lock(WithOptions):
         return self._aacquire(current_owner())
 
     async def _aacquire(self, owner: Owner) -> Lock:
+        # (``_outcome``'s twin written inline: a coroutine less per acquisition in a burst.)
         if not self._reenter(owner):
             want = self._want(owner)
-            self._hold(owner, want, await self._aoutcome(want))
+            began = time.monotonic()
+            try:
+                won = await arun(self._redlock, self._acquiring(want))
+            except LockNotAcquired as error:
+                self._not_acquired(error, began)
+                raise
+            self._hold(owner, want, won)
         return self
 
     def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
@@ -302,14 +309,6 @@ class Lock(WithOptions):
         began = time.monotonic()
         try:
             return run(self._redlock, self._acquiring(want))
-        except LockNotAcquired as error:
-            self._not_acquired(error, began)
-            raise
-
-    async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
-        began = time.monotonic()
-        try:
-            return await arun(self._redlock, self._acquiring(want))
         except LockNotAcquired as error:
             self._not_acquired(error, began)
             raise

@@ -58,7 +58,7 @@ from .waiter import Waiter
 SWITCHES = 3
 
 
-@dataclass(slots=True)  # (not frozen, as its base)
+@dataclass(slots=True)  # (as Want: not frozen)
 class PermitWant(Want):
     """One permit's request: the semaphore's name (``resource``), its limit, and its keys."""
 
@@ -72,7 +72,7 @@ class PermitWant(Want):
         return f"{self.slot_prefix}{slot}"
 
 
-@dataclass(slots=True)  # (not frozen, as its base)
+@dataclass(slots=True)
 class PermitWon(Won):
     """A won permit: which slot it holds."""
 
@@ -168,7 +168,7 @@ def remember_free(slot_prefix: str, slot: int) -> None:
     _HINTS[slot_prefix] = slot
 
 
-@dataclass(slots=True)  # (not frozen, as its base)
+@dataclass(slots=True)
 class PermitGranted(Granted):
     slot: int = 0
 

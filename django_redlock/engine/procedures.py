@@ -65,7 +65,8 @@ EXPIRY_MARGIN = 0.003
 # --- acquire ------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
+# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+@dataclass(slots=True)
 class Want:
     """One acquisition's request: what to lock (one resource, or several: all or none on each
     master), for how long, how long to wait."""
@@ -82,7 +83,7 @@ class Want:
         return len(self.keys) > 1
 
 
-@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
+@dataclass(slots=True)
 class Won:
     """A won acquisition: its validity deadline, and how it went."""
 
@@ -93,7 +94,7 @@ class Won:
     failures: list[NodeFailure]
 
 
-@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
+@dataclass(slots=True)
 class Granted:
     """A won attempt: until when its lease is exclusively ours (monotonic), and the masters
     that failed meanwhile (a minority, or it would not have been won)."""
@@ -102,7 +103,7 @@ class Granted:
     failures: list[NodeFailure]
 
 
-@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
+@dataclass(slots=True)
 class Lost:
     """A lost attempt: the tally and what each master said."""
 

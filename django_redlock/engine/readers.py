@@ -83,7 +83,7 @@ def reader_keys(redlock: Redlock, name: str, reader_key: str) -> ReaderKeys:
     )
 
 
-@dataclass(slots=True)  # (not frozen, as its base)
+@dataclass(slots=True)  # (as Want: not frozen)
 class ReaderWant(Want):
     keys_of: ReaderKeys | None = None
 

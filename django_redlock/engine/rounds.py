@@ -56,7 +56,8 @@ def failure(node: Node, exc: BaseException) -> NodeFailure:
     return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
 
 
-@dataclass(frozen=True, slots=True)
+# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+@dataclass(slots=True)
 class Connect:
     """A round waits for: ``node``'s pipe, made now within ``budget``, or being made by another
     round (then awaited: that attempt has its own budget). Answered with the ``Pipe`` or the
@@ -66,7 +67,7 @@ class Connect:
     budget: float
 
 
-@dataclass(slots=True)  # (not frozen: see ``steps.Round``)
+@dataclass(slots=True)  # (not frozen, as ``Connect``)
 class Replies:
     """A round waits for: the replies of ``sent`` (pipe, slot) pairs, until ``deadline``; or,
     with ``enough``, only until ``needed`` more of them are answers that ``enough`` accepts (the

@@ -54,9 +54,7 @@ class Masters(Protocol):
 # --- the steps a procedure can ask for ------------------------------------------------------------
 
 
-# Not frozen (as the records made on every cycle are not: ``procedures.Want``, ``Won``, ...): a
-# frozen dataclass sets each field through object.__setattr__, and is three times as slow to
-# make. Nothing changes them once made.
+# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
 @dataclass(slots=True, repr=False)
 class Round:
     """Send ``command`` to every master at once; the answer is the list of their replies."""
@@ -66,8 +64,11 @@ class Round:
     #: Clean-up after an interruption: the async runner shields it from a second cancellation.
     cleanup: bool = False
     #: An acquisition's: it waits for its turn among this process's rounds (``admission``) at
-    #: most this long. None: a holder's round, which goes at once.
+    #: most this long. None: a holder's round, which waits as long as it takes, ahead of every
+    #: acquisition but those queued before it, for ``behind`` seconds at most (a release's or
+    #: renewal's: ``admission.holder_patience``).
     patience: float | None = None
+    behind: float = 0.0
     #: Which answers decide the round: it returns once a quorum of them came (``exchange``).
     enough: Callable[[object], bool] | None = None
 

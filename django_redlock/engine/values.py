@@ -21,6 +21,7 @@ module's callers: a holder is named by its fingerprint (a short sha256).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -44,14 +45,12 @@ MAX_VALUE_BYTES = 8192
 FINGERPRINT_LENGTH = 8
 _TOKEN = re.compile(rb"[0-9a-f]{32}")
 
-#: Everything of the owner JSON but "since", by (process, thread name, task name, label, ttl):
-#: JSON-encoding it on every acquisition cost more than the rest of building the value. Keyed by
-#: names, not thread ids (Python reuses those): a lock taken in a new thread names that thread.
-_OWNER_JSON: dict[tuple[int, str, str | None, str | None, float], str] = {}
-_OWNER_JSON_MAX = 1024  # bounded: threads and tasks come and go
-#: The same texts, by themselves: a held lock keeps its value in parts (``compact_value``), and
-#: its owner's part is then the one string every lock of that owner shares.
+#: Everything of the owner JSON but "since", by itself: a held lock keeps its value in parts
+#: (``compact_value``), and its owner's part is then the one string every lock of that owner
+#: shares. (Keyed by the text: a key per owner of its parts was a tuple per task that a burst's
+#: garbage collections went through.)
 _OWNER_TEXTS: dict[str, str] = {}
+_OWNER_TEXTS_MAX = 1024  # bounded: threads and tasks come and go
 
 #: The value this thread made last, with its parts: the acquisition that made it keeps them.
 _MADE = threading.local()
@@ -63,22 +62,15 @@ _STAMP = struct.Struct("<16sq")  # the token's 16 bytes, then "since" in unix mi
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
     """A fresh value for one acquisition by the current thread and ``task`` (its name, if the
     owner is an asyncio task)."""
-    thread = threading.current_thread().name
-    who = (process.pid(), thread, task, label, ttl)
-    owner_json = _OWNER_JSON.get(who)
+    # Everything but the closing brace ("since" changes with every acquisition): the JSON
+    # around the task's name is encoded once per thread (a burst of tasks makes one per task).
+    head, tail = _owner_parts(process.pid(), threading.current_thread().name, label, ttl)
+    text = f'{head},"task":{_json_text(task)}{tail}' if task is not None else head + tail
+    owner_json = _OWNER_TEXTS.get(text)
     if owner_json is None:
-        fields: dict[str, object] = {"host": _HOST, "pid": who[0], "thread": thread}
-        if task is not None:
-            fields["task"] = task
-        if label is not None:
-            fields["label"] = label
-        fields["ttl"] = ttl
-        # Everything but the closing brace: "since" changes with every acquisition.
-        owner_json = json.dumps(fields, separators=(",", ":"))[:-1]
-        if len(_OWNER_JSON) >= _OWNER_JSON_MAX:
-            _OWNER_JSON.clear()
+        if len(_OWNER_TEXTS) >= _OWNER_TEXTS_MAX:
             _OWNER_TEXTS.clear()
-        owner_json = _OWNER_JSON[who] = _OWNER_TEXTS.setdefault(owner_json, owner_json)
+        owner_json = _OWNER_TEXTS[text] = text
     token = secrets.token_bytes(16)
     # Wall clock, for display only, to the millisecond (formatted as integers: a float's
     # formatting goes through the C library's printf, a few percent of a cycle's own work).
@@ -87,6 +79,20 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     # Its parts, for the lease that keeps it (``compact_value``), without reading them back.
     _MADE.last = (value, _STAMP.pack(token, since), owner_json)
     return value
+
+
+@functools.lru_cache(maxsize=256)
+def _owner_parts(pid: int, thread: str, label: str | None, ttl: float) -> tuple[str, str]:
+    """The owner JSON's fields before ``task`` (its opening brace, ``host``, ``pid``, ``thread``)
+    and after it (``label``, ``ttl``: no closing brace), each as ``json.dumps`` writes them."""
+    head = json.dumps({"host": _HOST, "pid": pid, "thread": thread}, separators=(",", ":"))
+    after: dict[str, object] = {} if label is None else {"label": label}
+    after["ttl"] = ttl
+    return head[:-1], "," + json.dumps(after, separators=(",", ":"))[1:-1]
+
+
+#: A string as ``json.dumps`` writes it (its C encoder, without building an encoder each time).
+_json_text = json.encoder.encode_basestring_ascii
 
 
 def compact_value(value: str) -> tuple[bytes, str]:
