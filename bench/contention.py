@@ -165,9 +165,19 @@ def race(
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        reports = []
-        for proc in workers:
+        finished = []
+        for proc in workers:  # each says it is done, then waits (``worker.contend``)
             assert proc.stdout is not None
+            if json.loads(proc.stdout.readline() or "{}").get("done"):
+                finished.append(proc)
+            else:
+                result.errors.append(f"a worker died (exit {proc.poll()})")
+        reports = []
+        for proc in finished:
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            proc.stdin.write("report\n")
+            proc.stdin.flush()
             line = proc.stdout.readline()
             if line:
                 reports.append(json.loads(line))

@@ -584,7 +584,9 @@ def hold(impl: Impl, n: int, prefix: str, held: list[Any]) -> dict[str, Any]:
 
 
 def contend(name: str, config: dict[str, Any]) -> None:
-    """Blocking acquisitions of one key against the other workers, after a ``go`` line."""
+    """Blocking acquisitions of one key against the other workers, after a ``go`` line; then
+    ``{"done": true}``, and the report after a ``report`` line (the parent's, once all are
+    done)."""
     impl = IMPLEMENTATIONS[name](config)
     key, count, hold_s = config["key"], config["count"], config["hold"]
     # Warm: connections open, scripts loaded, imports done, so the race measures the lock. A
@@ -626,11 +628,16 @@ def contend(name: str, config: dict[str, Any]) -> None:
         waits.append(got - asked)
         holds.append((got, done))
     end = clock()
-    impl.close()
+    # Done, but quiet until every worker is: a report (JSON of every step) and an engine's
+    # close are milliseconds of CPU on a 2-CPU machine, which the workers still racing would
+    # wait behind (their longest waits were this process's exit).
+    reply({"done": True})
+    sys.stdin.readline()  # "report"
     result = {"start": start, "end": end, "waits_ns": waits, "holds": holds, "errors": errors[:3]}
     if timeline is not None:
         result |= {"released": released, "steps": timeline.steps, "notices": timeline.notices}
     reply(result)
+    impl.close()
 
 
 def fleet(name: str, config: dict[str, Any]) -> None:
