@@ -291,3 +291,30 @@ def test_the_owner_json_of_a_new_task_is_the_json_of_its_fields(label, task, ttl
     since = value.rindex(',"since":')
     assert value[33:since] == json.dumps(fields, separators=(",", ":"))[:-1]
     assert parse_value(value.encode())[1].task == task
+
+
+def _script_calls(master) -> tuple[int, int]:
+    stats = master.client().info("commandstats")
+    return tuple(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha"))
+
+
+def test_a_cold_burst_sends_a_scripts_source_once_per_connection(fresh_masters, redlock_of):
+    """200 tasks of a fresh engine acquire and release at once: every release is a script, and
+    most are written before the first one's answer comes back. Its source goes once per
+    connection (Redis runs a connection's requests in order: the first loads it for the rest),
+    not with each of them until a master answered (about 1.2 KB a request)."""
+    masters = fresh_masters(3)
+    engine = redlock_of(masters, node_timeout=2.0)
+
+    async def one(n: int) -> None:
+        async with engine.lock(f"burst:{n}", ttl=10):
+            pass
+
+    async def burst() -> None:
+        await asyncio.gather(*(one(n) for n in range(200)))
+
+    asyncio.run(burst())
+    for master in masters:
+        sourced, by_sha = _script_calls(master)
+        assert sourced == 1, (sourced, by_sha)  # one connection (the loop's), one script
+        assert by_sha == 199

@@ -48,10 +48,11 @@ class Requests:
             self.sourced = pack(("EVAL", self.script.source, *self.command[2:]))
         return self.sourced
 
-    def forgot_script(self, node: Node, reply: object) -> bool:
+    def forgot_script(self, node: Node, pipe: Pipe, reply: object) -> bool:
         """Whether ``reply`` says the master lost our script (flushed, restarted)."""
         if self.script is not None and isinstance(reply, NoScriptError):
             node.warm.discard(self.script.sha)
+            pipe.scripts.discard(self.script.sha)
             return True
         return False
 
@@ -61,11 +62,22 @@ class Requests:
 
     def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
         """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
-        the same write where the member's replicas must acknowledge it (``acks``)."""
+        the same write where the member's replicas must acknowledge it (``acks``). A script
+        goes with its source only to a master not known to have it, and not sent it on this
+        connection yet: Redis runs one connection's requests in order, so the first one loads
+        it for every later one there (a cold burst sent its source with every request until
+        the first answer came)."""
         sha = self.warm_sha
-        request = self._packed if sha is None or sha in node.warm else self.with_source()
+        if sha is None or sha in node.warm or sha in pipe.scripts:
+            sourced, request = False, self._packed
+        else:
+            sourced, request = True, self.with_source()
         if node.acks is not None and acks.wanted(self.command, self.script):
-            return node.acks.send(pipe, request, now, preamble)
-        if preamble:
-            return pipe.send(request, now, preamble=preamble)
-        return pipe.send(request, now)
+            slot = node.acks.send(pipe, request, now, preamble)
+        elif preamble:
+            slot = pipe.send(request, now, preamble=preamble)
+        else:
+            slot = pipe.send(request, now)
+        if sourced and slot is not None:  # (after it: a request written before it is not)
+            pipe.scripts.add(sha)  # type: ignore[arg-type]
+        return slot

@@ -97,6 +97,7 @@ class Pipe:
         self._pending: deque[Slot] = deque()
         self.closed = False
         self.opened_at = time.monotonic()
+        self.scripts: set[str] = set()  # SHAs whose source was written here (``packing``)
         #: Recent round trips (seconds, smoothed; sync pipes): whose replies a thread waits for
         #: first.
         self.latency = 0.0

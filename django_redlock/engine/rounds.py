@@ -245,7 +245,7 @@ def _settle_late(
     def settle(reply: object) -> None:
         if type(reply) in ANSWERS:
             requests.answered(node)
-        elif requests.forgot_script(node, reply) and resend:
+        elif requests.forgot_script(node, pipe, reply) and resend:
             again = pipe.send(requests.with_source(), time.monotonic())
             if again is not None:
                 pipe.abandon(again)
@@ -297,7 +297,7 @@ def _vote(
             nodes, i, pipe, reply, requests, budget, _ask, _connect
         )
         node = nodes[i]
-    if requests.forgot_script(node, reply):  # (asked again with the source: it is not warm)
+    if requests.forgot_script(node, pipe, reply):  # (asked again with the source: it is not warm)
         reply = yield from _ask(node, pipe, requests, budget, asking=asking)
     if isinstance(reply, Broken):
         return failure(node, reply.error)
