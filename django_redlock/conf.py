@@ -24,7 +24,6 @@ from django.dispatch import receiver
 from .engine import Redlock, cluster, protocol
 from .engine.connections import NodeSpec
 from .engine.redlock import duplicate_masters
-from .engine.sentinel import is_sentinel_url
 from .engine.urls import check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
@@ -119,7 +118,8 @@ def problems() -> list[Problem]:
                 hint=f"known keys: {', '.join(DEFAULTS)}",
             )
         )
-    found += _node_problems(raw["NODES"])
+    specs, node_problems = _node_specs(raw["NODES"])  # each entry read once, here
+    found += node_problems
     for key, allow_zero in (
         ("TTL", False),
         ("WAIT", True),
@@ -136,20 +136,15 @@ def problems() -> list[Problem]:
             Problem("E005", f"REDLOCK['KEY_PREFIX'] must be a str, got {raw['KEY_PREFIX']!r}")
         )
     found += _quarantine_problems(raw)
-    found += _ack_problems(raw)
-    nodes = raw["NODES"] if isinstance(raw["NODES"], list | tuple) else []
+    found += _ack_problems(raw, specs)
     # Members that fail over by themselves (Sentinel, or a Cluster's shards with replicas).
-    failing_over = [
-        n
-        for n in nodes
-        if isinstance(n, str) and (is_sentinel_url(n) or cluster.is_cluster_url(n)) and _valid(n)
-    ]
+    failing_over = [s.label for s in specs if s.service is not None or s.seeds is not None]
     if failing_over and raw["QUARANTINE"] is not True:
         found.append(
             Problem(
                 "W003",
                 f"REDLOCK['NODES'] has Sentinel or Cluster members "
-                f"({', '.join(map(mask_url, failing_over))}) without REDLOCK['QUARANTINE']: a "
+                f"({', '.join(failing_over)}) without REDLOCK['QUARANTINE']: a "
                 f"failover to a replica that missed a lock's key can grant that lock again while "
                 f"it is held",
                 hint="set QUARANTINE = True and MAX_TTL (see docs/deployment.md)",
@@ -206,17 +201,13 @@ def _quarantine_problems(raw: dict[str, Any]) -> list[Problem]:
     return found
 
 
-def _ack_problems(raw: dict[str, Any]) -> list[Problem]:
+def _ack_problems(raw: dict[str, Any], specs: list[NodeSpec]) -> list[Problem]:
     """Members whose ``wait_timeout`` does not fit in ``NODE_TIMEOUT`` (see ``engine.acks``)."""
-    nodes, budget = raw["NODES"], raw["NODE_TIMEOUT"]
-    if not isinstance(nodes, list | tuple) or not _finite(budget) or budget <= 0:
-        return []  # (E003/E005 say so)
+    budget = raw["NODE_TIMEOUT"]
+    if not _finite(budget) or budget <= 0:
+        return []  # (E005 says so)
     found = []
-    for entry in nodes:
-        try:
-            spec = node_spec(entry)
-        except (ValueError, ImproperlyConfigured):
-            continue  # (E003 says so)
+    for spec in specs:  # (the valid entries: E003 says what the others are)
         if spec.ack is None:
             continue
         try:
@@ -270,11 +261,12 @@ def unreachable_clusters() -> list[Problem]:
     return found
 
 
-def _node_problems(nodes: object) -> list[Problem]:
+def _node_specs(nodes: object) -> tuple[list[NodeSpec], list[Problem]]:
+    """The specs of the valid ``NODES`` entries, and what is wrong with the list."""
     if isinstance(nodes, str) or not isinstance(nodes, list | tuple):
-        return [Problem("E003", f"REDLOCK['NODES'] must be a list, got {nodes!r}")]
+        return [], [Problem("E003", f"REDLOCK['NODES'] must be a list, got {nodes!r}")]
     if not nodes:
-        return [
+        return [], [
             Problem(
                 "E001",
                 "REDLOCK['NODES'] is empty: there are no Redis masters to lock on",
@@ -316,14 +308,15 @@ def _node_problems(nodes: object) -> list[Problem]:
                 hint="use an odd number of masters (3 or 5)",
             )
         )
-    return found
+    return specs, found
 
 
 def node_spec(entry: object) -> NodeSpec:
     """A ``NodeSpec`` for one ``NODES`` entry: a Redis URL, or ``cache:<alias>``. No I/O."""
     if isinstance(entry, str) and entry.startswith(CACHE_PREFIX):
         return _cache_node_spec(entry[len(CACHE_PREFIX) :])
-    return NodeSpec.from_url(check_url(entry))
+    # (from_url checks the URL: ValueError naming a bad one; check_url names a non-text one.)
+    return NodeSpec.from_url(entry if isinstance(entry, str) else check_url(entry))
 
 
 def _cache_node_spec(alias: str) -> NodeSpec:

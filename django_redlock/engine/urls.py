@@ -4,7 +4,6 @@ service it names (two entries naming one must not vote twice)."""
 
 from __future__ import annotations
 
-import functools
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -39,13 +38,6 @@ def check_url(url: object) -> str:
     """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
     if not isinstance(url, str) or not url:
         raise ValueError(f"a node must be {SCHEMES_TEXT}, got {url!r}")
-    return _check_text(url)
-
-
-@functools.lru_cache(maxsize=256)
-def _check_text(url: str) -> str:
-    # Remembered (a valid URL's answer only: an error is not cached): reading the settings
-    # checks each URL six times, inside a fresh worker's first lock.
     checked = url
     url, ack = acks.parse(url, mask_url(url))  # our options (the rest is redis-py's)
     if sentinel.is_sentinel_url(url):
