@@ -36,8 +36,12 @@ class Requests:
         #: The request with the script's source, once a master needed it (else None).
         self.sourced: bytes | None = None
 
-    def for_node(self, node: Node) -> bytes:
-        if self.warm_sha is None or self.warm_sha in node.warm:
+    def for_node(self, node: Node, pipe: Pipe | None = None) -> bytes:
+        """The request as ``node`` takes it: by SHA where the master is known to have the
+        script, or was sent its source on ``pipe`` already (Redis runs one connection's requests
+        in order, so the first loads it for every later one there); else with its source."""
+        sha = self.warm_sha
+        if sha is None or sha in node.warm or (pipe is not None and sha in pipe.scripts):
             return self._packed
         return self.with_source()
 
@@ -62,22 +66,16 @@ class Requests:
 
     def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
         """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
-        the same write where the member's replicas must acknowledge it (``acks``). A script
-        goes with its source only to a master not known to have it, and not sent it on this
-        connection yet: Redis runs one connection's requests in order, so the first one loads
-        it for every later one there (a cold burst sent its source with every request until
-        the first answer came)."""
-        sha = self.warm_sha
-        if sha is None or sha in node.warm or sha in pipe.scripts:
-            sourced, request = False, self._packed
-        else:
-            sourced, request = True, self.with_source()
+        the same write where the member's replicas must acknowledge it (``acks``), in the form
+        ``for_node`` picks (a cold burst used to send a script's source with every request
+        until a first answer came)."""
+        request = self.for_node(node, pipe)
         if node.acks is not None and acks.wanted(self.command, self.script):
             slot = node.acks.send(pipe, request, now, preamble)
         elif preamble:
             slot = pipe.send(request, now, preamble=preamble)
         else:
             slot = pipe.send(request, now)
-        if sourced and slot is not None:  # (after it: a request written before it is not)
-            pipe.scripts.add(sha)  # type: ignore[arg-type]
+        if request is self.sourced and slot is not None:  # (only once written: not before)
+            pipe.scripts.add(self.warm_sha)  # type: ignore[arg-type]
         return slot
