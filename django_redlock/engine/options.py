@@ -11,6 +11,7 @@ the shared defaults costs 8. The handle's attributes of the same names read the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -21,34 +22,18 @@ if TYPE_CHECKING:
     from .lock import Lock
 
 
+@dataclass(slots=True, kw_only=True, eq=False)  # (eq=False: compared by identity, DEFAULTS)
 class Options:
     """The options of one lock (or of every lock that has the defaults: ``DEFAULTS``)."""
 
-    __slots__ = (
-        "at_least", "at_most", "auto_extend", "label", "max_extensions", "max_hold", "on_lost",
-        "reentrant",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        *,
-        label: str | None = None,
-        auto_extend: bool = False,
-        max_extensions: int | None = None,
-        max_hold: float | None = None,
-        reentrant: bool = False,
-        on_lost: Callable[[Lock, LockLost], None] | None = None,
-        at_least: float | None = None,
-        at_most: float | None = None,
-    ) -> None:
-        self.label = label
-        self.auto_extend = auto_extend
-        self.max_extensions = max_extensions
-        self.max_hold = max_hold
-        self.reentrant = reentrant
-        self.on_lost = on_lost
-        self.at_least = at_least
-        self.at_most = at_most
+    label: str | None = None
+    auto_extend: bool = False
+    max_extensions: int | None = None
+    max_hold: float | None = None
+    reentrant: bool = False
+    on_lost: Callable[[Lock, LockLost], None] | None = None
+    at_least: float | None = None
+    at_most: float | None = None
 
 
 DEFAULTS = Options()
