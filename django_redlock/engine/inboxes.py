@@ -23,10 +23,10 @@ _READ_SIZE = 16384
 
 class Inbox:
     """One master's connection subscribed to our inbox. Its keeper thread connects it; the holder
-    of the reading turn reads it (and drops it when it broke). redis-py connects it and sends
-    SUBSCRIBE; after that its socket is read directly, non-blocking, through our own hiredis
-    reader (as ``pipes`` do: redis-py's ``can_read``/``read_response`` cost a reading thread
-    several times the notice itself, and a hand-off waits on it)."""
+    of the reading turn reads it (and drops it when it broke). It is connected as the lock
+    path's are (``Node.subscriber``), and its socket read directly, non-blocking, through our
+    own hiredis reader (as ``pipes`` do: redis-py's ``can_read``/``read_response`` cost a
+    reading thread several times the notice itself, and a hand-off waits on it)."""
 
     __slots__ = ("_reader", "asked_at", "confirmed", "conn", "node", "retry_at", "sock")
 
