@@ -58,6 +58,19 @@ def probe(urls: list[str], *keep: str) -> dict[str, object]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+def add_dialer(group: list[LocalMaster], default_password: str | None = None) -> None:
+    """A user "dialer" (password "pw") on each master of ``group``."""
+    for m in group:
+        client = m.client()
+        try:
+            client.execute_command("ACL", "SETUSER", "dialer", "reset", "on", ">pw", "~*", "&*")
+            client.execute_command("ACL", "SETUSER", "dialer", "+@all")
+            if default_password is not None:
+                client.config_set("requirepass", default_password)
+        finally:
+            client.close()
+
+
 def test_an_async_connect_to_an_address_starts_no_thread(masters: list[LocalMaster]) -> None:
     seen = probe([m.url for m in masters])
     assert seen["held"] is True
@@ -75,14 +88,7 @@ def test_a_master_that_is_down_is_refused_on_the_loop(fresh_masters) -> None:
 
 def test_the_handshake_authenticates_and_selects_on_the_loop(fresh_masters) -> None:
     group = fresh_masters(3)
-    for m in group:
-        client = m.client()
-        try:
-            client.execute_command("ACL", "SETUSER", "dialer", "reset", "on", ">pw", "~*", "&*")
-            client.execute_command("ACL", "SETUSER", "dialer", "+@all")
-            client.config_set("requirepass", "pw2")  # the default user: a password alone
-        finally:
-            client.close()
+    add_dialer(group, default_password="pw2")  # the default user: a password alone
     with_user = [f"redis://dialer:pw@127.0.0.1:{m.port}/3" for m in group]
     seen = probe(with_user, "keep")  # the lock stays held (30 s): where is its key?
     assert seen["held"] is True
@@ -152,13 +158,7 @@ def test_a_threads_connects_to_an_address_are_plain_sockets(fresh_masters) -> No
     one write, as on the loop; redis-py's connect costs ~5x the CPU, ten times in a fresh
     process's first wait. The handshake's failure still fails the member."""
     group = fresh_masters(3)
-    for m in group:
-        client = m.client()
-        try:
-            client.execute_command("ACL", "SETUSER", "dialer", "reset", "on", ">pw", "~*", "&*")
-            client.execute_command("ACL", "SETUSER", "dialer", "+@all")
-        finally:
-            client.close()
+    add_dialer(group)
 
     def run(urls: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -24,12 +24,13 @@ that succeeded into a timeout: when the budget's timer fires, the socket itself 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import encodings.idna  # noqa: F401 (see below)
 import ipaddress
 import os
 import select
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,22 +180,12 @@ async def _finish(
     budget: float,
     fresh: Callable[[float], Connected],
 ) -> Connected:
-    try:
+    with _failing_as_redis_py(address, sock):
         if in_progress:
             await _ready(loop, sock, deadline, writing=True)
             _raise_for(sock)
         if address.handshake:
             await _converse(loop, sock, address.handshake, deadline)
-    except TimeoutError:
-        sock.close()
-        where = f"{address.host}:{address.port}"
-        raise redis.TimeoutError(f"Timeout connecting to server {where}") from None
-    except OSError as exc:
-        sock.close()
-        raise _connection_error(address, exc) from None
-    except BaseException:
-        sock.close()
-        raise
     return _adopt(fresh(budget), sock)
 
 
@@ -209,7 +200,7 @@ def dial(
     paid on every fresh process's first round and first wait (ten connects on five masters),
     and on every round that finds a master down."""
     sock = socket.socket(address.family, socket.SOCK_STREAM)
-    try:
+    with _failing_as_redis_py(address, sock):
         _set_options(sock, address)
         sock.settimeout(budget)
         sock.connect((address.host, address.port))
@@ -220,6 +211,14 @@ def dial(
             while len(replies) < len(commands):
                 _take_replies(reader, sock.recv(4096), replies)
             _check_handshake(commands, replies)
+    return _adopt(fresh(budget), sock)
+
+
+@contextlib.contextmanager
+def _failing_as_redis_py(address: Address, sock: socket.socket) -> Iterator[None]:
+    """A connect that fails closes its socket and raises what redis-py's connect would."""
+    try:
+        yield
     except TimeoutError:
         sock.close()
         where = f"{address.host}:{address.port}"
@@ -230,7 +229,6 @@ def dial(
     except BaseException:
         sock.close()
         raise
-    return _adopt(fresh(budget), sock)
 
 
 def hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> None:
