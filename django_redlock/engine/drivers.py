@@ -185,18 +185,55 @@ def _decides(enough: Decides, slot: Slot) -> bool:
 # --- asyncio ------------------------------------------------------------------------------------
 
 
-async def arun(masters: Masters, procedure: Procedure[T], *, shielded: bool = False) -> T:
+async def arun(
+    masters: Masters,
+    procedure: Procedure[T],
+    *,
+    shielded: bool = False,
+    turn_first: tuple[float | None, float] | None = None,
+) -> T:
     """Perform a procedure's steps with asyncio (the twin of ``run``). A round is performed in
     this same coroutine: its turn among this loop's rounds (``admission``: a bare future,
     awaited only when no turn is free), then ``rounds.exchange`` with asyncio waits, on the
     running loop's pipes; the turn is given back when it ends. One coroutine per procedure, not
     one more per round and per queued turn: in a burst each costs its creation, a pass through
     it at every resumption, and the garbage collector's look at every one a queued acquisition
-    keeps alive. ``shielded``: a clean-up round's own run (``afan_out``), not shielded again."""
+    keeps alive. ``shielded``: a clean-up round's own run (``afan_out``), not shielded again.
+
+    ``turn_first``: the (patience, behind) of the procedure's first step, a round, whose turn
+    is then taken before the procedure begins (a holder's release: ``Lock``). What the
+    procedure would build for it waits unbuilt: a release's request, generators and round are
+    built once its turn came, after the acquisitions queued before it (a burst's last
+    acquisitions waited behind every release's making), and are not among what the garbage
+    collector goes through while it waits. Whatever ends that wait early (``Full``, a
+    cancellation) is thrown into the procedure at its first step, as it would have been there.
+    """
     answer: Any = None
     error: BaseException | None = None
     waiters: list[Waiter] | None = None  # (made by the first step that is not a round)
     loop: asyncio.AbstractEventLoop | None = None
+    admitted = False  # a turn taken for the first step (``turn_first``)
+    if turn_first is not None:
+        loop = asyncio.get_running_loop()
+        gate = masters.admission.of(loop)
+        admitted = gate.enter_at_once()
+        if not admitted:
+            try:
+                place = gate.queue(*turn_first)
+                try:
+                    await place[1]
+                except Full:
+                    raise gate.refused(place) from None
+                except BaseException:
+                    gate.gave_up(place)
+                    raise
+                admitted = True
+            except BaseException as interrupted:  # noqa: BLE001 (thrown in at the first step)
+                error = interrupted
+                try:
+                    procedure.send(None)  # (its first step, interrupted: thrown in below)
+                except StopIteration:
+                    raise interrupted from None
     try:
         while True:
             try:
@@ -204,6 +241,9 @@ async def arun(masters: Masters, procedure: Procedure[T], *, shielded: bool = Fa
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             error = None
+            if admitted and (not isinstance(step, Round) or step.cleanup):
+                admitted = False  # (not a round of its own: the turn goes to the next one)
+                masters.admission.of(asyncio.get_running_loop()).leave()
             try:
                 if not isinstance(step, Round):
                     if waiters is None:
@@ -216,7 +256,9 @@ async def arun(masters: Masters, procedure: Procedure[T], *, shielded: bool = Fa
                 if loop is None:
                     loop = asyncio.get_running_loop()
                 gate = masters.admission.of(loop)
-                if not gate.enter_at_once():
+                if admitted:
+                    admitted = False  # its turn, taken before it began
+                elif not gate.enter_at_once():
                     place = gate.queue(step.patience, step.behind)
                     try:
                         await place[1]
@@ -259,6 +301,8 @@ async def arun(masters: Masters, procedure: Procedure[T], *, shielded: bool = Fa
             except BaseException as exc:  # noqa: BLE001 (handed to the procedure, re-raised there)
                 error = exc
     finally:
+        if admitted:  # (it ended before its first step: the turn goes to the next round)
+            masters.admission.of(asyncio.get_running_loop()).leave()
         if waiters:
             for waiter in waiters:
                 masters.notices.unlisten(waiter)

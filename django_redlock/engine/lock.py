@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holding, markers, options, procedures, protocol, reentry, renames
+from . import admission, holding, markers, options, procedures, protocol, reentry, renames
 from .callers import Callers
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
@@ -267,8 +267,12 @@ class Lock(WithOptions):
     async def _arelease(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
+            # Its round's turn comes first (behind the acquisitions queued before it, for a
+            # while: ``holder_patience``), then the release is made (``drivers.arun``).
+            turn = (None, admission.holder_patience(lease.valid_until))
+            releasing = holding.let_go(self._redlock, lease, self.at_least)
             try:
-                await arun(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
+                await arun(self._redlock, releasing, turn_first=turn)
             finally:
                 self._released(owner, lease)
 
