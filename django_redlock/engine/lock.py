@@ -26,7 +26,7 @@ from .granting import granted
 from .leases import Lease, Owner, current_owner
 from .options import WithOptions
 from .steps import Procedure
-from .values import make_value
+from .values import made_parts, make_value
 
 if TYPE_CHECKING:
     from .redlock import Redlock
@@ -303,7 +303,9 @@ class Lock(WithOptions):
         # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
         task = owner.get_name() if isinstance(owner, asyncio.Task) else None
         value = make_value(self._options.label, self.ttl, task)
-        return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
+        return procedures.Want(
+            self.resource, self.resources, self.keys, self.ttl, self.wait, value, made_parts(value)
+        )
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
         """The acquisition's procedure (a permit's and a reader's are their own)."""
@@ -335,7 +337,7 @@ class Lock(WithOptions):
         lease.note_failures(won.failures, "acquire")
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
-        return granted(self, owner, want.value, won)
+        return granted(self, owner, want.value, won, parts=want.parts)
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must

@@ -77,6 +77,8 @@ class Want:
     ttl: float
     wait: float
     value: str = field(repr=False)  # the token: never in a repr (error pages show locals)
+    #: ``value`` in the parts a held lease keeps (``values.compact_value``), as it was made.
+    parts: tuple[bytes, str] | None = field(default=None, repr=False)
 
     @property
     def several(self) -> bool:
