@@ -14,7 +14,7 @@ import pytest
 
 import django_redlock
 from django_redlock.engine import LockLost, LockNotAcquired, Overloaded, QuorumUnavailable
-from django_redlock.engine.admission import IN_FLIGHT, Admission
+from django_redlock.engine.admission import IN_FLIGHT
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
 
@@ -34,7 +34,7 @@ def test_overloaded_is_a_lock_not_acquired_exported_everywhere():
 def test_a_burst_on_healthy_masters_is_served_in_turn_and_leaves_no_key(masters, redlock_of):
     """Thousands of tasks at once, each one attempt at a key of its own: every one acquires and
     releases, no key is left on any master when the burst's releases have returned, and no
-    master is ever sent more than about ``admission.limit`` of our requests at once (the rest wait
+    master is ever sent more than about ``IN_FLIGHT`` of our requests at once (the rest wait
     their turn here, costing no node budget): written all at once, they queued on the masters
     and, from about 10,000 tasks, were charged to them as missed budgets."""
     engine = redlock_of(masters)
@@ -64,7 +64,7 @@ def test_a_burst_on_healthy_masters_is_served_in_turn_and_leaves_no_key(masters,
     asyncio.run(main())
     assert errors == {}
     assert keys_left(masters, "redlock:lock:burst:*") == 0
-    assert most_pending <= 2 * engine.admission.limit
+    assert most_pending <= 2 * IN_FLIGHT
 
 
 def test_a_request_held_up_in_this_process_does_not_cost_its_validity(masters, redlock_of):
@@ -104,7 +104,6 @@ def test_a_wait_that_the_local_queue_cannot_meet_is_refused_at_once(masters, red
     the queue cannot meet is told so at once, with the queue's length (never after its wait,
     never as QuorumUnavailable); a caller with no wait of its own (one attempt) still gets in."""
     engine = redlock_of(masters)
-    engine.admission = Admission(IN_FLIGHT)  # (what a small node budget admits: a long queue)
 
     async def main() -> tuple[Overloaded, float, bool]:
         loop = asyncio.get_running_loop()
@@ -137,7 +136,6 @@ def test_a_turn_that_does_not_come_within_the_wait_is_overloaded(masters, redloc
     wait, it gets Overloaded (what it waited, and how many were ahead), not QuorumUnavailable.
     (A node budget of 1 s: the thousand releases at the end must not time out on a busy machine.)"""
     engine = redlock_of(masters, node_timeout=1.0)
-    engine.admission = Admission(IN_FLIGHT)  # (the burst's tasks take every turn)
 
     async def main() -> Overloaded:
         loop = asyncio.get_running_loop()

@@ -29,26 +29,10 @@ from typing import Any, TypeVar
 from . import deadlines, process
 from .loops import of_loop
 
-#: Rounds of one event loop (or of one process's threads) on the masters at once, at least:
-#: enough to keep every master busy (a pipeline of a few hundred requests), few enough that the
-#: last of them is answered within a millisecond or two of the first on a healthy master.
+#: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
+#: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
+#: answered within a millisecond or two of the first on a healthy master.
 IN_FLIGHT = 256
-
-#: A master's time per request of ours, generously (256 of them took a millisecond or two), and
-#: the share of the node budget that a full pipeline of them may take (``in_flight``).
-PER_REQUEST = 0.00001
-BUDGET_SHARE = 0.2
-
-
-def in_flight(node_timeout: float) -> int:
-    """Rounds on the masters at once for a node budget of ``node_timeout`` seconds: as many as a
-    master answers within a fifth of the budget (the last of them still well within it), and at
-    least IN_FLIGHT. Every request let wait here instead of going out costs its caller the
-    writing, and the answering, of those queued before it, after its own turn came: a fixed
-    IN_FLIGHT made the last acquisitions of a burst of 1,000 tasks wait behind 750 rounds made
-    one by one as turns came, where a 50 ms budget has room for all of them at once."""
-    return max(IN_FLIGHT, int(node_timeout * BUDGET_SHARE / PER_REQUEST))
-
 
 #: How long an acquisition with ``wait=0`` (one attempt: no patience of its own for a holder)
 #: may wait for its turn here before it is refused as ``Overloaded``. An acquisition with a

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from . import cluster, protocol, scripts
-from .admission import Admission, in_flight
+from .admission import Admission
 from .connections import Node, NodeSpec
 from .drivers import arun, run
 from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
@@ -197,9 +197,9 @@ class Redlock:
         self._notices = ReleaseNotices(self.nodes, self.quorum, self.inbox_prefix)
         #: This process's waiters, per resource, in arrival order (one competes on the masters).
         self.queues = LocalQueues()
-        #: At most ``admission.in_flight(node_timeout)`` rounds of this engine on the masters at
-        #: once, per event loop and for its threads; further acquisitions wait their turn.
-        self.admission = Admission(in_flight(self.node_timeout))
+        #: At most ``admission.IN_FLIGHT`` rounds of this engine on the masters at once, per
+        #: event loop and for its threads; further acquisitions wait their turn in order.
+        self.admission = Admission()
         self._courtesy: dict[str, float] = {}
 
     def __repr__(self) -> str:
