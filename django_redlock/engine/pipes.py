@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from typing import Protocol
 
 import hiredis
 import redis
@@ -43,8 +44,18 @@ MAX_PENDING = 10_000
 #: How much one read takes from the socket at most (a read that fills it reads again).
 _READ_SIZE = 65536
 
-#: The socket has no data yet (plain, or TLS with no complete record).
-_NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
+#: The socket has no data yet (plain, or TLS with no complete record); also ``inboxes``.
+NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
+
+
+class Connected(Protocol):
+    """What a pipe (or a notice inbox) needs of a connection made: its socket, and how to close
+    it. A redis-py connection (TLS, unix sockets, Sentinel...), or ``dialing.Dialed``."""
+
+    @property
+    def _sock(self) -> socket.socket | None: ...
+
+    def disconnect(self) -> None: ...
 
 
 class Pipe:
@@ -55,8 +66,8 @@ class Pipe:
     latency: float
     loop: asyncio.AbstractEventLoop | None
     _fd: int
-    _conn: redis.connection.AbstractConnection
-    _finalizer: weakref.finalize[[], None]
+    _conn: Connected
+    _finalizer: weakref.finalize[[], Pipe]
     _writing: bool
     _out: bytearray
     _unsent: list[Slot]
@@ -73,11 +84,11 @@ class Pipe:
 
     def __init__(
         self,
-        conn: redis.connection.AbstractConnection,
+        conn: Connected,
         loop: asyncio.AbstractEventLoop | None = None,
         flusher: Flusher | None = None,
     ) -> None:
-        sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
+        sock = conn._sock  # noqa: SLF001 (redis-py's connection keeps no public handle on it)
         if sock is None:
             raise redis.ConnectionError("connection closed during its handshake")
         sock.setblocking(False)
@@ -228,7 +239,7 @@ class Pipe:
         """Write what the socket takes of ``data`` now: how much (0 if it broke: closed)."""
         try:
             return self._sock.send(data)
-        except _NOT_YET:
+        except NOT_YET:
             return 0
         except OSError as exc:
             self.close(exc)
@@ -261,7 +272,7 @@ class Pipe:
             while True:
                 try:
                     received = self._sock.recv_into(self._buffer)
-                except _NOT_YET:
+                except NOT_YET:
                     return
                 if not received:
                     raise redis.ConnectionError("connection closed by the master")
