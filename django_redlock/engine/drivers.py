@@ -19,7 +19,7 @@ from operator import methodcaller
 from typing import Any, TypeVar
 
 from . import deadlines
-from .admission import Full
+from .admission import Full, holder_patience
 from .connections import Node
 from .detours import Delay
 from .packing import Command
@@ -190,45 +190,35 @@ async def arun(
     procedure: Procedure[T],
     *,
     shielded: bool = False,
-    turn_first: tuple[float | None, float] | None = None,
+    holder_until: float | None = None,
 ) -> T:
-    """Perform a procedure's steps with asyncio (the twin of ``run``). A round is performed in
-    this same coroutine: its turn among this loop's rounds (``admission``: a bare future,
-    awaited only when no turn is free), then ``rounds.exchange`` with asyncio waits, on the
-    running loop's pipes; the turn is given back when it ends. One coroutine per procedure, not
-    one more per round and per queued turn: in a burst each costs its creation, a pass through
-    it at every resumption, and the garbage collector's look at every one a queued acquisition
-    keeps alive. ``shielded``: a clean-up round's own run (``afan_out``), not shielded again.
+    """Perform a procedure's steps with asyncio (the twin of ``run``), its rounds in this same
+    coroutine: a round's turn among this loop's rounds (``admission``: a bare future, awaited
+    only when none is free), then ``rounds.exchange`` with asyncio waits on the loop's pipes. In
+    a burst every coroutine costs its making, a pass at each resumption, and the collector's look
+    at each one a queued round keeps. ``shielded``: a clean-up round's own run (``afan_out``).
 
-    ``turn_first``: the (patience, behind) of the procedure's first step, a round, whose turn
-    is then taken before the procedure begins (a holder's release: ``Lock``). What the
-    procedure would build for it waits unbuilt: a release's request, generators and round are
-    built once its turn came, after the acquisitions queued before it (a burst's last
-    acquisitions waited behind every release's making), and are not among what the garbage
-    collector goes through while it waits. Whatever ends that wait early (``Full``, a
-    cancellation) is thrown into the procedure at its first step, as it would have been there.
-    """
+    ``holder_until``: the first step is the round of a holder whose lease is valid until then.
+    Its turn (``holder_patience``) is taken before the procedure begins: a release is made once
+    its turn came, after the acquisitions queued before it, not among what they wait behind (nor
+    what the collector goes through meanwhile). Whatever ends that wait early (a cancellation)
+    is thrown into the procedure at its first step, as it would have been there."""
     answer: Any = None
     error: BaseException | None = None
     waiters: list[Waiter] | None = None  # (made by the first step that is not a round)
     loop: asyncio.AbstractEventLoop | None = None
-    admitted = False  # a turn taken for the first step (``turn_first``)
-    if turn_first is not None:
+    admitted = False  # a turn taken for the first step (``holder_until``)
+    if holder_until is not None:
         loop = asyncio.get_running_loop()
         gate = masters.admission.of(loop)
         admitted = gate.enter_at_once()
         if not admitted:
+            place = gate.queue(None, holder_patience(holder_until))
             try:
-                place = gate.queue(*turn_first)
-                try:
-                    await place[1]
-                except Full:
-                    raise gate.refused(place) from None
-                except BaseException:
-                    gate.gave_up(place)
-                    raise
+                await place[1]
                 admitted = True
             except BaseException as interrupted:  # noqa: BLE001 (thrown in at the first step)
+                gate.gave_up(place)
                 error = interrupted
                 try:
                     procedure.send(None)  # (its first step, interrupted: thrown in below)
@@ -314,8 +304,7 @@ def _only(step: Round) -> Procedure[RoundReplies]:
 
 
 def afan_out(masters: Masters, step: Round) -> Coroutine[Any, Any, RoundReplies]:
-    """One round, in a coroutine of its own (a clean-up round, shielded from a second
-    cancellation: see ``arun``)."""
+    """One round in a coroutine of its own (a clean-up round's, shielded: see ``arun``)."""
     return arun(masters, _only(step), shielded=True)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import admission, holding, markers, options, procedures, protocol, reentry, renames
+from . import holding, markers, options, procedures, protocol, reentry, renames
 from .callers import Callers
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
@@ -26,7 +26,7 @@ from .granting import granted
 from .leases import Lease, Owner, current_owner
 from .options import WithOptions
 from .steps import Procedure
-from .values import made_parts, make_value
+from .values import make_value
 
 if TYPE_CHECKING:
     from .redlock import Redlock
@@ -267,12 +267,9 @@ class Lock(WithOptions):
     async def _arelease(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
-            # Its round's turn comes first (behind the acquisitions queued before it, for a
-            # while: ``holder_patience``), then the release is made (``drivers.arun``).
-            turn = (None, admission.holder_patience(lease.valid_until))
             releasing = holding.let_go(self._redlock, lease, self.at_least)
-            try:
-                await arun(self._redlock, releasing, turn_first=turn)
+            try:  # (its round's turn comes first, then it is made: ``drivers.arun``)
+                await arun(self._redlock, releasing, holder_until=lease.valid_until)
             finally:
                 self._released(owner, lease)
 
@@ -303,9 +300,7 @@ class Lock(WithOptions):
         # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
         task = owner.get_name() if isinstance(owner, asyncio.Task) else None
         value = make_value(self._options.label, self.ttl, task)
-        return procedures.Want(
-            self.resource, self.resources, self.keys, self.ttl, self.wait, value, made_parts(value)
-        )
+        return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
         """The acquisition's procedure (a permit's and a reader's are their own)."""

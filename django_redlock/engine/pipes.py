@@ -150,14 +150,6 @@ class Pipe:
             return slot
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
-        if not slots and not preamble and self._in_tick:  # (async: not the tick's first)
-            slot = Slot(now)  # out at the tick's end, with the others (as below, in short)
-            self._pending.append(slot)
-            self._unsent.append(slot)
-            if not self._out:
-                self._flusher.later(self)
-            self._out += request
-            return slot
         slot = slots[-1] if slots else Slot(now)
         queued = slots
         if preamble:
