@@ -11,12 +11,19 @@ every line:
 
 1. latency (asking to holding: p50, p99, max); the process's CPU time used by the moment the
    p99 acquisition held (how much of our own work it waited behind, less sensitive to what else
-   the machine runs than its wall time); wall time and the process's CPU time per burst,
+   the machine runs than its wall time), and the 99th percentile of the CPU time the process
+   used while each acquisition waited (asking to holding: what a latency is made of when the
+   process is busy all along, as in a burst); wall time and the process's CPU time per burst,
    and the garbage collector's share of it (collections by generation, and their time);
 2. with ``--profile``: cProfile over the warm burst: Python function calls per acquisition +
    release (a load-independent count), and the top functions by own time; with ``--sample``,
    where the warm burst's time goes without cProfile's distortion (``Sampler``);
-3. with ``--callgrind`` (valgrind on PATH): instructions per acquisition + release in the warm
+3. with ``--window`` (valgrind on PATH): the instructions from the last acquisition's asking to
+   the 99th-percentile acquisition's holding, cold and warm (the work the p99 acquisition waited
+   behind; load-independent, to within a garbage collection or two), ``--runs`` times; the hold
+   and the engine's holder patience are scaled by SLOWER there, the node budget is 4 s and the
+   TTL 120 s;
+4. with ``--callgrind`` (valgrind on PATH): instructions per acquisition + release in the warm
    burst, load-independent: Ir(cold + warm) - Ir(cold), over ``--tasks``. Under valgrind the
    process runs ~50x slower: the node budget is 4 s and the TTL 120 s there (else leases run
    out before their release, and the failures' path is measured instead).
@@ -42,6 +49,9 @@ TASKS = 1000
 HOLD = 0.02
 #: Warm bursts sampled (``--sample``), summed.
 SAMPLED = 8
+#: How much slower a process runs under valgrind (``--window``): the hold and the engine's holder
+#: patience are scaled by it there, so that releases and acquisitions meet as they do outside.
+SLOWER = 50
 
 
 # --- the measured process -----------------------------------------------------------------------
@@ -70,23 +80,38 @@ def child(config: dict[str, Any]) -> None:
     gc.callbacks.append(on_gc)
     engine = Redlock(config["urls"], node_timeout=config["timeout"])
     tasks, hold = config["tasks"], config["hold"]
+    marks = config.get("marks", False)
+    if marks:  # (``--window``: under valgrind, the engine's time constants scaled as the process)
+        from django_redlock.engine import admission
+
+        admission.HOLDER_PATIENCE *= SLOWER
+        hold *= SLOWER
 
     async def burst(prefix: str) -> dict[str, Any]:
         latencies: list[int] = []
         # The process's CPU time used since the burst began, when each acquisition held: how
         # much of our own work the p99 one waited behind, whatever else the machine ran.
         cpu_at: list[float] = []
+        # The process's CPU time used while each acquisition waited (asking to holding): the
+        # work its latency is made of, whatever else the machine ran meanwhile.
+        cpu_waited: list[float] = []
         failures: dict[str, Any] = {}
         clock = time.perf_counter_ns
 
-        async def one(key: str) -> None:
+        async def one(key: str, last: bool = False) -> None:
+            if last and marks:
+                os.getppid()  # (a mark for callgrind: the last acquisition asks)
             start = clock()
+            start_cpu = time.process_time()
             got = 0
             try:
                 async with engine.lock(key, ttl=config["ttl"], wait=0):
                     got = clock()
                     latencies.append(got - start)
                     cpu_at.append(time.process_time())
+                    cpu_waited.append(cpu_at[-1] - start_cpu)
+                    if marks and len(latencies) == int(0.99 * tasks):
+                        os.getppid()  # (the 99th-percentile acquisition holds)
                     await asyncio.sleep(hold)
             except Exception as exc:  # noqa: BLE001 (a failure is a result to report)
                 kind = f"{type(exc).__name__}{' (release)' if got else ''}"
@@ -95,10 +120,11 @@ def child(config: dict[str, Any]) -> None:
         for entry in collections.values():
             entry[:] = [0, 0.0]
         began_cpu, start = time.process_time(), clock()
-        await asyncio.gather(*(one(f"{prefix}{i}") for i in range(tasks)))
+        await asyncio.gather(*(one(f"{prefix}{i}", i == tasks - 1) for i in range(tasks)))
         wall, cpu = clock() - start, time.process_time() - began_cpu
         latencies.sort()
         cpu_at.sort()
+        cpu_waited.sort()
 
         def at(q: float) -> float | None:
             return latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1e6
@@ -108,6 +134,9 @@ def child(config: dict[str, Any]) -> None:
             "p50_ms": at(0.5) if latencies else None,
             "p99_ms": at(0.99) if latencies else None,
             "p99_cpu_ms": (cpu_at[int(0.99 * len(cpu_at))] - began_cpu) * 1e3 if cpu_at else None,
+            "p99_cpu_waited_ms": cpu_waited[int(0.99 * len(cpu_waited))] * 1e3
+            if cpu_waited
+            else None,
             "max_ms": latencies[-1] / 1e6 if latencies else None,
             "wall_ms": wall / 1e6,
             "cpu_ms": cpu * 1e3,
@@ -219,6 +248,26 @@ def instructions(code: Path, config: dict[str, Any]) -> tuple[float, dict[str, A
     return (totals[1] - totals[0]) / config["tasks"], warm
 
 
+def window(code: Path, config: dict[str, Any]) -> list[int]:
+    """Instructions (callgrind) from the last acquisition's asking to the 99th-percentile
+    acquisition's holding, per burst (cold, warm): the work the p99 acquisition waited behind,
+    whatever else the machine runs. The child marks both moments with a system call
+    (``getppid``) that callgrind dumps its counts before."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        run = {**config, "phases": ["cold", "warm"], "timeout": 4.0, "ttl": 120.0, "marks": True}
+        out = f"{folder}/callgrind.out"
+        prefix = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        measured(code, run, [*prefix, "--dump-before=getppid"])
+        parts = sorted(Path(folder).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+        totals = []
+        for part in parts:
+            found = re.search(r"^(?:summary|totals): (\d+)", part.read_text(), re.MULTILINE)
+            totals.append(int(found.group(1)) if found else 0)
+        return totals[1::2][:2]  # (the parts between the marks: each burst's window)
+
+
 def main() -> None:
     import argparse
 
@@ -231,6 +280,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the warm burst")
     parser.add_argument("--callgrind", action="store_true", help="instructions (valgrind)")
     parser.add_argument("--sample", action="store_true", help="where the warm burst's time goes")
+    parser.add_argument(
+        "--window", action="store_true", help="instructions the p99 acquisition waited behind"
+    )
     args = parser.parse_args()
     codes = {"ours": ROOT}
     if args.baseline is not None:
@@ -239,11 +291,12 @@ def main() -> None:
         config = {"urls": [m.url for m in masters], "tasks": args.tasks, "hold": HOLD}
         config |= {"timeout": 0.05, "ttl": 10.0}
         print(f"{args.tasks} tasks at once, 5 masters; uptime before: {uptime()}")
-        headers = "code|run|burst|acquired|p50 ms|p99 ms|max ms|CPU ms at p99|wall ms|CPU ms"
+        headers = "code|run|burst|acquired|p50 ms|p99 ms|max ms|CPU ms at p99|p99 CPU ms waited"
+        headers += "|wall ms|CPU ms"
         headers += "|CPU us per op"
         headers += "|GC collections (gen 0/1/2)|GC ms|failures|uptime"
         print(f"| {headers.replace('|', ' | ')} |")
-        print("|---" * 15 + "|")
+        print("|---" * 16 + "|")
         for run in range(args.runs):
             for name, code in list(codes.items())[:: 1 if run % 2 == 0 else -1]:
                 results, _ = measured(code, {**config, "phases": ["cold", "warm"]})
@@ -254,6 +307,7 @@ def main() -> None:
                     print(f"| {name} | {run + 1} | {r['phase']} | {r['acquired']} | "
                           f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['max_ms']:.0f} | "
                           f"{r.get('p99_cpu_ms') or 0:.0f} | "
+                          f"{r.get('p99_cpu_waited_ms') or 0:.0f} | "
                           f"{r['wall_ms']:.0f} | {r['cpu_ms']:.0f} | "
                           f"{r['cpu_ms'] * 1000 / args.tasks:.0f} | {gcs} | {gc_ms:.0f} | "
                           f"{failures or 'none'} | {uptime()} |")  # fmt: skip
@@ -284,6 +338,13 @@ def main() -> None:
                     print("| share | where |\n|---|---|")
                     for key, n in sorted(counts.items(), key=lambda item: -item[1])[:24]:
                         print(f"| {n / total:.0%} | {key} |")
+        if args.window:
+            for run in range(args.runs):
+                for name, code in list(codes.items())[:: 1 if run % 2 == 0 else -1]:
+                    cold_ir, warm_ir = window(code, config)
+                    print(f"{name} (run {run + 1}): {cold_ir / 1e6:.0f} M instructions cold, "
+                          f"{warm_ir / 1e6:.0f} M warm, from the last acquisition's asking to the "
+                          "99th-percentile acquisition's holding (callgrind)")  # fmt: skip
         if args.callgrind:
             for name, code in codes.items():
                 per_op, warm = instructions(code, config)

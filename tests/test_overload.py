@@ -152,6 +152,8 @@ def test_a_turn_that_does_not_come_within_the_wait_is_overloaded(masters, redloc
     error = asyncio.run(main())
     assert not isinstance(error, QuorumUnavailable)
     assert error.queued > 0
+    assert error.waited >= 0.001  # it waited its wait (then was refused), and says so
+    assert f"waited {error.waited:.3f}s for its turn" in str(error)
     assert "the masters were not asked" in str(error)
 
 

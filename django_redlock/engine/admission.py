@@ -24,12 +24,10 @@ import asyncio
 import threading
 import time
 from collections import deque
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from . import deadlines, process
 from .loops import of_loop
-
-T = TypeVar("T")
 
 #: Rounds of one event loop (or of one process's threads) on the masters at once. Enough to keep
 #: every master busy (a pipeline of a few hundred requests), few enough that the last of them is
@@ -100,6 +98,11 @@ class _Pace:
         return patience is not None and expected > _SURE * patience
 
 
+#: A round's place in a loop's line: when it came, its turn to come, and (for ``Full``) how many
+#: rounds were ahead of it then and the wait their pace promised.
+Place = tuple[float, "asyncio.Future[None]", int, float]
+
+
 class LoopGate:
     """The admission of one event loop's rounds (its futures are the waiters)."""
 
@@ -107,9 +110,8 @@ class LoopGate:
         self.loop = loop
         self.limit = limit
         self.in_flight = 0
-        # (When each round arrived, and its turn to come.)
-        self.holders: deque[tuple[float, asyncio.Future[None]]] = deque()
-        self.waiting: deque[tuple[float, asyncio.Future[None]]] = deque()  # acquisitions
+        self.holders: deque[Place] = deque()
+        self.waiting: deque[Place] = deque()  # acquisitions
         self.urgent_at = _NEVER  # when a queued holder's round goes ahead of every acquisition
         self.pace = _Pace()
 
@@ -127,9 +129,25 @@ class LoopGate:
     async def enter(self, patience: float | None, behind: float = 0.0) -> None:
         """Wait for a turn (FIFO) at most ``patience`` seconds, else ``Full``; None: a holder's
         round, which waits as long as it takes, ahead of every acquisition but those queued
-        before it, for ``behind`` seconds at most."""
+        before it, for ``behind`` seconds at most. (The async driver does the same inline,
+        without this coroutine: ``enter_at_once``, else ``queue``, awaited, and ``gave_up``.)"""
         if self.enter_at_once():
             return
+        place = self.queue(patience, behind)
+        try:
+            await place[1]
+        except Full:
+            raise self.refused(place) from None
+        except BaseException:
+            self.gave_up(place)
+            raise
+
+    def queue(self, patience: float | None, behind: float = 0.0) -> Place:
+        """(No turn was free: ``enter_at_once``.) The round's place in line, as ``enter`` says:
+        its future (``place[1]``) gets the turn, or ``Full`` once ``patience`` has passed;
+        ``Full`` at once if the queue's pace says its turn cannot come within ``patience``.
+        Whoever awaits it turns a ``Full`` into ``refused(place)``, and calls ``gave_up(place)``
+        if the wait ends in any other exception (cancelled)."""
         queued = self.queued() if patience is not None else len(self.holders)
         expected = self.pace.expected(queued)
         if self.pace.hopeless(expected, patience):
@@ -138,22 +156,31 @@ class LoopGate:
             self.pace.queue_formed()
         began = time.monotonic()
         turn = self.loop.create_future()
+        # (What ``Full`` would say is kept with its place: no object more per queued round.)
+        place = (began, turn, queued, expected)
         if patience is None:
-            self.holders.append((began, turn))
+            self.holders.append(place)
             self.urgent_at = min(self.urgent_at, began + behind)
         else:
-            self.waiting.append((began, turn))
+            self.waiting.append(place)
             # (One timer per loop for every patience: ``deadlines``.)
             deadlines.of(self.loop).call_at(began + max(patience, 0.0), _expire, turn)
-        try:
-            await turn
-        except Full:
-            raise Full(queued, expected, time.monotonic() - began) from None
-        except BaseException:
-            # (exception() also marks an expiry that came with a cancellation as seen.)
-            if turn.done() and not turn.cancelled() and turn.exception() is None:
-                self.leave()  # handed a turn, then cancelled: give it on
-            raise
+        return place
+
+    @staticmethod
+    def refused(place: Place) -> Full:
+        """The ``Full`` of a place whose patience ran out: what was ahead of it when it came,
+        and how long it waited."""
+        began, _, queued, expected = place
+        return Full(queued, expected, time.monotonic() - began)
+
+    def gave_up(self, place: Place) -> None:
+        """The wait for ``place`` ended in an exception other than its refusal: a turn handed
+        to it just before (then a cancellation) is given on. (``exception()`` also marks an
+        expiry that came with a cancellation as seen.)"""
+        turn = place[1]
+        if turn.done() and not turn.cancelled() and turn.exception() is None:
+            self.leave()
 
     def leave(self) -> None:
         """A round is done: its turn goes to the next round waiting (``next_queue``) that is
@@ -172,12 +199,13 @@ class LoopGate:
 
 _NEVER = float("inf")
 
-Queued = deque[tuple[float, T]]
+#: A line's entries: when each came first, then its turn (and anything else).
+Entry = TypeVar("Entry", bound=tuple[Any, ...])
 
 
 def next_queue(
-    holders: Queued[T], waiting: Queued[T], now: float, urgent_at: float
-) -> Queued[T] | None:
+    holders: deque[Entry], waiting: deque[Entry], now: float, urgent_at: float
+) -> deque[Entry] | None:
     """The queue whose first round has the next turn: the one that arrived first; the holders'
     from ``urgent_at`` on (the earliest time one of them goes ahead of every acquisition); None
     if both are empty."""
@@ -194,6 +222,7 @@ def holder_patience(valid_until: float) -> float:
 
 
 def _expire(turn: asyncio.Future[None]) -> None:
+    """A place's patience ran out (its waiter makes the ``Full`` it raises: ``refused``)."""
     if not turn.done():
         turn.set_exception(Full(0, 0.0, 0.0))
 

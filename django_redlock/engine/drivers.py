@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from operator import methodcaller
 from typing import Any, TypeVar
 
 from . import deadlines
+from .admission import Full, holder_patience
 from .connections import Node
 from .detours import Delay
 from .packing import Command
@@ -184,11 +185,45 @@ def _decides(enough: Decides, slot: Slot) -> bool:
 # --- asyncio ------------------------------------------------------------------------------------
 
 
-async def arun(masters: Masters, procedure: Procedure[T]) -> T:
-    """Perform a procedure's steps with asyncio (the twin of ``run``)."""
+async def arun(
+    masters: Masters,
+    procedure: Procedure[T],
+    *,
+    shielded: bool = False,
+    holder_until: float | None = None,
+) -> T:
+    """Perform a procedure's steps with asyncio (the twin of ``run``), its rounds in this same
+    coroutine: a round's turn among this loop's rounds (``admission``: a bare future, awaited
+    only when none is free), then ``rounds.exchange`` with asyncio waits on the loop's pipes. In
+    a burst every coroutine costs its making, a pass at each resumption, and the collector's look
+    at each one a queued round keeps. ``shielded``: a clean-up round's own run (``afan_out``).
+
+    ``holder_until``: the first step is the round of a holder whose lease is valid until then.
+    Its turn (``holder_patience``) is taken before the procedure begins: a release is made once
+    its turn came, after the acquisitions queued before it, not among what they wait behind (nor
+    what the collector goes through meanwhile). Whatever ends that wait early (a cancellation)
+    is thrown into the procedure at its first step, as it would have been there."""
     answer: Any = None
     error: BaseException | None = None
-    waiters: list[Waiter] = []
+    waiters: list[Waiter] | None = None  # (made by the first step that is not a round)
+    loop: asyncio.AbstractEventLoop | None = None
+    admitted = False  # a turn taken for the first step (``holder_until``)
+    if holder_until is not None:
+        loop = asyncio.get_running_loop()
+        gate = masters.admission.of(loop)
+        admitted = gate.enter_at_once()
+        if not admitted:
+            place = gate.queue(None, holder_patience(holder_until))
+            try:
+                await place[1]
+                admitted = True
+            except BaseException as interrupted:  # noqa: BLE001 (thrown in at the first step)
+                gate.gave_up(place)
+                error = interrupted
+                try:
+                    procedure.send(None)  # (its first step, interrupted: thrown in below)
+                except StopIteration:
+                    raise interrupted from None
     try:
         while True:
             try:
@@ -196,22 +231,85 @@ async def arun(masters: Masters, procedure: Procedure[T]) -> T:
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             error = None
+            if admitted and (not isinstance(step, Round) or step.cleanup):
+                admitted = False  # (not a round of its own: the turn goes to the next one)
+                masters.admission.of(asyncio.get_running_loop()).leave()
             try:
                 if not isinstance(step, Round):
+                    if waiters is None:
+                        waiters = []
                     answer = await _aperform(masters, step, waiters)
-                elif step.cleanup:
+                    continue
+                if step.cleanup and not shielded:
                     answer = await asyncio.shield(afan_out(masters, step))
-                else:
-                    answer = await afan_out(masters, step)
+                    continue
+                if loop is None:
+                    loop = asyncio.get_running_loop()
+                gate = masters.admission.of(loop)
+                if admitted:
+                    admitted = False  # its turn, taken before it began
+                elif not gate.enter_at_once():
+                    place = gate.queue(step.patience, step.behind)
+                    try:
+                        await place[1]
+                    except Full:
+                        raise gate.refused(place) from None
+                    except BaseException:
+                        gate.gave_up(place)
+                        raise
+                try:
+                    nodes, budget = masters.nodes, masters.node_timeout
+                    rounds = exchange(
+                        nodes, step.command, budget, methodcaller("loop_pipe", loop),
+                        step.script, step.enough,
+                    )  # fmt: skip
+                    came_back: object = None
+                    while True:
+                        try:
+                            wait = rounds.send(came_back)
+                        except StopIteration as done:
+                            answer = done.value
+                            break
+                        came_back = None
+                        try:
+                            if isinstance(wait, Replies):
+                                came = _Came.waiting(loop, wait)
+                                if came is not None:
+                                    try:
+                                        await came.done
+                                    finally:
+                                        came.detach()
+                            elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
+                                await asyncio.sleep(max(0.0, wait.until - time.monotonic()))
+                            else:
+                                came_back = await wait.node.aconnect(loop, wait.budget)
+                        except BaseException:
+                            _give_up(rounds, wait)  # cancelled
+                            raise
+                finally:
+                    gate.leave()
             except BaseException as exc:  # noqa: BLE001 (handed to the procedure, re-raised there)
                 error = exc
     finally:
-        for waiter in waiters:
-            masters.notices.unlisten(waiter)
+        if admitted:  # (it ended before its first step: the turn goes to the next round)
+            masters.admission.of(asyncio.get_running_loop()).leave()
+        if waiters:
+            for waiter in waiters:
+                masters.notices.unlisten(waiter)
+
+
+def _only(step: Round) -> Procedure[RoundReplies]:
+    replies: RoundReplies = yield step
+    return replies
+
+
+def afan_out(masters: Masters, step: Round) -> Coroutine[Any, Any, RoundReplies]:
+    """One round in a coroutine of its own (a clean-up round's, shielded: see ``arun``)."""
+    return arun(masters, _only(step), shielded=True)
 
 
 async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
-    """Any step but a round (``afan_out``)."""
+    """Any step but a round (``arun``)."""
     if isinstance(step, Pause):
         await asyncio.sleep(step.seconds)
         return None
@@ -231,44 +329,6 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     notified = await step.waiter.notified.await_(step.timeout)
     step.waiter.notified.clear()
     return notified
-
-
-async def afan_out(masters: Masters, step: Round) -> RoundReplies:
-    """One round: its turn among this loop's rounds (``admission``: awaited only when none is
-    free), then ``rounds.exchange`` with asyncio waits, on the running loop's pipes; the turn is
-    given back when it ends. (One coroutine: a round's every coroutine costs the burst.)"""
-    loop = asyncio.get_running_loop()
-    gate = masters.admission.of(loop)
-    if not gate.enter_at_once():
-        await gate.enter(step.patience, step.behind)
-    try:
-        pipe_of = methodcaller("loop_pipe", loop)
-        nodes, budget = masters.nodes, masters.node_timeout
-        rounds = exchange(nodes, step.command, budget, pipe_of, step.script, step.enough)
-        answer: object = None
-        while True:
-            try:
-                wait = rounds.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            answer = None
-            try:
-                if isinstance(wait, Replies):
-                    came = _Came.waiting(loop, wait)
-                    if came is not None:
-                        try:
-                            await came.done
-                        finally:
-                            came.detach()
-                elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
-                    await asyncio.sleep(max(0.0, wait.until - time.monotonic()))
-                else:
-                    answer = await wait.node.aconnect(loop, wait.budget)
-            except BaseException:
-                _give_up(rounds, wait)  # cancelled
-                raise
-    finally:
-        gate.leave()
 
 
 #: Background procedures (``Detach``) still running on some event loop.

@@ -20,10 +20,13 @@ def granted(
     won: Won,
     keys: tuple[str, ...] | None = None,
     commands: LeaseCommands | None = None,
+    *,
+    parts: tuple[bytes, str] | None = None,
 ) -> Lease:
     """The lease that acquisition ``won`` through ``handle`` holds for ``owner``; ``keys`` and
-    ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's. (Its
-    observer and ``on_lost`` are the handle's, read from it when they are told.)"""
+    ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's; ``parts``:
+    the value's, as made (``values.made_parts``). (Its observer and ``on_lost`` are the
+    handle's, read from it when they are told.)"""
     return Lease(
         resources=handle.resources,
         keys=handle.keys if keys is None else keys,
@@ -37,4 +40,5 @@ def granted(
         max_extensions=handle._options.max_extensions,  # noqa: SLF001 (the engine's handle)
         max_hold=handle._options.max_hold,  # noqa: SLF001
         commands=commands,
+        parts=parts,
     )

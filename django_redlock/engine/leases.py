@@ -204,13 +204,15 @@ class Lease:
         max_extensions: int | None = None,
         max_hold: float | None = None,
         commands: LeaseCommands | None = None,
+        parts: tuple[bytes, str] | None = None,
     ) -> None:
         self._seldom = _NONE_SET
         self.resources = resources
         self.keys = keys  # the keys on the masters
         self.ttl = ttl
-        # Its value, in the parts that the locks of one owner do not each keep a copy of.
-        self._stamp, self._owner_text = values.compact_value(value)
+        # Its value, in the parts that the locks of one owner do not each keep a copy of
+        # (``parts``: as they were made, else read back from the value).
+        self._stamp, self._owner_text = parts or values.compact_value(value)
         self.valid_until = valid_until  # monotonic deadline of guaranteed exclusivity
         self.acquired_at = time.monotonic()
         self.owner = owner
@@ -351,6 +353,8 @@ class Lease:
     def note_failures(self, failures: Sequence[NodeFailure], action: str) -> None:
         """An action that succeeded although some masters failed: say which, and why (one more
         failure there may cost the quorum)."""
+        if not failures:  # (the usual case: every acquisition and renewal passes here)
+            return
         failed = [f for f in failures if f.reason in ("timeout", "error", "quarantine")]
         handle = self.handle()
         if failed and handle is not None:

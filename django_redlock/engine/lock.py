@@ -267,8 +267,9 @@ class Lock(WithOptions):
     async def _arelease(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
-            try:
-                await arun(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
+            releasing = holding.let_go(self._redlock, lease, self.at_least)
+            try:  # (its round's turn comes first, then it is made: ``drivers.arun``)
+                await arun(self._redlock, releasing, holder_until=lease.valid_until)
             finally:
                 self._released(owner, lease)
 
@@ -331,7 +332,7 @@ class Lock(WithOptions):
         lease.note_failures(won.failures, "acquire")
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
-        return granted(self, owner, want.value, won)
+        return granted(self, owner, want.value, won, parts=want.parts)
 
     def _reenter(self, owner: Owner) -> bool:
         """True if ``owner`` re-entered a lease it holds (see ``reentry``); False if we must

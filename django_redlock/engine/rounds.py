@@ -111,14 +111,14 @@ def exchange(
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
     requests = Requests(command, script)
     replies = RoundReplies([None] * len(nodes))
-    asked_again: set[int] = set()
+    asked_again: set[int] | None = None  # (made by the first: a second try's, seldom)
     # What was sent and is waited for: the masters' indexes, and their (pipe, slot) pairs, as
     # the drivers wait for them (parallel lists: rebuilt only for a round's later waits).
     where: list[int] = []
     sent: list[tuple[Pipe, Slot]] = []
     needed = quorum(len(nodes))
     may_leave_out = len(nodes) - needed
-    unconnected = []
+    unconnected: list[int] | None = None  # (made by the first: a connect's, seldom)
     watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
         if node.routed:
@@ -148,8 +148,10 @@ def exchange(
             where.append(i)
             sent.append((pipe, slot))
         else:
+            if unconnected is None:
+                unconnected = []
             unconnected.append(i)
-    for i in unconnected:
+    for i in unconnected or ():
         node = nodes[i]
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
@@ -184,6 +186,8 @@ def exchange(
                 pipe, slot = each
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
+                    if asked_again is None:
+                        asked_again = set()
                     asked_again.add(i)  # _vote asked it once more, on a new connection
                 if type(reply) not in ANSWERS:
                     replies[i] = reply

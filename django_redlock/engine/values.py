@@ -95,6 +95,14 @@ def _owner_parts(pid: int, thread: str, label: str | None, ttl: float) -> tuple[
 _json_text = json.encoder.encode_basestring_ascii
 
 
+def made_parts(value: str) -> tuple[bytes, str] | None:
+    """The parts of ``value`` (``compact_value``'s), if it is the last value this thread made:
+    what an acquisition keeps with its value, for its lease (a burst's lease is made long after
+    its value, a thousand values later)."""
+    last = getattr(_MADE, "last", None)
+    return (last[1], last[2]) if last is not None and last[0] is value else None
+
+
 def compact_value(value: str) -> tuple[bytes, str]:
     """``value`` (as ``make_value`` made it) in the two parts a held lock keeps: its token and
     "since" packed in 24 bytes (not 32 hex characters and 14 digits), and the owner JSON before
