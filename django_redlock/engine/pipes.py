@@ -284,7 +284,8 @@ class Pipe:
                 self._pump()
             finally:
                 self._read_lock.release()
-            self._wake_sleepers()
+            if self._sleepers:  # (as ``wait``: no call when nobody sleeps, the usual case)
+                self._wake_sleepers()
 
     def wait(self, slot: Slot, deadline: float, *, fresh: bool = False) -> None:
         """Block until ``slot`` has its reply, the pipe broke, or ``deadline`` (sync pipes).
