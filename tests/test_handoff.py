@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from django_redlock.engine import LockContended, Redlock
+from django_redlock.engine.events import NullObserver
 from django_redlock.testing.proxy import DelayProxy
 
 from .conftest import wait_until
@@ -136,6 +137,44 @@ def test_a_handed_over_lock_takes_no_round_of_its_own(masters, redlock_of):
         done.set()
         assert held[0] is not None
         assert held == [held[0]] * 5  # the waiter's value, everywhere
+
+
+class Attempts(NullObserver):
+    """Keeps how many attempts each acquisition took."""
+
+    def __init__(self) -> None:
+        self.attempts: list[int] = []
+
+    def acquired(self, lock, *, waited, attempts) -> None:  # type: ignore[no-untyped-def]
+        self.attempts.append(attempts)
+
+
+def test_a_releaser_asking_again_queues_behind_in_its_first_round(masters, redlock_of):
+    """Its release handed the lock on: asking again at once (a worker's loop), its first round
+    is the one that queues it behind the new holder, not a plain SET that could only lose on
+    every master that handed the lock on (a round for nothing on each master, on every
+    hand-off of a hot lock). It gets the lock back when the new holder lets go, in one attempt."""
+    seen_by = Attempts()
+    engine, other = redlock_of(masters, observer=seen_by), redlock_of(masters, node_timeout=NEWS)
+    holder = engine.lock("hot", ttl=10).acquire()
+    done = threading.Event()
+    with waiting(other, hold=done) as seen:
+        assert wait_until(lambda: settled(masters, other), 5.0), queued(masters)
+        holder.release()
+        got_again = threading.Event()
+
+        def ask_again() -> None:
+            with engine.lock("hot", ttl=10, wait=10):
+                got_again.set()
+
+        asking = threading.Thread(target=ask_again)
+        asking.start()
+        assert seen["acquired"].wait(5.0), seen
+        assert wait_until(lambda: queued(masters) == [1] * 5, 5.0), queued(masters)
+        done.set()
+        assert got_again.wait(5.0)
+        asking.join(5)
+    assert seen_by.attempts == [1, 1]  # the first acquisition's, then the one asked again
 
 
 @pytest.mark.parametrize(

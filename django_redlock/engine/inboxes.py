@@ -3,28 +3,38 @@ confirmed it, and when to connect again after it failed."""
 
 from __future__ import annotations
 
+import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
+import hiredis
 import redis
 
 from .connections import Node
 from .events import logger
+from .pipes import NOT_YET
 
 #: How long a master whose inbox connection failed is left before connecting again.
 RECONNECT = 1.0
 
+#: How much one read takes from the socket at most (notices are a few dozen bytes each).
+_READ_SIZE = 16384
+
 
 class Inbox:
     """One master's connection subscribed to our inbox. Its keeper thread connects it; the holder
-    of the reading turn reads it (and drops it when it broke)."""
+    of the reading turn reads it (and drops it when it broke). redis-py connects it and sends
+    SUBSCRIBE; after that its socket is read directly, non-blocking, through our own hiredis
+    reader (as ``pipes`` do: redis-py's ``can_read``/``read_response`` cost a reading thread
+    several times the notice itself, and a hand-off waits on it)."""
 
-    __slots__ = ("asked_at", "confirmed", "conn", "node", "retry_at")
+    __slots__ = ("_reader", "asked_at", "confirmed", "conn", "node", "retry_at", "sock")
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.conn: Any = None
+        self.sock: socket.socket | None = None  # ``conn``'s, while it is open
+        self._reader = hiredis.Reader()
         self.confirmed = False
         self.asked_at = float("-inf")  # when SUBSCRIBE was sent on ``conn`` (monotonic)
         self.retry_at = float("-inf")
@@ -47,6 +57,10 @@ class Inbox:
         try:
             conn = self.node.subscriber()
             conn.send_command("SUBSCRIBE", channel)
+            sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
+            if sock is None:
+                raise redis.ConnectionError("connection closed after SUBSCRIBE")
+            sock.setblocking(False)
         except (redis.RedisError, OSError) as exc:
             logger.debug("release notices from %s unavailable: %s", self.node.label, exc)
             if conn is not None:
@@ -54,29 +68,39 @@ class Inbox:
             self.retry_at = time.monotonic() + RECONNECT
             return False
         self.asked_at = time.monotonic()
-        self.conn = conn
+        self._reader = hiredis.Reader()  # nothing of an earlier connection's half-read reply
+        self.sock, self.conn = sock, conn
         return True
 
-    def socket(self) -> Any:
-        """What to ``poll()`` on, or None. (redis-py keeps no public handle on it.)"""
-        return getattr(self.conn, "_sock", None)
-
-    def messages(self) -> Iterator[Any]:
-        """Everything the connection has now (all of it: what its parser buffered is invisible
-        to ``poll``). A broken connection is dropped, and the iteration ends."""
-        conn = self.conn
+    def messages(self) -> list[Any]:
+        """Everything the connection has now, read until the socket has no more (``poll`` will
+        not see what a read leaves behind). A broken connection is dropped: what it completed
+        before breaking is still returned."""
+        conn, sock, reader = self.conn, self.sock, self._reader
+        messages: list[Any] = []
         try:
-            while conn is not None and conn._sock is not None and conn.can_read(timeout=0):  # noqa: SLF001
-                yield conn.read_response()
-        except (redis.RedisError, OSError) as exc:
+            while sock is not None:
+                try:
+                    data = sock.recv(_READ_SIZE)
+                except NOT_YET:
+                    break
+                if not data:
+                    raise redis.ConnectionError("connection closed by the master")
+                reader.feed(data)
+                message = reader.gets()
+                while message is not False:
+                    messages.append(message)
+                    message = reader.gets()
+        except (hiredis.ProtocolError, redis.RedisError, OSError) as exc:
             logger.debug("release notices from %s unavailable: %s", self.node.label, exc)
             self.drop(conn)
+        return messages
 
     def drop(self, conn: Any, *, retry_later: bool = True) -> None:
         """Close ``conn`` if it is still this inbox's (``retry_later``: after a failure)."""
         if conn is None:
             return
         if self.conn is conn:
-            self.conn, self.confirmed = None, False
+            self.conn, self.sock, self.confirmed = None, None, False
             self.retry_at = time.monotonic() + RECONNECT if retry_later else float("-inf")
         conn.disconnect()

@@ -96,6 +96,9 @@ class ReleaseNotices:
         for end in getattr(self, "_bell", ()):
             end.close()
         self._bell: tuple[socket.socket, ...] = ()
+        #: The reader's poll object and what it watches (``_poller``).
+        self._polled: list[socket.socket | None] = []
+        self._polling: tuple[select.poll, dict[int, Inbox]] = (select.poll(), {})
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the keeper and close the inbox connections (waits up to ``timeout``)."""
@@ -236,26 +239,34 @@ class ReleaseNotices:
             left = until - time.monotonic()
             if left <= 0 or bell.fileno() < 0:  # (closed meanwhile: the keeper closed the bell)
                 return
-            watched: dict[int, Inbox] = {}
-            poller = select.poll()
-            poller.register(bell, select.POLLIN)
-            for inbox in self._inboxes:
-                sock = inbox.socket()
-                if sock is not None:
-                    watched[sock.fileno()] = inbox
-                    poller.register(sock, select.POLLIN)
+            poller, watched = self._poller()
             for fd, _ in poller.poll(left * 1000):
-                if fd == bell.fileno():
+                inbox = watched.get(fd)
+                if inbox is None:  # the bell
                     try:
                         bell.recv(4096)
                     except OSError:
                         pass
                     continue
-                inbox = watched[fd]
                 for message in inbox.messages():
                     self._take(inbox, message)
                 if inbox.conn is None:
                     self._keeper_wake.set()  # it broke: to connect again
+
+    def _poller(self) -> tuple[select.poll, dict[int, Inbox]]:
+        """A poll object on the bell and every open inbox connection, made anew only when those
+        changed (only the holder of the reading turn calls this, so one at a time)."""
+        sockets = [self._bell[1], *(inbox.sock for inbox in self._inboxes)]
+        if sockets != self._polled:
+            poller = select.poll()
+            watched: dict[int, Inbox] = {}
+            for sock, inbox in zip(sockets, (None, *self._inboxes), strict=True):
+                if sock is not None:
+                    poller.register(sock, select.POLLIN)
+                    if inbox is not None:
+                        watched[sock.fileno()] = inbox
+            self._polling, self._polled = (poller, watched), sockets
+        return self._polling
 
     def _take(self, inbox: Inbox, message: Any) -> None:
         kind, channel, data = message

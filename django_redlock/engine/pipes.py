@@ -43,8 +43,8 @@ MAX_PENDING = 10_000
 #: How much one read takes from the socket at most (a read that fills it reads again).
 _READ_SIZE = 65536
 
-#: The socket has no data yet (plain, or TLS with no complete record).
-_NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
+#: The socket has no data yet (plain, or TLS with no complete record); also ``inboxes``.
+NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
 
 
 class Pipe:
@@ -220,7 +220,7 @@ class Pipe:
         """Write what the socket takes of ``data`` now: how much (0 if it broke: closed)."""
         try:
             return self._sock.send(data)
-        except _NOT_YET:
+        except NOT_YET:
             return 0
         except OSError as exc:
             self.close(exc)
@@ -253,7 +253,7 @@ class Pipe:
             while True:
                 try:
                     received = self._sock.recv_into(self._buffer)
-                except _NOT_YET:
+                except NOT_YET:
                     return
                 if not received:
                     raise redis.ConnectionError("connection closed by the master")

@@ -197,6 +197,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
     waiter: Waiter | None = None
     lost: Lost | None = None
     splits = 0  # rounds lost in a row with some masters free
+    behind = False  # our release just handed the lock on: we wait as soon as we ask
     try:
         if want.wait > 0:
             # In line with this process's other waiters of the resource, before any I/O: only
@@ -204,14 +205,17 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             turn = masters.queues.join(want.resources)
             courtesy = max(map(masters.courtesy_until, want.resources)) - began
             if courtesy > 0:
-                # We just woke a waiter by releasing this lock: let it go first.
+                # We just woke a waiter by releasing this lock: let it go first (the masters
+                # handed it the lock; its process needs the CPU to take it), then queue behind
+                # it at once: a plain attempt could only lose, a round for nothing.
+                behind = True
                 yield Pause(min(courtesy, want.wait))
         while True:
             if turn is not None:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
                 if not first:
                     raise not_acquired(masters, want, lost, attempts, time.monotonic() - began)
-                if waiter is None and lost is not None:
+                if waiter is None and (lost is not None or behind):
                     # It lost once: a waiter from now on, that releases wake by name. (Then it
                     # tries again: that try queues it on the masters if it loses, and a release
                     # in between cannot be missed, since the next try then finds it free.)
