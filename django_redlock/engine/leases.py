@@ -351,6 +351,8 @@ class Lease:
     def note_failures(self, failures: Sequence[NodeFailure], action: str) -> None:
         """An action that succeeded although some masters failed: say which, and why (one more
         failure there may cost the quorum)."""
+        if not failures:  # (the usual case: nothing to look through)
+            return
         failed = [f for f in failures if f.reason in ("timeout", "error", "quarantine")]
         handle = self.handle()
         if failed and handle is not None:
