@@ -24,7 +24,7 @@ import redis
 
 from . import acks, cluster, dialing, protocol, sentinel
 from .loops import of_loop
-from .pipes import Flusher, Pipe
+from .pipes import Connected, Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, cluster_identity, mask_url, sentinel_identity
 
@@ -191,7 +191,7 @@ class Node:
             self._loop_connecting[loop] = attempt
             address = self._address
             if address is not None:
-                attempt.made = dialing.connect(loop, address, budget, self._fresh)
+                attempt.made = dialing.connect(loop, address, budget, self._dialed)
                 attempt.made.add_done_callback(lambda _: self._opened(loop, attempt))
             else:
                 attempt.made = _connect_pool().submit(self._open, budget)
@@ -244,10 +244,11 @@ class Node:
 
     @functools.cached_property
     def _address(self) -> dialing.Address | None:
-        """How a loop connects here on the loop itself, if it can (see ``dialing``)."""
+        """How a connection here is made without redis-py's connect (a loop's on the loop, a
+        thread's with a plain socket), if it can be (see ``dialing``)."""
         own_open = type(self)._open is not Node._open  # noqa: SLF001 (a Cluster shard's)
         plain = self.spec.service is None and self.watch is None and not own_open
-        return dialing.address_of(self._fresh()) if plain else None
+        return dialing.address_of(self.spec.connection_class, self._kwargs) if plain else None
 
     def _fresh(self, budget: float = 0.0) -> redis.connection.AbstractConnection:
         """A new redis-py connection here, not connected yet (scripts: see ``_open``)."""
@@ -256,9 +257,17 @@ class Node:
         self.warm.clear()
         return conn
 
-    def _open(self, budget: float) -> redis.connection.AbstractConnection:
+    def _dialed(self, budget: float = 0.0) -> dialing.Dialed:
+        """What holds a new connection ``dialing`` made here (scripts: see ``_open``)."""
+        self.warm.clear()
+        return dialing.Dialed()
+
+    def _open(self, budget: float) -> Connected:
         """A new connection, its connect and handshake (TLS, AUTH, SELECT) each bounded by
         ``budget``."""
+        address = self._address
+        if address is not None:  # (nothing below applies to a plain master)
+            return dialing.dial(address, budget, self._dialed)
         conn = self._fresh(budget)
         conn.connect()
         # A new connection may reach a restarted server that forgot our scripts: send them with
@@ -314,9 +323,12 @@ class Node:
             if attempt.made is not None:
                 attempt.made.add_done_callback(_discard)
 
-    def subscriber(self) -> redis.connection.AbstractConnection:
+    def subscriber(self) -> Connected:
         """A new connection for our release-notice inbox (``inboxes``), connected with the lock
         path's settings (RESP2, no retries, this node's budget), leaving the lock path's alone."""
+        address = self._address
+        if address is not None:
+            return dialing.dial(address, self.timeout, lambda _: dialing.Dialed())
         conn = self.spec.connection_class(**self._kwargs)
         conn.connect()
         return conn

@@ -1,5 +1,6 @@
 """How our connections to a master are made: the settings every one of them overrides
-(``lock_connection_kwargs``), and an event loop's connection made on the loop itself, no thread.
+(``lock_connection_kwargs``), an event loop's connection made on the loop itself, no thread, and
+a thread's made with a plain socket (``dial``), not through redis-py's connect.
 
 A plain TCP master named by an IP address (what a lock's masters usually are) needs no name
 lookup and, without a password or a database number, no handshake: its connection is one
@@ -8,7 +9,8 @@ Made on a thread pool instead, every connect (and every refused reconnect to a m
 down, tried again every round) paid a redis-py connection object, two thread hand-overs and the
 GIL traffic between them: a killed master cost an async round 2.6x its bounded floor.
 
-What it does not cover goes to the thread pool as before (``connections``): TLS, unix sockets,
+What it does not cover goes to redis-py's connect (on the thread pool, for a loop: see
+``connections``): TLS, unix sockets,
 Sentinel members, Cluster shards (a failed connect re-reads the slot map), host names
 (``getaddrinfo`` blocks), credential providers, a client name,
 and the quarantine's identity check. A password and a database number are covered: ``AUTH``
@@ -22,12 +24,13 @@ that succeeded into a timeout: when the budget's timer fires, the socket itself 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import encodings.idna  # noqa: F401 (see below)
 import ipaddress
 import os
 import select
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,8 @@ import redis
 from redis._parsers.base import BaseParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from .pipes import Connected
 
 # ``socket.getaddrinfo`` encodes a host name given as text with IDNA, importing that codec (and
 # ``stringprep``, ``unicodedata``) inside a process's first connect: ~2 ms of a cold worker's
@@ -62,9 +67,9 @@ def lock_connection_kwargs(connection_kwargs: Mapping[str, Any], timeout: float)
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    """Where and how to connect to one master on the loop: read once per master from a redis-py
-    connection made with its settings (making one per attempt costs more than the attempt:
-    deep copies, option checks; a master that is down is tried again every round)."""
+    """Where and how to connect to one master without redis-py's connect: read once per master
+    from the settings of its redis-py connections (a master that is down is tried again every
+    round)."""
 
     host: str
     port: int
@@ -75,60 +80,80 @@ class Address:
     handshake: tuple[tuple[Any, ...], ...]
 
 
-def address_of(conn: redis.connection.AbstractConnection) -> Address | None:
-    """How ``conn`` (made, not connected) connects on the loop; None if it cannot (see above)."""
-    if type(conn) is not redis.connection.Connection:  # TLS, unix socket, Sentinel: a subclass
+def address_of(
+    connection_class: type[redis.connection.AbstractConnection], kwargs: Mapping[str, Any]
+) -> Address | None:
+    """How a connection of ``connection_class`` made with ``kwargs`` (``lock_connection_kwargs``)
+    is made here instead; None if it cannot be (see above)."""
+    if connection_class is not redis.connection.Connection:  # TLS, unix socket, Sentinel...
         return None
-    if conn.credential_provider is not None or conn.client_name:
+    if kwargs.get("credential_provider") is not None or kwargs.get("client_name"):
         return None
-    if conn.protocol not in (2, "2"):  # RESP3 needs HELLO (the lock path forces RESP2)
+    if kwargs.get("protocol", 2) not in (2, "2"):  # RESP3 needs HELLO (the lock path: RESP2)
         return None
     try:
-        ip = ipaddress.ip_address(conn.host)
+        ip = ipaddress.ip_address(kwargs.get("host", "localhost"))
     except ValueError:
         return None  # a host name: its lookup would block
     handshake: list[tuple[Any, ...]] = []
-    if conn.password:
-        auth = (conn.username, conn.password) if conn.username else (conn.password,)
-        handshake.append(("AUTH", *auth))
-    if conn.db:
-        handshake.append(("SELECT", conn.db))
+    password, username = kwargs.get("password"), kwargs.get("username")
+    if password:
+        handshake.append(("AUTH", username, password) if username else ("AUTH", password))
+    if kwargs.get("db"):
+        handshake.append(("SELECT", int(kwargs["db"])))
     return Address(
         host=str(ip),
-        port=int(conn.port),
+        port=int(kwargs.get("port", 6379)),
         family=socket.AF_INET6 if ip.version == 6 else socket.AF_INET,
-        keepalive=bool(conn.socket_keepalive),
-        keepalive_options=tuple(conn.socket_keepalive_options.items()),
+        keepalive=bool(kwargs.get("socket_keepalive")),
+        keepalive_options=tuple((kwargs.get("socket_keepalive_options") or {}).items()),
         handshake=tuple(handshake),
     )
+
+
+class Dialed:
+    """A connection made here: its socket, and how to close it (what a pipe or an inbox needs of
+    a connection; a redis-py connection object costs more to make than the connect itself)."""
+
+    __slots__ = ("_pid", "_sock")
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+
+    def disconnect(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        if os.getpid() == self._pid:  # (as redis-py: a forked child's close leaves it open)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        sock.close()
 
 
 def connect(
     loop: asyncio.AbstractEventLoop,
     address: Address,
     budget: float,
-    fresh: Callable[[float], redis.connection.AbstractConnection],
-) -> asyncio.Future[redis.connection.AbstractConnection]:
+    fresh: Callable[[float], Connected],
+) -> asyncio.Future[Connected]:
     """Connect to ``address`` within ``budget``: a non-blocking socket and its ``connect()``,
-    then the handshake (AUTH, SELECT) in one write; then ``fresh(budget)``, a redis-py
-    connection with the master's settings, holds the socket where redis-py's own connect leaves
-    it (the pipe takes it there; ``disconnect()`` closes it). Fails as redis-py's connect does:
-    ``redis.ConnectionError``, ``redis.TimeoutError``, ``AuthenticationError``.
+    then the handshake (AUTH, SELECT) in one write; then ``fresh(budget)`` (a ``Dialed``) holds
+    the socket. Fails as redis-py's connect does: ``redis.ConnectionError``,
+    ``redis.TimeoutError``, ``AuthenticationError``.
 
     Done at once when the kernel settled it at once (refused, or connected on loopback with no
     handshake to make): rounds then use the pipe in this loop pass, as they did a thread's
     connect that ended while the loop was busy. (Waiting a pass instead, a burst of a thousand
     rounds each found the pipe unmade and waited for it: 6% more work per round.)"""
     deadline = loop.time() + budget
-    done: asyncio.Future[redis.connection.AbstractConnection] = loop.create_future()
+    done: asyncio.Future[Connected] = loop.create_future()
     sock = socket.socket(address.family, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if address.keepalive:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in address.keepalive_options:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        _set_options(sock, address)
         try:
             sock.connect((address.host, address.port))
             in_progress = False
@@ -153,14 +178,47 @@ async def _finish(
     in_progress: bool,
     deadline: float,
     budget: float,
-    fresh: Callable[[float], redis.connection.AbstractConnection],
-) -> redis.connection.AbstractConnection:
-    try:
+    fresh: Callable[[float], Connected],
+) -> Connected:
+    with _failing_as_redis_py(address, sock):
         if in_progress:
             await _ready(loop, sock, deadline, writing=True)
             _raise_for(sock)
         if address.handshake:
             await _converse(loop, sock, address.handshake, deadline)
+    return _adopt(fresh(budget), sock)
+
+
+def dial(
+    address: Address,
+    budget: float,
+    fresh: Callable[[float], Connected],
+) -> Connected:
+    """A thread's connect to ``address``: as the loop's (``connect``), with a blocking socket,
+    the connect and the handshake's replies each bounded by ``budget``. redis-py's own connect
+    costs a thread ~5x the CPU (~190 against ~40 us: its machinery, a name lookup for an IP),
+    paid on every fresh process's first round and first wait (ten connects on five masters),
+    and on every round that finds a master down."""
+    sock = socket.socket(address.family, socket.SOCK_STREAM)
+    with _failing_as_redis_py(address, sock):
+        _set_options(sock, address)
+        sock.settimeout(budget)
+        sock.connect((address.host, address.port))
+        if address.handshake:
+            commands = address.handshake
+            sock.sendall(b"".join(hiredis.pack_command(c) for c in commands))
+            reader, replies = _handshake_reader(), list[object]()
+            while len(replies) < len(commands):
+                _take_replies(reader, sock.recv(4096), replies)
+            _check_handshake(commands, replies)
+    return _adopt(fresh(budget), sock)
+
+
+@contextlib.contextmanager
+def _failing_as_redis_py(address: Address, sock: socket.socket) -> Iterator[None]:
+    """A connect that fails closes its socket and raises what redis-py's connect would."""
+    try:
+        yield
     except TimeoutError:
         sock.close()
         where = f"{address.host}:{address.port}"
@@ -171,7 +229,6 @@ async def _finish(
     except BaseException:
         sock.close()
         raise
-    return _adopt(fresh(budget), sock)
 
 
 def hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> None:
@@ -181,6 +238,14 @@ def hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> No
         loop.call_soon_threadsafe(opened)
     except RuntimeError:  # the loop closed meanwhile: nobody awaits the connection there
         opened()  # (it closes what it cannot use: the loop is closed)
+
+
+def _set_options(sock: socket.socket, address: Address) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if address.keepalive:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in address.keepalive_options:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _raise_for(sock: socket.socket) -> None:
@@ -195,10 +260,8 @@ def _settled(sock: socket.socket, *, writing: bool) -> bool:
     return bool(poller.poll(0))
 
 
-def _adopt(
-    conn: redis.connection.AbstractConnection, sock: socket.socket
-) -> redis.connection.AbstractConnection:
-    conn._sock = sock  # type: ignore[assignment]  # noqa: SLF001 (redis-py keeps it there)
+def _adopt(conn: Connected, sock: socket.socket) -> Connected:
+    conn._sock = sock  # type: ignore[misc]  # noqa: SLF001 (where a redis-py connection keeps it)
     return conn
 
 
@@ -221,21 +284,33 @@ async def _converse(
             out = out[sock.send(out) :]
         except BlockingIOError:
             await _ready(loop, sock, deadline, writing=True)
-    reader = hiredis.Reader(
-        protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
-    )
-    replies: list[object] = []
+    reader, replies = _handshake_reader(), list[object]()
     while len(replies) < len(commands):
         try:
             data = sock.recv(4096)
         except BlockingIOError:
             await _ready(loop, sock, deadline, writing=False)
             continue
-        if not data:
-            raise OSError(0, "Connection closed by server during the handshake")
-        reader.feed(data)
-        while (reply := reader.gets()) is not False:
-            replies.append(reply)
+        _take_replies(reader, data, replies)
+    _check_handshake(commands, replies)
+
+
+def _handshake_reader() -> hiredis.Reader:
+    return hiredis.Reader(
+        protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+    )
+
+
+def _take_replies(reader: hiredis.Reader, data: bytes, replies: list[object]) -> None:
+    if not data:
+        raise OSError(0, "Connection closed by server during the handshake")
+    reader.feed(data)
+    while (reply := reader.gets()) is not False:
+        replies.append(reply)
+
+
+def _check_handshake(commands: tuple[tuple[Any, ...], ...], replies: list[object]) -> None:
+    """An error reply to the handshake raises, as redis-py's connect would."""
     for command, reply in zip(commands, replies, strict=True):
         if isinstance(reply, redis.exceptions.AuthenticationError):
             raise reply

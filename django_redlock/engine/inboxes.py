@@ -12,7 +12,7 @@ import redis
 
 from .connections import Node
 from .events import logger
-from .pipes import NOT_YET
+from .pipes import NOT_YET, Connected
 
 #: How long a master whose inbox connection failed is left before connecting again.
 RECONNECT = 1.0
@@ -23,16 +23,16 @@ _READ_SIZE = 16384
 
 class Inbox:
     """One master's connection subscribed to our inbox. Its keeper thread connects it; the holder
-    of the reading turn reads it (and drops it when it broke). redis-py connects it and sends
-    SUBSCRIBE; after that its socket is read directly, non-blocking, through our own hiredis
-    reader (as ``pipes`` do: redis-py's ``can_read``/``read_response`` cost a reading thread
-    several times the notice itself, and a hand-off waits on it)."""
+    of the reading turn reads it (and drops it when it broke). It is connected as the lock
+    path's are (``Node.subscriber``), and its socket read directly, non-blocking, through our
+    own hiredis reader (as ``pipes`` do: redis-py's ``can_read``/``read_response`` cost a
+    reading thread several times the notice itself, and a hand-off waits on it)."""
 
     __slots__ = ("_reader", "asked_at", "confirmed", "conn", "node", "retry_at", "sock")
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.conn: Any = None
+        self.conn: Connected | None = None
         self.sock: socket.socket | None = None  # ``conn``'s, while it is open
         self._reader = hiredis.Reader()
         self.confirmed = False
@@ -56,10 +56,10 @@ class Inbox:
         conn = None
         try:
             conn = self.node.subscriber()
-            conn.send_command("SUBSCRIBE", channel)
-            sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
+            sock = conn._sock  # noqa: SLF001 (a redis-py connection keeps no public handle on it)
             if sock is None:
-                raise redis.ConnectionError("connection closed after SUBSCRIBE")
+                raise redis.ConnectionError("connection closed during its handshake")
+            sock.sendall(hiredis.pack_command(("SUBSCRIBE", channel)))  # type: ignore[arg-type]
             sock.setblocking(False)
         except (redis.RedisError, OSError) as exc:
             logger.debug("release notices from %s unavailable: %s", self.node.label, exc)
@@ -96,7 +96,7 @@ class Inbox:
             self.drop(conn)
         return messages
 
-    def drop(self, conn: Any, *, retry_later: bool = True) -> None:
+    def drop(self, conn: Connected | None, *, retry_later: bool = True) -> None:
         """Close ``conn`` if it is still this inbox's (``retry_later``: after a failure)."""
         if conn is None:
             return

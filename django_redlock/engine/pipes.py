@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from typing import Protocol
 
 import hiredis
 import redis
@@ -47,6 +48,16 @@ _READ_SIZE = 65536
 NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
 
 
+class Connected(Protocol):
+    """What a pipe (or a notice inbox) needs of a connection made: its socket, and how to close
+    it. A redis-py connection (TLS, unix sockets, Sentinel...), or ``dialing.Dialed``."""
+
+    @property
+    def _sock(self) -> socket.socket | None: ...
+
+    def disconnect(self) -> None: ...
+
+
 class Pipe:
     """One open connection to a master, shared by concurrent rounds."""
 
@@ -55,8 +66,8 @@ class Pipe:
     latency: float
     loop: asyncio.AbstractEventLoop | None
     _fd: int
-    _conn: redis.connection.AbstractConnection
-    _finalizer: weakref.finalize[[], None]
+    _conn: Connected
+    _finalizer: weakref.finalize[[], Pipe]
     _writing: bool
     _out: bytearray
     _unsent: list[Slot]
@@ -73,11 +84,11 @@ class Pipe:
 
     def __init__(
         self,
-        conn: redis.connection.AbstractConnection,
+        conn: Connected,
         loop: asyncio.AbstractEventLoop | None = None,
         flusher: Flusher | None = None,
     ) -> None:
-        sock = conn._sock  # noqa: SLF001 (redis-py keeps no public handle on it)
+        sock = conn._sock  # noqa: SLF001 (redis-py's connection keeps no public handle on it)
         if sock is None:
             raise redis.ConnectionError("connection closed during its handshake")
         sock.setblocking(False)

@@ -26,6 +26,7 @@ from redis.exceptions import AskError, MovedError, ResponseError
 
 from . import cluster
 from .connections import Node, NodeSpec
+from .pipes import Connected
 
 #: Budget of one ``CLUSTER SLOTS`` read (per seed), off the round's path.
 MAP_TIMEOUT = 1.0
@@ -58,7 +59,7 @@ class ShardNode(Node):
     def redirected(self, error: ResponseError) -> Node | None:
         return self.member.redirect(error)
 
-    def _open(self, budget: float) -> redis.connection.AbstractConnection:
+    def _open(self, budget: float) -> Connected:
         """A connection to this primary; if it cannot be made, the member reads the slot map
         again (in the background): a primary that died may have been replaced by a promoted
         replica elsewhere, and no one will answer MOVED for its slots from here."""
