@@ -295,8 +295,7 @@ class Pipe:
                 self._pump()
             finally:
                 self._read_lock.release()
-            if self._sleepers:  # (as ``wait``: no call when nobody sleeps, the usual case)
-                self._wake_sleepers()
+            self._wake_sleepers()
 
     def wait(self, slot: Slot, deadline: float, *, fresh: bool = False) -> None:
         """Block until ``slot`` has its reply, the pipe broke, or ``deadline`` (sync pipes).
