@@ -20,7 +20,7 @@ from django_redlock.testing.masters import LocalMaster
 PROBE = textwrap.dedent(
     """
     import asyncio, json, sys, threading
-    from django_redlock.engine import Redlock, connections
+    from django_redlock.engine import Redlock, dialing
 
     urls, keep = json.loads(sys.argv[1]), sys.argv[2:] == ["keep"]
 
@@ -39,7 +39,7 @@ PROBE = textwrap.dedent(
     held = asyncio.run(main())
     print(json.dumps({
         "held": held,
-        "pool": connections._pool is not None,
+        "pool": dialing._pool is not None,
         "threads": sorted(t.name for t in threading.enumerate()),
     }))
     """

@@ -16,15 +16,16 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from . import acks, cluster, dialing, protocol, sentinel
+from .dialing import Connected
 from .loops import of_loop
-from .pipes import Connected, Flusher, Pipe
+from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
 from .urls import check_url, cluster_identity, mask_url, sentinel_identity
 
@@ -194,7 +195,7 @@ class Node:
                 attempt.made = dialing.connect(loop, address, budget, self._dialed)
                 attempt.made.add_done_callback(lambda _: self._opened(loop, attempt))
             else:
-                attempt.made = _connect_pool().submit(self._open, budget)
+                attempt.made = dialing.connect_pool().submit(self._open, budget)
                 attempt.made.add_done_callback(
                     lambda _: dialing.hand_over(loop, lambda: self._opened(loop, attempt))
                 )
@@ -383,28 +384,10 @@ class _Connecting:
         self.result: Pipe | Exception = TimeoutError("no connection within the node budget")
 
 
-#: Connects of loop pipes run here: a busy default executor (the application's) must not make a
-#: master look dead. Few threads: a connect happens once per master and loop, not per request.
-_CONNECT_THREADS = 8
-_pool: ThreadPoolExecutor | None = None
-_pool_guard = threading.Lock()
-
-
-def _connect_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_guard:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_CONNECT_THREADS, thread_name_prefix="redlock-connect")
-        return _pool
-
-
 _ALL_NODES: weakref.WeakSet[Node] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    global _pool, _pool_guard
-    _pool = None  # the parent's threads do not exist here
-    _pool_guard = threading.Lock()
     for node in list(_ALL_NODES):
         node._forget()  # noqa: SLF001 (this module's own hook)
 

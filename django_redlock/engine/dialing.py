@@ -30,17 +30,17 @@ import ipaddress
 import os
 import select
 import socket
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import hiredis
 import redis
 from redis._parsers.base import BaseParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-
-from .pipes import Connected
 
 # ``socket.getaddrinfo`` encodes a host name given as text with IDNA, importing that codec (and
 # ``stringprep``, ``unicodedata``) inside a process's first connect: ~2 ms of a cold worker's
@@ -109,6 +109,16 @@ def address_of(
         keepalive_options=tuple((kwargs.get("socket_keepalive_options") or {}).items()),
         handshake=tuple(handshake),
     )
+
+
+class Connected(Protocol):
+    """What a pipe (or a notice inbox) needs of a connection made: its socket, and how to close
+    it. A redis-py connection (TLS, unix sockets, Sentinel...), or a ``Dialed``."""
+
+    @property
+    def _sock(self) -> socket.socket | None: ...
+
+    def disconnect(self) -> None: ...
 
 
 class Dialed:
@@ -229,6 +239,31 @@ def _failing_as_redis_py(address: Address, sock: socket.socket) -> Iterator[None
     except BaseException:
         sock.close()
         raise
+
+
+#: Connects of loop pipes that the loop cannot make itself run here: a busy default executor (the
+#: application's) must not make a master look dead. Few threads: a connect happens once per
+#: master and loop, not per request.
+_CONNECT_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_guard = threading.Lock()
+
+
+def connect_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_guard:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_CONNECT_THREADS, thread_name_prefix="redlock-connect")
+        return _pool
+
+
+def _after_fork_in_child() -> None:
+    global _pool, _pool_guard
+    _pool = None  # the parent's threads do not exist here
+    _pool_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def hand_over(loop: asyncio.AbstractEventLoop, opened: Callable[[], None]) -> None:

@@ -11,8 +11,9 @@ import hiredis
 import redis
 
 from .connections import Node
+from .dialing import Connected
 from .events import logger
-from .pipes import NOT_YET, Connected
+from .pipes import NOT_YET
 
 #: How long a master whose inbox connection failed is left before connecting again.
 RECONNECT = 1.0

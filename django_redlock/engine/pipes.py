@@ -29,12 +29,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Protocol
 
 import hiredis
 import redis
 from redis._parsers.base import BaseParser
 
+from .dialing import Connected
 from .slots import PENDING, Broken, Slot
 
 #: A pipe with this many unanswered requests is closed: its master has been silent for long, and
@@ -46,16 +46,6 @@ _READ_SIZE = 65536
 
 #: The socket has no data yet (plain, or TLS with no complete record); also ``inboxes``.
 NOT_YET = (BlockingIOError, ssl.SSLWantReadError)
-
-
-class Connected(Protocol):
-    """What a pipe (or a notice inbox) needs of a connection made: its socket, and how to close
-    it. A redis-py connection (TLS, unix sockets, Sentinel...), or ``dialing.Dialed``."""
-
-    @property
-    def _sock(self) -> socket.socket | None: ...
-
-    def disconnect(self) -> None: ...
 
 
 class Pipe:

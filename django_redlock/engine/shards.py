@@ -26,7 +26,7 @@ from redis.exceptions import AskError, MovedError, ResponseError
 
 from . import cluster
 from .connections import Node, NodeSpec
-from .pipes import Connected
+from .dialing import Connected
 
 #: Budget of one ``CLUSTER SLOTS`` read (per seed), off the round's path.
 MAP_TIMEOUT = 1.0
