@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import dbguard, otel
 from .engine import Lock
-from .engine.leases import Owner, current_owner
+from .engine.leases import Lease, Owner
 from .engine.permit_lock import PermitLock
+from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
 from .metrics import UNTEMPLATED
 
@@ -39,9 +40,11 @@ class DjangoLock(Lock):
     ``LockLost``; and whose acquire, extend and release are traced when OpenTelemetry is
     installed.
 
-    It hooks the engine's ``acquire`` / ``aacquire`` (a ``with`` block's entry calls them, and
-    so does a locked generator) and ``_release`` / ``_arelease``: every release goes through
-    them (``release()``, a block's end, a locked generator's end, whichever thread ends it)."""
+    The guard hooks where the engine's handle takes a lease (``_hold``, and ``_reenter`` for a
+    re-entry) and lets go of it (``_detach``, and ``_released`` after the release round): every
+    acquisition and release goes through them, sync or async (a ``with`` block, a locked
+    generator, ``release()``, whichever thread ends it). The spans wrap ``acquire`` /
+    ``aacquire``, ``extend`` / ``aextend`` and ``_release`` / ``_arelease``."""
 
     # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
     # keeps the defaults (``_Layer``), not two fields per held lock.
@@ -76,13 +79,42 @@ class DjangoLock(Lock):
             self._layer = _Layer(_DEFAULTS.db_guard, _DEFAULTS.template)
         setattr(self._layer, name, value)
 
-    def _guard(self) -> None:
-        lease = self._callers.get(current_owner())
-        if self.db_guard and lease is not None:
-            dbguard.install_here()
-            dbguard.guard(lease)
+    # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
+    # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per
+    # operation, and two lookups of the caller's lease, cost an async cycle more than the guard.)
 
-    # --- acquire: traced, then guarded ------------------------------------------------------------
+    def _hold(self, owner: Owner, want: Want, won: Won) -> None:
+        super()._hold(owner, want, won)
+        self._guard(owner)
+
+    def _reenter(self, owner: Owner) -> bool:
+        if not super()._reenter(owner):
+            return False
+        self._guard(owner)  # (each entry is guarded, and each exit unguards one)
+        return True
+
+    def _guard(self, owner: Owner) -> None:
+        if self.db_guard:
+            lease = self._callers.get(owner)
+            if lease is not None:
+                dbguard.install_here()
+                dbguard.guard(lease)
+
+    def _detach(self, owner: Owner) -> Lease | None:
+        held = self._callers.get(owner)  # (before: a re-entry through this handle ends here)
+        lease = super()._detach(owner)
+        if lease is None and held is not None:  # an inner entry: no round, unguarded now
+            dbguard.unguard(held)
+        return lease
+
+    def _released(self, owner: Owner, lease: Lease) -> None:
+        # After the release round, whether or not it confirmed (called from its ``finally``).
+        try:
+            super()._released(owner, lease)
+        finally:
+            dbguard.unguard(lease)
+
+    # --- traced, when OpenTelemetry records spans ---------------------------------------------
 
     def acquire(self) -> DjangoLock:
         tracer = otel.tracer()
@@ -91,24 +123,14 @@ class DjangoLock(Lock):
         else:
             with otel.operation(tracer, "redlock.acquire", self):
                 super().acquire()
-        self._guard()
         return self
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
         # super().aacquire() binds the calling task as the owner now, as the engine's does.
-        return self._acquired(super().aacquire())
-
-    async def _acquired(self, acquiring: Coroutine[Any, Any, Lock]) -> DjangoLock:
         tracer = otel.tracer()
         if tracer is None:
-            await acquiring
-        else:
-            with otel.operation(tracer, "redlock.acquire", self):
-                await acquiring
-        self._guard()
-        return self
-
-    # --- extend: traced -------------------------------------------------------------------------
+            return super().aacquire()
+        return self._traced(tracer, "redlock.acquire", super().aacquire())
 
     def extend(self, ttl: float | None = None) -> float:
         tracer = otel.tracer()
@@ -127,33 +149,19 @@ class DjangoLock(Lock):
         with otel.operation(tracer, name, self):
             return await operation
 
-    # --- release: traced, and unguarded ---------------------------------------------------------
-
     def _release(self, owner: Owner) -> None:
-        lease = self._callers.get(owner)
-        try:
-            tracer = otel.tracer()
-            if tracer is None:
+        tracer = otel.tracer()
+        if tracer is None:
+            super()._release(owner)
+        else:
+            with otel.operation(tracer, "redlock.release", self):
                 super()._release(owner)
-            else:
-                with otel.operation(tracer, "redlock.release", self):
-                    super()._release(owner)
-        finally:
-            if lease is not None:
-                dbguard.unguard(lease)
 
-    async def _arelease(self, owner: Owner) -> None:
-        lease = self._callers.get(owner)
-        try:
-            tracer = otel.tracer()
-            if tracer is None:
-                await super()._arelease(owner)
-            else:
-                with otel.operation(tracer, "redlock.release", self):
-                    await super()._arelease(owner)
-        finally:
-            if lease is not None:
-                dbguard.unguard(lease)
+    def _arelease(self, owner: Owner) -> Coroutine[Any, Any, None]:
+        tracer = otel.tracer()
+        if tracer is None:
+            return super()._arelease(owner)
+        return self._traced(tracer, "redlock.release", super()._arelease(owner))
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):

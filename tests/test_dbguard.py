@@ -119,6 +119,35 @@ def test_queries_after_the_block_are_not_guarded_any_more(redlock_settings):
     assert value() == 5
 
 
+def test_a_reentered_block_leaves_the_outer_one_guarded_and_nothing_behind(redlock_settings):
+    """Each entry guards and each exit unguards one: the inner block's exit (no round: the
+    outer one still holds the lease) leaves the outer block guarded, and the outer block's exit
+    leaves no entry of the lease in the context."""
+    Ledger.objects.create(name="row")
+    before = len(dbguard_entries())  # (left by earlier tests in this context: released leases)
+
+    def reentering_holder() -> None:
+        with redlock("ledger:row", ttl=TTL, reentrant=True):
+            with redlock("ledger:row", ttl=TTL, reentrant=True):
+                assert len(dbguard_entries()) == before + 2
+            assert len(dbguard_entries()) == before + 1
+            time.sleep(PAUSE)
+            Ledger.objects.filter(name="row").update(value=4)
+
+    with pytest.raises(LockLost, match="refused before it reached the database"):
+        reentering_holder()
+    assert len(dbguard_entries()) == before
+    Ledger.objects.filter(name="row").update(value=5)
+    assert value() == 5
+
+
+def dbguard_entries() -> tuple[object, ...]:
+    """The leases guarding the current context's queries."""
+    from django_redlock import dbguard
+
+    return dbguard._guarded.get()
+
+
 def test_db_guard_false_lets_the_stale_query_through(redlock_settings):
     Ledger.objects.create(name="row")
 

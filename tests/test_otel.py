@@ -4,6 +4,7 @@ and one event per failing member; recorded by the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -168,3 +169,24 @@ def test_a_provider_named_by_the_environment_is_used():
         env=environment,
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_async_acquire_and_release_are_spans_with_their_votes(spans):
+    """``async with``: the spans wrap the awaited operations, and the engine's events, sent
+    while each one runs, reach them (the acquisition's attempts and votes, the release's)."""
+
+    async def hold() -> None:
+        async with redlock("ledger:async", ttl=5):
+            pass
+
+    asyncio.run(hold())
+    (acquire,) = named(spans, "redlock.acquire")
+    (release,) = named(spans, "redlock.release")
+    for span in (acquire, release):
+        assert span.attributes["redlock.resource"] == "ledger:async"
+        assert span.attributes["redlock.votes_for"] == 5
+        assert span.attributes["redlock.votes_against"] == 0
+    assert acquire.attributes["redlock.attempts"] == 1
+    assert 0 < acquire.attributes["redlock.validity"] <= 5
+    assert release.attributes["redlock.validity"] == 0.0
+    assert acquire.end_time <= release.start_time

@@ -185,6 +185,9 @@ class LoopGate:
     def leave(self) -> None:
         """A round is done: its turn goes to the next round waiting (``next_queue``) that is
         still waiting."""
+        if not self.holders and not self.waiting:  # nobody queued (the usual case)
+            self.in_flight -= 1
+            return
         now = time.monotonic()
         while (queue := next_queue(self.holders, self.waiting, now, self.urgent_at)) is not None:
             turn = queue.popleft()[1]
@@ -269,6 +272,9 @@ class ThreadGate:
 
     def leave(self) -> None:
         with self._lock:
+            if not self.holders and not self.waiting:  # nobody queued (the usual case)
+                self.in_flight -= 1
+                return
             now = time.monotonic()
             queue = next_queue(self.holders, self.waiting, now, self.urgent_at)
             if queue is not None:

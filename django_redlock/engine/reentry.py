@@ -123,6 +123,8 @@ def covering(lock: Lock, leases: list[Lease | None]) -> Lease | None:
     first = leases[0]
     if first is not None and all(lease is first for lease in leases):
         return first  # one lease covers them all (exactly these resources, or more)
+    if leases.count(None) == len(leases):
+        return None  # it holds none of them (every acquisition that is not a re-entry)
     live = {lease for lease in leases if lease is not None and not lease.check_lost()}
     if not live:
         return None

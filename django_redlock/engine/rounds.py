@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
 from typing import Any
 
 import redis
@@ -212,13 +211,8 @@ def exchange(
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
-    replies.began = min(map(_SENT_AT, map(_SLOT, written)), default=began)
+    replies.began = _first_sent(written, began)
     return replies
-
-
-#: A (pipe, slot) pair's slot; when a slot's request left (read in C: every round reads them).
-_SLOT: Callable[[tuple[Pipe, Slot]], Slot] = itemgetter(1)
-_SENT_AT: Callable[[Slot], float] = attrgetter("sent_at")
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
@@ -257,8 +251,28 @@ def _settle_late(
     return settle
 
 
+# (``_due`` and ``_first_sent`` loop in Python: ``max``/``min`` over two ``map``s read the same
+# five stamps in C, and cost two rounds' worth of these loops in argument parsing and calls.)
+
+
 def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
-    return max(map(_SENT_AT, map(_SLOT, sent))) + budget
+    """When the last of ``sent`` is due: its request's stamp plus the node budget."""
+    latest = sent[0][1].sent_at
+    for _, slot in sent:
+        if slot.sent_at > latest:
+            latest = slot.sent_at
+    return latest + budget
+
+
+def _first_sent(written: list[tuple[Pipe, Slot]], began: float) -> float:
+    """The earliest stamp of ``written`` (``RoundReplies.began``); ``began`` if none was."""
+    if not written:
+        return began
+    first = written[0][1].sent_at
+    for _, slot in written:
+        if slot.sent_at < first:
+            first = slot.sent_at
+    return first
 
 
 _SECOND_TRY = (Broken, NoScriptError, MovedError, AskError, TryAgainError)

@@ -156,9 +156,12 @@ def failures(
 ) -> list[NodeFailure]:
     """Per-master detail for errors: who failed and why, and who said the lock is held. Without
     ``refusals``, only who failed: of a won round, all that ``Lease.note_failures`` reports."""
-    if not refusals:
-        return [r for r in replies if isinstance(r, NodeFailure) and r.reason != UNAWAITED]
     out = []
+    if not refusals:  # (every won round: a loop, not a comprehension's function made each time)
+        for reply in replies:
+            if isinstance(reply, NodeFailure) and reply.reason != UNAWAITED:
+                out.append(reply)
+        return out
     for node, reply in zip(masters.nodes, replies, strict=True):
         if isinstance(reply, NodeFailure):
             if reply.reason != UNAWAITED:  # not a failure: the round did not wait for it
