@@ -507,6 +507,13 @@ class Cluster:
         counts = self.each_master(lambda c: len(list(c.scan_iter(match=pattern, count=1000))))
         return sum(c for c in counts if isinstance(c, int))
 
+    def lock_key_ttls(self, pattern: str = "redlock:lock:*") -> list[Any]:
+        """Each reachable master's lock keys and their PTTL in ms (-1: none, which no key of
+        ours may lack)."""
+        return self.each_master(
+            lambda c: {k.decode(): c.pttl(k) for k in c.scan_iter(match=pattern, count=1000)}
+        )
+
     def wait_no_lock_keys(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while self.lock_keys() and time.monotonic() < deadline:
