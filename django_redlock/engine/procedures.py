@@ -223,7 +223,8 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                 if not first:
                     raise not_acquired(masters, want, lost, attempts, time.monotonic() - began)
                 if waiter is None and (lost is not None or behind):
-                    # It lost once: a waiter from now on, that releases wake by name. (Then it
+                    # It lost once (or stands behind the holder its release just handed the
+                    # lock to): a waiter from now on, that releases wake by name. (Then it
                     # tries again: that try queues it on the masters if it loses, and a release
                     # in between cannot be missed, since the next try then finds it free.)
                     waiter = yield Listen()
