@@ -69,11 +69,7 @@ class Requests:
         the same write where the member's replicas must acknowledge it (``acks``), in the form
         ``for_node`` picks (a cold burst used to send a script's source with every request
         until a first answer came)."""
-        sha = self.warm_sha  # (``for_node``, inline: every request of every round)
-        if sha is None or sha in node.warm or sha in pipe.scripts:
-            request = self._packed
-        else:
-            request = self.with_source()
+        request = self.for_node(node, pipe)
         if node.acks is not None and acks.wanted(self.command, self.script):
             slot = node.acks.send(pipe, request, now, preamble)
         elif preamble:
