@@ -65,7 +65,7 @@ EXPIRY_MARGIN = 0.003
 # --- acquire ------------------------------------------------------------------------------------
 
 
-# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+# (Not frozen, as ``protocol.Tally``: made every round.)
 @dataclass(slots=True)
 class Want:
     """One acquisition's request: what to lock (one resource, or several: all or none on each

@@ -55,7 +55,7 @@ def failure(node: Node, exc: BaseException) -> NodeFailure:
     return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
 
 
-# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+# (Not frozen, as ``protocol.Tally``: made every round.)
 @dataclass(slots=True)
 class Connect:
     """A round waits for: ``node``'s pipe, made now within ``budget``, or being made by another

@@ -54,7 +54,7 @@ class Masters(Protocol):
 # --- the steps a procedure can ask for ------------------------------------------------------------
 
 
-# (Not frozen: a frozen dataclass's __init__ costs three times a plain one's; made every round.)
+# (Not frozen, as ``protocol.Tally``: made every round.)
 @dataclass(slots=True, repr=False)
 class Round:
     """Send ``command`` to every master at once; the answer is the list of their replies."""
