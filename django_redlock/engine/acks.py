@@ -146,7 +146,8 @@ class Acked(Slot):
         self.label = label
         self.missed = missed
         self.first = _First(now, self)
-        super().__init__(now)
+        self.sent_at = now
+        self.reply = PENDING
 
     @property
     def reply(self) -> object:
@@ -170,7 +171,7 @@ class _First(Slot):
 
     def __init__(self, now: float, pair: Acked) -> None:
         self.pair = pair
-        super().__init__(now)
+        self.sent_at = now
 
     @property
     def abandoned(self) -> bool:
@@ -178,7 +179,7 @@ class _First(Slot):
 
     @abandoned.setter
     def abandoned(self, value: bool) -> None:
-        pass  # (set by ``Slot.__init__``; given up on only with its pair)
+        pass  # (given up on only with its pair)
 
 
 def parse(url: str, masked: str) -> tuple[str, ReplicaAck | None]:

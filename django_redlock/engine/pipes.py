@@ -140,7 +140,8 @@ class Pipe:
             with self._write_lock:
                 if self.closed or len(self._pending) >= MAX_PENDING:
                     return None
-                slot = Slot(time.monotonic())  # stamped as it is written
+                slot = Slot()
+                slot.sent_at = time.monotonic()  # stamped as it is written
                 self._pending.append(slot)
                 try:
                     self._sock.sendall(request)
@@ -150,10 +151,15 @@ class Pipe:
             return slot
         if self.closed or len(self._pending) >= MAX_PENDING:
             return None
-        slot = slots[-1] if slots else Slot(now)
+        if slots:
+            slot = slots[-1]
+        else:
+            slot = Slot()
+            slot.sent_at = now
         queued = slots
         if preamble:
-            first = Slot(now)
+            first = Slot()
+            first.sent_at = now
             first.abandoned = True
             request = preamble + request
             queued = (first, *(slots or (slot,)))
