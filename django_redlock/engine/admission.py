@@ -244,7 +244,11 @@ class ThreadGate:
 
     def enter(self, patience: float | None, behind: float = 0.0) -> None:
         """As ``LoopGate.enter``, blocking."""
-        with self._lock:
+        # (Here and in ``leave``: acquire and release, not ``with``, which CPython 3.11 pays
+        # ~1k CPU instructions more for; every round of every thread enters and leaves.)
+        lock = self._lock
+        lock.acquire()
+        try:
             if self.in_flight < self.limit and not self.holders and not self.waiting:
                 self.in_flight += 1
                 return
@@ -262,6 +266,8 @@ class ThreadGate:
                 self.urgent_at = min(self.urgent_at, began + behind)
             else:
                 self.waiting.append(entry)
+        finally:
+            lock.release()
         if turn.wait(None if patience is None else max(patience, 0.0)):
             return
         with self._lock:
@@ -271,7 +277,9 @@ class ThreadGate:
         raise Full(queued, expected, time.monotonic() - began)
 
     def leave(self) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if not self.holders and not self.waiting:  # nobody queued (the usual case)
                 self.in_flight -= 1
                 return
@@ -284,6 +292,8 @@ class ThreadGate:
                 self.pace.turn_given(now)
             else:
                 self.in_flight -= 1
+        finally:
+            lock.release()
 
 
 class Admission:
