@@ -56,7 +56,7 @@ def test_a_burst_on_healthy_masters_is_served_in_turn_and_leaves_no_key(masters,
         burst = asyncio.gather(*(one(i) for i in range(2500)))
         while not burst.done():
             pipes = [node.loop_pipe(loop) for node in engine.nodes]
-            pending = [len(pipe._pending) for pipe in pipes if pipe is not None]  # noqa: SLF001
+            pending = [len(pipe.pending) for pipe in pipes if pipe is not None]
             most_pending = max(most_pending, *pending, 0)
             await asyncio.sleep(0.002)
         await burst
@@ -65,7 +65,7 @@ def test_a_burst_on_healthy_masters_is_served_in_turn_and_leaves_no_key(masters,
         # looked at once every master has answered everything sent to it.
         deadline = time.monotonic() + 5  # (the keys' TTL is 10 s)
         pipes = [node.loop_pipe(loop) for node in engine.nodes]
-        while any(pipe._pending for pipe in pipes if pipe is not None):  # noqa: SLF001
+        while any(pipe.pending for pipe in pipes if pipe is not None):
             assert time.monotonic() < deadline, "masters still owe replies after 5 s"
             await asyncio.sleep(0.005)
 

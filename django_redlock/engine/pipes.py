@@ -70,7 +70,7 @@ class Pipe:
     _buffer: bytearray
     _reader: hiredis.Reader
     _sock: socket.socket
-    _pending: deque[Slot]
+    pending: deque[Slot]
 
     def __init__(
         self,
@@ -95,7 +95,8 @@ class Pipe:
             replyError=BaseParser.parse_error,
         )
         self._buffer = bytearray(_READ_SIZE)  # hiredis copies what it is fed
-        self._pending: deque[Slot] = deque()
+        #: The slots of the requests in flight, oldest first (each reply read fills the oldest).
+        self.pending: deque[Slot] = deque()
         self.closed = False
         self.opened_at = time.monotonic()
         self.scripts: set[str] = set()  # SHAs whose source was written here (``packing``)
@@ -122,7 +123,7 @@ class Pipe:
             loop.add_reader(self._fd, self._readable)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self._pending)} pending"
+        state = "closed" if self.closed else f"{len(self.pending)} pending"
         return f"<Pipe fd={self._fd} {state}>"
 
     # --- writing -----------------------------------------------------------------------------
@@ -142,11 +143,11 @@ class Pipe:
             lock = self._write_lock
             lock.acquire()
             try:
-                if self.closed or len(self._pending) >= MAX_PENDING:
+                if self.closed or len(self.pending) >= MAX_PENDING:
                     return None
                 slot = Slot()
                 slot.sent_at = time.monotonic()  # stamped as it is written
-                self._pending.append(slot)
+                self.pending.append(slot)
                 self._sock.sendall(request)
             except OSError as exc:  # (as below)
                 self.close(exc)
@@ -154,7 +155,7 @@ class Pipe:
             finally:
                 lock.release()
             return slot
-        if self.closed or len(self._pending) >= MAX_PENDING:
+        if self.closed or len(self.pending) >= MAX_PENDING:
             return None
         if slots:
             slot = slots[-1]
@@ -171,7 +172,7 @@ class Pipe:
         if self.loop is not None:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
             queued = queued or (slot,)
-            self._pending.extend(queued)
+            self.pending.extend(queued)
             if self._in_tick or self._writing:  # out at the tick's end, with the others
                 self._unsent.extend(queued)
                 if not self._out:  # (and not writing: else out as soon as writable)
@@ -185,9 +186,9 @@ class Pipe:
             if self.closed:
                 return None
             if queued:
-                self._pending.extend(queued)
+                self.pending.extend(queued)
             else:
-                self._pending.append(slot)
+                self.pending.append(slot)
             slot.sent_at = time.monotonic()
             try:
                 self._sock.sendall(request)
@@ -260,7 +261,7 @@ class Pipe:
 
     def _pump(self) -> None:
         """Read every reply that has arrived and hand each to its slot (never waits)."""
-        reader, pending = self._reader, self._pending
+        reader, pending = self._reader, self.pending
         try:
             while True:
                 try:
@@ -349,7 +350,7 @@ class Pipe:
     @property
     def owes(self) -> bool:
         """The oldest unanswered request was given up on: the master has been silent."""
-        pending = self._pending
+        pending = self.pending
         if pending:  # (no bool(): every round asks every pipe)
             return pending[0].abandoned
         return False
@@ -357,7 +358,7 @@ class Pipe:
     def stalled(self, now: float, after: float) -> bool:
         """The oldest unanswered request was given up on and sent more than ``after`` seconds
         before ``now``: the master's replies may never come (a broken path)."""
-        pending = self._pending
+        pending = self.pending
         return bool(pending) and pending[0].abandoned and now - pending[0].sent_at > after
 
     def abandon(self, slot: Slot) -> None:
@@ -380,7 +381,7 @@ class Pipe:
         broken = Broken(error or redis.ConnectionError("connection closed"))
         while True:
             try:
-                slot = self._pending.popleft()
+                slot = self.pending.popleft()
             except IndexError:
                 break
             if slot.reply is PENDING and not slot.abandoned:
