@@ -42,3 +42,10 @@ class Slot:
     #: Whether its reply is still stored once given up on (read by no round, but by the slot
     #: itself: see ``acks``); else it is dropped.
     keeps_late = False
+
+
+def stamped(now: float) -> Slot:
+    """A new slot whose request left at ``now``."""
+    slot = Slot()
+    slot.sent_at = now
+    return slot
