@@ -14,7 +14,13 @@ import pytest
 from django.dispatch import Signal
 
 from django_redlock.engine import Lock
-from django_redlock.signals import LockSignal
+from django_redlock.signals import (
+    LockSignal,
+    lock_acquired,
+    lock_released,
+    send_acquired,
+    send_released,
+)
 
 
 class Heard:
@@ -187,3 +193,53 @@ def test_a_change_right_after_the_lookup_is_not_forgotten():
     signal.send_robust(Lock, held=1.0)  # learns (early), and "late" connects meanwhile
     signal.send_robust(Lock, held=1.0)
     assert heard.names() == ["early", "early", "late"]
+
+
+@pytest.mark.parametrize("learnt", [False, True], ids=["first send", "learnt"])
+def test_the_cycles_two_signals_reach_receivers_as_send_robust_would(
+    learnt: bool, caplog: pytest.LogCaptureFixture
+):
+    """``send_acquired`` / ``send_released`` (what the observer sends on every cycle): the same
+    receivers get the same arguments as from ``send_robust(Lock, ...)``; one that raises is
+    logged as Django logs it and the next one still hears; sync and async receivers alike."""
+    heard = Heard()
+    lock = object()
+
+    def broken(signal: Signal, sender: object, **named: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    async def listening(signal: Signal, sender: object, **named: Any) -> None:
+        heard.calls.append(("async", {"signal": signal, "sender": sender, **named}))
+
+    def recording(name: str) -> Any:
+        def receive(signal: Signal, sender: object, **named: Any) -> None:
+            heard.calls.append((name, {"signal": signal, "sender": sender, **named}))
+
+        return receive
+
+    cases = [
+        (lock_acquired, lambda: send_acquired(lock, 0.25, 3), {"waited": 0.25, "attempts": 3}),
+        (lock_released, lambda: send_released(lock, 1.5), {"held": 1.5}),
+    ]
+    for signal, send, named in cases:
+        receivers = [broken, recording("sync"), listening]
+        for n, receiver in enumerate(receivers):
+            signal.connect(receiver, weak=False, dispatch_uid=f"case-{n}")
+        try:
+            for async_too in (True, False):
+                if learnt:
+                    signal.send_robust(Lock, lock=lock, **named)
+                    heard.calls.clear()
+                caplog.clear()
+                send()
+                expected = {"signal": signal, "sender": Lock, "lock": lock, **named}
+                assert heard.calls == [("sync", expected)] + (
+                    [("async", expected)] if async_too else []
+                )
+                heard.calls.clear()
+                [record] = [r for r in caplog.records if r.name == "django.dispatch"]
+                assert "receiver bug" in str(record.exc_info[1] if record.exc_info else "")
+                signal.disconnect(dispatch_uid="case-2")  # (and again without the async one)
+        finally:
+            for n in range(len(receivers)):
+                signal.disconnect(dispatch_uid=f"case-{n}")
