@@ -125,15 +125,14 @@ def redlock(
     the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
-    get_redlock, check_mode, check_bounds_for, django_lock_class = _layer()
+    get_redlock, check_mode, check_bounds_for, django_lock_class, layer = _layer()
     mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
     check_bounds_for(mode, at_least, at_most)
+    own = layer(db_guard, template)
     engine = get_redlock()
-    return django_lock_class(mode)(
+    lock = django_lock_class(mode)(
         engine,
         *resources,
-        db_guard=db_guard,
-        template=template,
         ttl=engine.ttl if ttl is None else ttl,
         wait=engine.wait if wait is None else wait,
         label=label,
@@ -146,6 +145,8 @@ def redlock(
         at_most=at_most,
         **({} if limit is None else {"limit": limit}),
     )
+    lock._layer = own
+    return lock
 
 
 @cache
@@ -154,6 +155,7 @@ def _layer() -> tuple[
     Callable[[object, object, object], type[Lock]],
     Callable[[type[Lock], object, object], None],
     Callable[[type[Lock]], type[DjangoLock]],
+    Callable[[object, object], Any],
 ]:
     """What ``redlock()`` needs of the Django layer, imported on its first call (importing this
     package imports no Django machinery) and kept: four function-local imports cost about
@@ -161,9 +163,9 @@ def _layer() -> tuple[
     from .conf import get_redlock
     from .engine.modes import check_mode
     from .engine.redlock import check_bounds_for
-    from .locks import django_lock_class
+    from .locks import django_lock_class, layer
 
-    return get_redlock, check_mode, check_bounds_for, django_lock_class
+    return get_redlock, check_mode, check_bounds_for, django_lock_class, layer
 
 
 def locked(*resources: str, **options: Any) -> Callable[[F], F]:

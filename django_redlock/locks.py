@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Coroutine
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import dbguard, otel
 from .engine import Lock
@@ -16,9 +16,6 @@ from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
 from .metrics import UNTEMPLATED
-
-if TYPE_CHECKING:
-    from .engine import Redlock
 
 
 class _Layer:
@@ -34,6 +31,18 @@ class _Layer:
 _DEFAULTS = _Layer(True, None)
 
 
+def layer(db_guard: object, template: object) -> _Layer:
+    """The Django layer's options of a lock (``ValueError`` naming a bad one): the record
+    shared by every lock that keeps the defaults, or one of its own."""
+    if db_guard is True and template is None:
+        return _DEFAULTS
+    if not isinstance(db_guard, bool):
+        raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
+    if template is not None and (not isinstance(template, str) or not template):
+        raise ValueError(f"template must be a non-empty str or None, got {template!r}")
+    return _Layer(db_guard, template)
+
+
 class DjangoLock(Lock):
     """A ``Lock`` guarded from acquisition to release (unless ``db_guard=False``): once its
     lease is lost or its validity is over, the next query in the acquiring context raises
@@ -47,8 +56,11 @@ class DjangoLock(Lock):
     ``aacquire``, ``extend`` / ``aextend`` and ``_release`` / ``_arelease``."""
 
     # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
-    # keeps the defaults (``_Layer``), not two fields per held lock.
+    # keeps the defaults (``_Layer``), not two fields per held lock. Made by ``redlock()``, which
+    # sets ``_layer`` (``layer()``) after the engine's constructor: an ``__init__`` of our own
+    # that passed the engine's eleven options on cost a third of making the lock.
     __slots__ = ("_layer",)
+    _layer: _Layer
 
     db_guard: bool = property(  # type: ignore[assignment]
         attrgetter("_layer.db_guard"), lambda lock, value: lock._own_layer("db_guard", value)
@@ -57,21 +69,6 @@ class DjangoLock(Lock):
     template: str = property(  # type: ignore[assignment]
         attrgetter("_layer.template"), lambda lock, value: lock._own_layer("template", value)
     )
-
-    def __init__(
-        self,
-        redlock: Redlock,
-        *resources: str,
-        db_guard: bool = True,
-        template: str | None = None,
-        **options: Any,
-    ) -> None:
-        if not isinstance(db_guard, bool):
-            raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
-        if template is not None and (not isinstance(template, str) or not template):
-            raise ValueError(f"template must be a non-empty str or None, got {template!r}")
-        super().__init__(redlock, *resources, **options)
-        self._layer = _DEFAULTS if db_guard and template is None else _Layer(db_guard, template)
 
     def _own_layer(self, name: str, value: object) -> None:
         """Set one of its options (``_DEFAULTS`` is everyone's: it gets a record of its own)."""

@@ -43,6 +43,10 @@ counts as ``(untemplated)``. Never the formatted resource: one series per templa
 Jobs are labelled by the name of the command, task or leader (a bounded set, written in code),
 never by the formatted key (``report:42``), which carries ids.
 
+The four wait and hold histograms are observed on every lock's cycle: they are recorded by
+``histograms.py`` (exported exactly as ``prometheus_client.Histogram`` would export them, at a
+fifth of its cost per observation), and are prometheus_client's own in its multiprocess mode.
+
 Node failures are counted from failed acquisitions only: the engine reports per-master detail on
 failure, not on success.
 """
@@ -66,10 +70,8 @@ UNTEMPLATED = "(untemplated)"
 
 
 class _Collectors(NamedTuple):
-    wait: Any
-    hold: Any
-    template_wait: Any
-    template_hold: Any
+    waits: Any  # (the wait histograms, overall by outcome and per template: _timings())
+    holds: Any  # (the hold histograms)
     contended: Any
     lost: Any
     permits: Any
@@ -78,36 +80,45 @@ class _Collectors(NamedTuple):
     job_seconds: Any
 
 
+class _Timing(NamedTuple):
+    """A timing histogram and its per-template twin (labelled ``template`` + ``labels``)."""
+
+    name: str
+    documentation: str
+    template_name: str
+    template_documentation: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...]
+
+
+_WAITS = _Timing(
+    "redlock_acquire_wait_seconds",
+    "Seconds from the first attempt to acquire a lock to the outcome.",
+    "redlock_template_wait_seconds",
+    "Seconds from the first attempt to acquire a lock to the outcome, by lock template.",
+    ("outcome",),
+    WAIT_BUCKETS,
+)
+_HOLDS = _Timing(
+    "redlock_hold_seconds",
+    "Seconds a lock was held, from acquisition to release.",
+    "redlock_template_hold_seconds",
+    "Seconds a lock was held, from acquisition to release, by lock template.",
+    (),
+    HOLD_BUCKETS,
+)
+
+
 @cache
 def _collectors() -> _Collectors | None:
     try:
         import prometheus_client as prom
     except ImportError:
         return None
+    waits, holds = _timings(prom, prom.REGISTRY, _WAITS, _HOLDS)
     return _Collectors(
-        wait=prom.Histogram(
-            "redlock_acquire_wait_seconds",
-            "Seconds from the first attempt to acquire a lock to the outcome.",
-            ["outcome"],
-            buckets=WAIT_BUCKETS,
-        ),
-        hold=prom.Histogram(
-            "redlock_hold_seconds",
-            "Seconds a lock was held, from acquisition to release.",
-            buckets=HOLD_BUCKETS,
-        ),
-        template_wait=prom.Histogram(
-            "redlock_template_wait_seconds",
-            "Seconds from the first attempt to acquire a lock to the outcome, by lock template.",
-            ["template", "outcome"],
-            buckets=WAIT_BUCKETS,
-        ),
-        template_hold=prom.Histogram(
-            "redlock_template_hold_seconds",
-            "Seconds a lock was held, from acquisition to release, by lock template.",
-            ["template"],
-            buckets=HOLD_BUCKETS,
-        ),
+        waits=waits,
+        holds=holds,
         contended=prom.Counter(
             "redlock_contended",
             "Acquisitions that failed: held by another owner, or no quorum of masters.",
@@ -134,6 +145,68 @@ def _collectors() -> _Collectors | None:
             buckets=HOLD_BUCKETS,
         ),
     )
+
+
+def _timings(prom: Any, registry: Any, *timings: _Timing) -> list[Any]:
+    """The histograms of ``timings``, registered in ``registry`` in the order prometheus_client's
+    own would be (overall ones first, then per template): ours (``histograms.py``: observed on
+    every lock's cycle), or ``prometheus_client.Histogram`` in its multiprocess mode, where only
+    its own values reach the files that the scrape reads."""
+    from prometheus_client import values
+
+    if values.ValueClass is not values.MutexValue:  # (multiprocess mode)
+        overall = [
+            prom.Histogram(
+                t.name, t.documentation, list(t.labels), buckets=t.buckets, registry=registry
+            )
+            for t in timings
+        ]
+        by_template = [
+            prom.Histogram(
+                t.template_name,
+                t.template_documentation,
+                ["template", *t.labels],
+                buckets=t.buckets,
+                registry=registry,
+            )
+            for t in timings
+        ]
+        return [_PrometheusHistograms(*pair) for pair in zip(overall, by_template, strict=True)]
+    from .histograms import Histograms
+
+    ours = [Histograms(*timing) for timing in timings]
+    families = [histograms.collectors() for histograms in ours]
+    for which in (0, 1):
+        for collectors in families:
+            registry.register(collectors[which])
+    return ours
+
+
+class _PrometheusHistograms:
+    """A histogram and its per-template twin as ``prometheus_client.Histogram`` objects, with
+    ``histograms.Histograms``'s ``series()``."""
+
+    def __init__(self, overall: Any, by_template: Any) -> None:
+        self._overall = overall
+        self._by_template = by_template
+
+    def series(self, template: str, *labels: str) -> _Both:
+        overall = self._overall.labels(*labels) if labels else self._overall
+        return _Both(overall, self._by_template.labels(template, *labels))
+
+
+class _Both:
+    """Observes in two ``prometheus_client`` histograms."""
+
+    __slots__ = ("_by_template", "_overall")
+
+    def __init__(self, overall: Any, by_template: Any) -> None:
+        self._overall = overall
+        self._by_template = by_template
+
+    def observe(self, seconds: float) -> None:
+        self._overall.observe(seconds)
+        self._by_template.observe(seconds)
 
 
 class _Permits:
@@ -179,36 +252,29 @@ def enabled() -> bool:
 
 
 def acquired(waited: float, template: str = UNTEMPLATED) -> None:
+    if _collectors() is not None:
+        (_waits.get((template, "acquired")) or _wait(template, "acquired")).observe(waited)
+
+
+def _wait(template: str, outcome: str) -> Any:
+    """The wait histograms' series of ``template`` and ``outcome`` (both histograms': overall
+    and per template). Kept: the templates are bounded (see the module's docstring), and so is
+    this table."""
     c = _collectors()
-    if c is not None:
-        overall, by_template = _waits(c, template, "acquired")
-        overall.observe(waited)
-        by_template.observe(waited)
-
-
-def _waits(c: _Collectors, template: str, outcome: str) -> tuple[Any, Any]:
-    """The wait histograms' series for ``outcome`` (overall, and of ``template``). Cached:
-    ``labels()`` validates, sorts and locks on every call, a third of what the metrics cost
-    per lock; the templates are bounded (see the module's docstring), and so is this cache."""
-    series = _wait_series.get((template, outcome))
-    if series is None:
-        series = (
-            c.wait.labels(outcome=outcome),
-            c.template_wait.labels(template=template, outcome=outcome),
-        )
-        _wait_series[template, outcome] = series
+    assert c is not None  # noqa: S101 (asked only when it is)
+    series = _waits[template, outcome] = c.waits.series(template, outcome)
     return series
 
 
-def _hold(c: _Collectors, template: str) -> Any:
-    series = _hold_series.get(template)
-    if series is None:
-        series = _hold_series[template] = c.template_hold.labels(template=template)
+def _hold(template: str) -> Any:
+    c = _collectors()
+    assert c is not None  # noqa: S101
+    series = _holds[template] = c.holds.series(template)
     return series
 
 
-_wait_series: dict[tuple[str, str], tuple[Any, Any]] = {}
-_hold_series: dict[str, Any] = {}
+_waits: dict[tuple[str, str], Any] = {}
+_holds: dict[str, Any] = {}
 
 
 def not_acquired(waited: float, error: LockNotAcquired, template: str = UNTEMPLATED) -> None:
@@ -216,9 +282,7 @@ def not_acquired(waited: float, error: LockNotAcquired, template: str = UNTEMPLA
     if c is None:
         return
     reason = "contended" if isinstance(error, LockContended) else "unavailable"
-    overall, by_template = _waits(c, template, reason)
-    overall.observe(waited)
-    by_template.observe(waited)
+    (_waits.get((template, reason)) or _wait(template, reason)).observe(waited)
     c.contended.labels(reason=reason).inc()
     for failure in error.failures:
         node_failure(failure)
@@ -233,10 +297,8 @@ def node_failure(failure: NodeFailure) -> None:
 
 
 def released(held: float, template: str = UNTEMPLATED) -> None:
-    c = _collectors()
-    if c is not None:
-        c.hold.observe(held)
-        _hold(c, template).observe(held)
+    if _collectors() is not None:
+        (_holds.get(template) or _hold(template)).observe(held)
 
 
 def lost() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from . import metrics, otel
 from .engine import Lock, LockLost, LockNotAcquired, NodeFailure
-from .signals import lock_acquired, lock_contended, lock_lost, lock_released, masters_failed
+from .signals import lock_contended, lock_lost, masters_failed, send_acquired, send_released
 
 logger = logging.getLogger("django_redlock")
 
@@ -35,7 +35,7 @@ class DjangoObserver:
             logger.debug("acquired %s after %.3fs (%d attempts)", _name(lock), waited, attempts)
         metrics.acquired(waited, _template(lock))
         otel.acquired(waited, attempts)
-        lock_acquired.send_robust(Lock, lock=lock, waited=waited, attempts=attempts)
+        send_acquired(lock, waited, attempts)
 
     def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None:
         logger.info("not acquired %s after %.3fs: %s", _name(lock), waited, error)
@@ -47,7 +47,7 @@ class DjangoObserver:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("released %s after %.3fs", _name(lock), held)
         metrics.released(held, _template(lock))
-        lock_released.send_robust(Lock, lock=lock, held=held)
+        send_released(lock, held)
 
     def lost(self, lock: Lock, *, error: LockLost) -> None:
         logger.error("LOST %s: %s", _name(lock), error)
