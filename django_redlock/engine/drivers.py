@@ -104,11 +104,6 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     return notified
 
 
-def _threads_pipe(node: Node) -> Pipe | None:
-    pipe = node.pipe
-    return None if pipe is None or pipe.closed else pipe
-
-
 def fan_out(
     nodes: Sequence[Node],
     command: Command,
@@ -117,7 +112,7 @@ def fan_out(
     enough: Decides | None = None,
 ) -> RoundReplies:
     """One round (``rounds.exchange``) with blocking waits, on the threads' pipes."""
-    rounds = exchange(nodes, command, budget, _threads_pipe, script, enough)
+    rounds = exchange(nodes, command, budget, None, script, enough)  # (None: threads' pipes)
     answer: object = None
     while True:
         try:
