@@ -9,6 +9,7 @@ known to have it once it answered.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from typing import Any
 
@@ -138,3 +139,36 @@ def test_an_async_requests_go_out_at_once_alone_and_together_in_one_tick(masters
     assert [getattr(c, "__qualname__", "") for c in after_alone] == []  # nothing asked of the loop
     assert [getattr(c, "__qualname__", "") for c in after_together] == [end_tick]  # one write
     assert end_tick not in [getattr(c, "__qualname__", "") for c in after_next]  # a new tick
+
+
+class _Interrupted(Exception):
+    """What the test's timer raises in the waiting thread (as Ctrl-C would)."""
+
+
+def test_a_sync_round_interrupted_while_waiting_gives_up_its_replies(masters, redlock_of):
+    """A thread's round waits for its replies in place (not through its driver): interrupted
+    there, it gives up the slots still waiting, as the driver did (their replies are dropped
+    when they come, and each pipe owes them); the next round on the same pipes gets its own."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    nodes = engine.nodes
+    fan_out(nodes, ("GET", "cycle-path:interrupted"), 2.0)  # the threads' pipes, open
+    for master in masters:
+        master.call("CLIENT", "PAUSE", 600, "WRITE")  # the SET waits 600 ms; the timer, 100
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(_Interrupted):
+            fan_out(nodes, ("SET", "cycle-path:interrupted", "v", "PX", 5000), 2.0, None, granted)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    pipes = [node.pipe for node in nodes]
+    assert all(pipe is not None and pipe.owes for pipe in pipes)  # given up, still owed
+    replies = fan_out(nodes, ("GET", "cycle-path:interrupted"), 2.0)  # after the SETs, in order
+    assert replies == [b"v"] * 5
+    assert [node.pipe for node in nodes] == pipes  # the same pipes: none was closed
+    assert not any(pipe.owes for pipe in pipes)  # type: ignore[union-attr]

@@ -84,6 +84,10 @@ Decides = Callable[[object], bool]
 
 Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
+#: How a thread waits for a round's replies, in place (``drivers.wait_replies``): the sent
+#: pairs, the deadline, ``enough`` and how many more answers it must accept (as ``Replies``).
+WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None", int], None]
+
 #: How a driver finds a master's open pipe for this round (the running loop's); None: the
 #: threads' pipe (``Node.pipe``, if open: read in the loop, without a call per master).
 PipeOf = Callable[[Node], Pipe | None]
@@ -96,6 +100,7 @@ def exchange(
     pipe_of: PipeOf | None,
     script: Script | None = None,
     enough: Decides | None = None,
+    wait_here: WaitHere | None = None,
 ) -> Exchange:
     """Send ``command`` to every master, all before waiting for any reply; then take every reply
     within ``budget`` seconds of its request leaving (or, with ``enough``, only until a quorum
@@ -106,7 +111,12 @@ def exchange(
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
-    request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``)."""
+    request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``).
+
+    ``wait_here``: a thread's round waits for its replies by calling it, in place, rather than
+    by yielding ``Replies`` to its driver (a generator's resumption, an object and a pass of
+    the driver's loop fewer per wait); an exception it raises (Ctrl-C) gives up on the slots
+    still waiting, as the driver does (``drivers._give_up``). Second tries still yield."""
     began = time.monotonic()
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
     requests = Requests(command, script)
@@ -187,8 +197,15 @@ def exchange(
         # that the second try still has most of the budget; else when all came, or when the
         # last of them is due (each master's budget runs from when its request left), or when
         # the round is decided.
-        due = sent[-1][1].sent_at + budget if threads else _due(sent, budget)
-        yield Replies(sent, due, enough, needed)
+        if wait_here is None:
+            yield Replies(sent, _due(sent, budget), enough, needed)
+        else:
+            try:
+                due = sent[-1][1].sent_at + budget if threads else _due(sent, budget)
+                wait_here(sent, due, enough, needed)
+            except BaseException:
+                _abandon_waiting(sent)
+                raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
         # (zip without strict: ``where`` and ``sent`` grow together, and ``strict=True`` costs
@@ -237,6 +254,14 @@ def exchange(
     else:
         replies.began = _first_sent(written, began)
     return replies
+
+
+def _abandon_waiting(sent: list[tuple[Pipe, Slot]]) -> None:
+    """A wait interrupted: replies still to come are dropped when they come (the pipes are
+    shared: closing one would break every other round on it)."""
+    for pipe, slot in sent:
+        if slot.reply is PENDING:
+            pipe.abandon(slot)
 
 
 #: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
