@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from django_redlock.engine.pipes import Pipe
 from django_redlock.engine.procedures import Want
 from django_redlock.engine.slots import PENDING
 from django_redlock.engine.steps import granted
+from tests.conftest import wait_until
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.
 PAUSE_MS = 300
@@ -172,3 +174,39 @@ def test_a_sync_round_interrupted_while_waiting_gives_up_its_replies(masters, re
     assert replies == [b"v"] * 5
     assert [node.pipe for node in nodes] == pipes  # the same pipes: none was closed
     assert not any(pipe.owes for pipe in pipes if pipe is not None)
+
+
+def test_a_thread_round_writes_straight_to_an_idle_pipe_and_behind_a_busy_ones_requests(
+    masters, redlock_of, monkeypatch
+):
+    """A thread's round writes its request straight to a master whose pipe has nothing in
+    flight (``Pipe.write``, not through ``Pipe.send``); a round that finds another thread's
+    requests still in flight there takes the general way, queued behind them: each reply still
+    goes to its own round, in order (the GET, sent while the SET waited, reads what it wrote)."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    nodes = engine.nodes
+    key = "cycle-path:straight"
+    fan_out(nodes, ("GET", key), 2.0)  # the threads' pipes, open
+    through: list[Pipe] = []
+    general = Pipe.send
+
+    def counted(self: Pipe, request: bytes, now: float, *args: Any, **kwargs: Any) -> Any:
+        through.append(self)
+        return general(self, request, now, *args, **kwargs)
+
+    monkeypatch.setattr(Pipe, "send", counted)
+    assert fan_out(nodes, ("GET", key), 2.0) == [None] * 5
+    assert through == []  # idle pipes: written straight
+    for master in masters:
+        master.call("CLIENT", "PAUSE", 400, "WRITE")  # the SET is answered 400 ms later
+    first: list[object] = []
+    writer = threading.Thread(
+        target=lambda: first.append(fan_out(nodes, ("SET", key, "v", "PX", 5000), 2.0))
+    )
+    writer.start()
+    assert wait_until(lambda: all(n.pipe is not None and n.pipe.pending for n in nodes), 2.0)
+    second = fan_out(nodes, ("GET", key), 2.0)  # while the SETs are in flight
+    writer.join(5.0)
+    assert first == [[b"OK"] * 5]
+    assert second == [b"v"] * 5  # behind the SET on each pipe, its own reply
+    assert set(through) == {node.pipe for node in nodes}  # the busy pipes: the general way

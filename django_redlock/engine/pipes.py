@@ -133,21 +133,7 @@ class Pipe:
         them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
         dropped."""
         if self.loop is None and not slots and not preamble:  # a thread's round: the usual
-            # (acquire/release: a ``with`` costs CPython 3.11 ~0.5k more CPU instructions)
-            self._write_lock.acquire()
-            try:
-                if self.closed or len(self.pending) >= MAX_PENDING:
-                    return None
-                slot = Slot()
-                slot.sent_at = time.monotonic()  # stamped as it is written
-                self.pending.append(slot)
-                self._sock.sendall(request)
-            except OSError as exc:  # (as below)
-                self.close(exc)
-                return None
-            finally:
-                self._write_lock.release()
-            return slot
+            return self.write(request)
         if self.closed or len(self.pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else stamped(now)
@@ -183,6 +169,26 @@ class Pipe:
             except OSError as exc:  # also BlockingIOError: a request half-sent spoils the pipe
                 self.close(exc)
                 return None
+        return slot
+
+    def write(self, request: bytes) -> Slot | None:
+        """``send`` of one request on a threads' pipe, without a preamble or slots of the
+        caller's (what nearly every round writes: ``rounds.exchange`` calls it directly)."""
+        lock = self._write_lock
+        # (acquire/release: a ``with`` costs CPython 3.11 ~0.5k more CPU instructions)
+        lock.acquire()
+        try:
+            if self.closed or len(self.pending) >= MAX_PENDING:
+                return None
+            slot = Slot()
+            slot.sent_at = time.monotonic()  # stamped as it is written
+            self.pending.append(slot)
+            self._sock.sendall(request)
+        except OSError as exc:  # (as in ``send``)
+            self.close(exc)
+            return None
+        finally:
+            lock.release()
         return slot
 
     def end_tick(self) -> None:

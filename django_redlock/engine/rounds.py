@@ -136,6 +136,22 @@ def exchange(
     unconnected: list[int] | None = None  # (made by the first: a connect's, seldom)
     watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
+        if threads and not node.unusual:
+            pipe = node.pipe
+            if (
+                pipe is not None
+                and not pipe.pending
+                and node.silent_until <= began
+                and (sha is None or sha in node.warm)
+            ):
+                # The usual: a master with nothing in flight on an open pipe, not silent, that
+                # knows the script. Whatever the loop below would find for it, in fewer steps.
+                slot = pipe.write(packed)
+                if slot is not None:
+                    where.append(i)
+                    sent.append((pipe, slot))
+                    continue
+                # (closed meanwhile: as any closed pipe, below)
         if node.routed:
             node = nodes[i] = node.route(command)
         if node.watch is not None:
