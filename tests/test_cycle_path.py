@@ -9,20 +9,22 @@ known to have it once it answered.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
+import sys
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from django_redlock.engine import procedures, scripts
-from django_redlock.engine.drivers import fan_out, run
+from django_redlock.engine import procedures, rounds, scripts
+from django_redlock.engine.drivers import afan_out, fan_out, run
 from django_redlock.engine.packing import pack
 from django_redlock.engine.pipes import Pipe
 from django_redlock.engine.procedures import Want
 from django_redlock.engine.slots import PENDING
-from django_redlock.engine.steps import granted
+from django_redlock.engine.steps import Round, granted
 from tests.conftest import wait_until
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.
@@ -210,3 +212,61 @@ def test_a_thread_round_writes_straight_to_an_idle_pipe_and_behind_a_busy_ones_r
     assert first == [[b"OK"] * 5]
     assert second == [b"v"] * 5  # behind the SET on each pipe, its own reply
     assert set(through) == {node.pipe for node in nodes}  # the busy pipes: the general way
+
+
+def _straight_line() -> int:
+    """The line of ``exchange`` that writes a request straight to an idle pipe."""
+    lines, first = inspect.getsourcelines(rounds.exchange)
+    found = [first + n for n, line in enumerate(lines) if "slot = pipe.write(packed)" in line]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_an_async_round_writes_straight_to_an_idle_loop_pipe_and_behind_a_busy_ones_requests(
+    masters, redlock_of
+):
+    """As a thread's round: a loop's round writes straight to the masters whose pipe has nothing
+    in flight (the line that does it runs once per master); one that finds another task's
+    requests in flight takes the general way (that line never runs), queued behind them, and
+    each reply still goes to its own round."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    key = "cycle-path:straight-async"
+    straight, code = _straight_line(), rounds.exchange.__code__
+    hits: list[int] = []
+
+    def line_of(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == straight:
+            hits.append(straight)
+        return line_of
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return line_of if frame.f_code is code else None
+
+    async def traced(command: tuple[Any, ...]) -> tuple[object, int]:
+        hits.clear()
+        sys.settrace(tracer)
+        try:
+            replies = await afan_out(engine, Round(command))
+        finally:
+            sys.settrace(None)
+        return replies, len(hits)
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        await afan_out(engine, Round(("GET", key)))  # the loop's pipes, open
+        idle = await traced(("GET", key))
+        for master in masters:
+            master.call("CLIENT", "PAUSE", 400, "WRITE")  # the SET is answered 400 ms later
+        writer = asyncio.ensure_future(afan_out(engine, Round(("SET", key, "v", "PX", 5000))))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not all(
+            (pipe := node.loop_pipe(loop)) is not None and pipe.pending for node in engine.nodes
+        ):
+            await asyncio.sleep(0.005)
+        busy = await traced(("GET", key))  # while the SETs are in flight
+        return [idle, await writer, busy]
+
+    idle, written, busy = asyncio.run(scenario())
+    assert idle == ([None] * 5, 5)  # five requests written straight
+    assert written == [b"OK"] * 5
+    assert busy == ([b"v"] * 5, 0)  # behind the SETs, the general way: its own replies

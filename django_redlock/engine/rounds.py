@@ -136,8 +136,14 @@ def exchange(
     unconnected: list[int] | None = None  # (made by the first: a connect's, seldom)
     watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
-        if threads and not node.unusual:
-            pipe = node.pipe
+        if node.unusual:  # (routed, watched or acknowledged: seldom)
+            if node.routed:
+                node = nodes[i] = node.route(command)
+            if node.watch is not None:
+                watched = True
+            pipe = node.pipe if pipe_of is None else pipe_of(node)
+        else:
+            pipe = node.pipe if pipe_of is None else pipe_of(node)
             if (
                 pipe is not None
                 and not pipe.pending
@@ -145,23 +151,14 @@ def exchange(
                 and (sha is None or sha in node.warm)
             ):
                 # The usual: a master with nothing in flight on an open pipe, not silent, that
-                # knows the script. Whatever the loop below would find for it, in fewer steps.
-                slot = pipe.write(packed)
+                # knows the script. Whatever the checks below would find for it, in fewer steps.
+                slot = pipe.write(packed) if threads else pipe.send(packed, began)
                 if slot is not None:
                     where.append(i)
                     sent.append((pipe, slot))
                     continue
-                # (closed meanwhile: as any closed pipe, below)
-        if node.routed:
-            node = nodes[i] = node.route(command)
-        if node.watch is not None:
-            watched = True
-        if pipe_of is None:
-            pipe = node.pipe
-            if pipe is not None and pipe.closed:
-                pipe = None
-        else:
-            pipe = pipe_of(node)
+        if threads and pipe is not None and pipe.closed:  # (a loop's pipe_of: open ones only)
+            pipe = None
         owes = False
         # (``pending`` first: a pipe with nothing in flight, the usual, owes nothing; asking
         # ``owes`` of every pipe cost a property call per master per round.)
