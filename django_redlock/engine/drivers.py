@@ -25,7 +25,6 @@ from .detours import Delay
 from .packing import Command
 from .pipes import Pipe
 from .rounds import (
-    ANSWERS,
     Connect,
     Decides,
     Exchange,
@@ -35,7 +34,7 @@ from .rounds import (
     second_try,
 )
 from .scripts import Script
-from .slots import PENDING, Slot
+from .slots import ANSWERS, PENDING, Slot
 from .steps import (
     AwaitNotice,
     AwaitTurn,
@@ -47,6 +46,7 @@ from .steps import (
     Round,
     Step,
 )
+from .unawaited import abandon_waiting
 from .waiter import Waiter
 
 T = TypeVar("T")
@@ -332,12 +332,9 @@ _DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def _give_up(rounds: Exchange, wait: Connect | Replies | Delay) -> None:
-    """An interrupted round: replies still to come are dropped when they come (the pipes are
-    shared: closing one would break every other round on it)."""
+    """An interrupted round: its replies still to come are dropped (``abandon_waiting``)."""
     if isinstance(wait, Replies):
-        for pipe, slot in wait.sent:
-            if slot.reply is PENDING:
-                pipe.abandon(slot)
+        abandon_waiting(wait.sent)
     rounds.close()
 
 

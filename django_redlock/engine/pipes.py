@@ -127,13 +127,12 @@ class Pipe:
         self, request: bytes, now: float, slots: tuple[Slot, ...] = (), *, preamble: bytes = b""
     ) -> Slot | None:
         """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
-        pipe is closed (or broke now). ``slots``: for a request of several commands, one slot
-        per reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
-        command written just before it, in the same write (no other round's request between
-        them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
-        dropped."""
-        if self.loop is None and not slots and not preamble:  # a thread's round: the usual
-            return self.write(request)
+        pipe is closed (or broke now). ``slots``: for a request of several commands, one slot per
+        reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
+        command written just before it in the same write (a Cluster's ``ASKING``, which applies
+        to the next command only: no other round's request between them), its reply dropped."""
+        if self.loop is None and not slots and not preamble:
+            return self.write(request)  # (a thread's round: the usual)
         if self.closed or len(self.pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else stamped(now)
@@ -172,11 +171,9 @@ class Pipe:
         return slot
 
     def write(self, request: bytes) -> Slot | None:
-        """``send`` of one request on a threads' pipe, without a preamble or slots of the
-        caller's (what nearly every round writes: ``rounds.exchange`` calls it directly)."""
+        """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual)."""
         lock = self._write_lock
-        # (acquire/release: a ``with`` costs CPython 3.11 ~0.5k more CPU instructions)
-        lock.acquire()
+        lock.acquire()  # (not ``with``: CPython 3.11 pays ~0.5k more CPU instructions for it)
         try:
             if self.closed or len(self.pending) >= MAX_PENDING:
                 return None
@@ -198,8 +195,7 @@ class Pipe:
             self._flush()
 
     def _write_first(self, slots: tuple[Slot, ...], request: bytes) -> None:
-        """Write the tick's first request now (nothing is queued before it: ``_out`` is empty);
-        what does not fit is queued, for POLLOUT."""
+        """Write the tick's first request now (``_out`` is empty); the rest waits for POLLOUT."""
         now = time.monotonic()
         for slot in slots:
             slot.sent_at = now
@@ -346,9 +342,7 @@ class Pipe:
     def owes(self) -> bool:
         """The oldest unanswered request was given up on: the master has been silent."""
         pending = self.pending
-        if pending:  # (no bool(): every round asks every pipe)
-            return pending[0].abandoned
-        return False
+        return pending[0].abandoned if pending else False  # (no bool(): asked every round)
 
     def stalled(self, now: float, after: float) -> bool:
         """The oldest unanswered request was given up on and sent more than ``after`` seconds

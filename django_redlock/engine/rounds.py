@@ -15,13 +15,14 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError,
 
 from . import detours
 from .connections import Node
-from .errors import NodeFailure, unawaited_failure
+from .errors import NodeFailure
 from .packing import Command, Requests, pack
 from .pipes import Pipe
 from .protocol import quorum
 from .quarantine import abstain, abstains
 from .scripts import Script
-from .slots import PENDING, Broken, Slot
+from .slots import ANSWERS, PENDING, Broken, Slot
+from .unawaited import abandon_waiting, unawaited
 
 #: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
 #: is left out of the rounds for this long: it would most likely cost every round its budget
@@ -84,8 +85,7 @@ Decides = Callable[[object], bool]
 
 Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
-#: How a thread waits for a round's replies, in place (``drivers.wait_replies``): the sent
-#: pairs, the deadline, ``enough`` and how many more answers it must accept (as ``Replies``).
+#: How a thread waits for a round's replies in place (``drivers._wait_replies``): as ``Replies``.
 WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None", int], None]
 
 #: How a driver finds a master's open pipe for this round (the running loop's); None: the
@@ -113,17 +113,15 @@ def exchange(
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
     request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``).
 
-    ``wait_here``: a thread's round waits for its replies by calling it, in place, rather than
-    by yielding ``Replies`` to its driver (a generator's resumption, an object and a pass of
-    the driver's loop fewer per wait); an exception it raises (Ctrl-C) gives up on the slots
-    still waiting, as the driver does (``drivers._give_up``). Second tries still yield."""
+    ``wait_here``: a thread's round waits for its replies by calling it rather than by yielding
+    ``Replies`` (a resumption, an object and a pass of its driver fewer); interrupted there
+    (Ctrl-C), it gives up the slots still waiting, as the driver would. Second tries yield."""
     began = time.monotonic()
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
     requests = Requests(command, script)
-    # The usual request (no script, or one the master has), written without ``Requests.send``.
-    packed, sha = requests.packed, requests.warm_sha
-    # Threads' slots are stamped as each is written, in this loop's order: the first written is
-    # the earliest, the last the latest (no pass over them). A loop's are stamped at its flush.
+    packed, sha = requests.packed, requests.warm_sha  # (the usual request, written directly)
+    # A thread stamps its slots as it writes them, in this loop's order: the first written is the
+    # earliest, the last the latest (no pass over them). A loop's pipe stamps them at its flush.
     threads = pipe_of is None
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] | None = None  # (made by the first: a second try's, seldom)
@@ -139,8 +137,7 @@ def exchange(
         if node.unusual:  # (routed, watched or acknowledged: seldom)
             if node.routed:
                 node = nodes[i] = node.route(command)
-            if node.watch is not None:
-                watched = True
+            watched = watched or node.watch is not None
             pipe = node.pipe if pipe_of is None else pipe_of(node)
         else:
             pipe = node.pipe if pipe_of is None else pipe_of(node)
@@ -150,8 +147,7 @@ def exchange(
                 and node.silent_until <= began
                 and (sha is None or sha in node.warm)
             ):
-                # The usual: a master with nothing in flight on an open pipe, not silent, that
-                # knows the script. Whatever the checks below would find for it, in fewer steps.
+                # The usual (idle, not silent, knows the script): what the checks below come to.
                 slot = pipe.write(packed) if threads else pipe.send(packed, began)
                 if slot is not None:
                     where.append(i)
@@ -217,7 +213,7 @@ def exchange(
                 due = sent[-1][1].sent_at + budget if threads else _due(sent, budget)
                 wait_here(sent, due, enough, needed)
             except BaseException:
-                _abandon_waiting(sent)
+                abandon_waiting(sent)
                 raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
@@ -262,61 +258,13 @@ def exchange(
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
-    if threads:
-        replies.began = written[0][1].sent_at if written else began
-    else:
-        replies.began = _first_sent(written, began)
+    ordered = threads and written
+    replies.began = written[0][1].sent_at if ordered else _first_sent(written, began)
     return replies
-
-
-def _abandon_waiting(sent: list[tuple[Pipe, Slot]]) -> None:
-    """A wait interrupted: replies still to come are dropped when they come (the pipes are
-    shared: closing one would break every other round on it)."""
-    for pipe, slot in sent:
-        if slot.reply is PENDING:
-            pipe.abandon(slot)
-
-
-#: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
-ANSWERS = frozenset({bytes, int, list, type(None)})
-
-
-def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFailure:
-    """A reply the round did not wait for: a quorum had already decided it. The master is not
-    blamed (not silent, no timeout: we chose not to wait); its reply is not a vote when it comes
-    (``_settle_late``). Whatever the request does there meanwhile is ours to undo, and is undone
-    in order: a failed acquisition's release, or the holder's, goes later on this same pipe, and
-    the master applies it after the request it follows."""
-    pipe.abandon(slot)
-    script = requests.script
-    if script is not None and not slot.keeps_late:
-        slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
-    return unawaited_failure(node.label)
-
-
-def _settle_late(
-    node: Node, pipe: Pipe, requests: Requests, *, resend: bool
-) -> Callable[[object], None]:
-    """What a script's late reply still teaches: an answer, that the master has the script (else
-    every request there carries its source again); NOSCRIPT, that it never ran. With ``resend``
-    (a script that grants nothing: a release, a read) it is sent again with its source: a late
-    compare-and-delete cannot remove a newer holder's key. A grant is never resent late."""
-
-    def settle(reply: object) -> None:
-        if type(reply) in ANSWERS:
-            requests.answered(node)
-        elif requests.forgot_script(node, pipe, reply) and resend:
-            again = pipe.send(requests.with_source(), time.monotonic())
-            if again is not None:
-                pipe.abandon(again)
-
-    return settle
 
 
 # (``_due`` and ``_first_sent`` loop in Python: ``max``/``min`` over two ``map``s read the same
 # five stamps in C, and cost two rounds' worth of these loops in argument parsing and calls.)
-
-
 def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
     """When the last of ``sent`` is due: its request's stamp plus the node budget."""
     latest = sent[0][1].sent_at

@@ -8,6 +8,9 @@ from collections.abc import Callable
 #: What a slot holds until its reply comes.
 PENDING = object()
 
+#: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
+ANSWERS = frozenset({bytes, int, list, type(None)})
+
 
 class Broken:
     """A slot's answer when its pipe broke before the reply came (not a reply of the master)."""
