@@ -200,7 +200,7 @@ def test_a_thread_round_writes_straight_to_an_idle_pipe_and_behind_a_busy_ones_r
     assert fan_out(nodes, ("GET", key), 2.0) == [None] * 5
     assert through == []  # idle pipes: written straight
     for master in masters:
-        master.call("CLIENT", "PAUSE", 400, "WRITE")  # the SET is answered 400 ms later
+        master.call("CLIENT", "PAUSE", 800, "WRITE")  # the SET is answered 800 ms later
     first: list[object] = []
     writer = threading.Thread(
         target=lambda: first.append(fan_out(nodes, ("SET", key, "v", "PX", 5000), 2.0))
@@ -256,7 +256,7 @@ def test_an_async_round_writes_straight_to_an_idle_loop_pipe_and_behind_a_busy_o
         await afan_out(engine, Round(("GET", key)))  # the loop's pipes, open
         idle = await traced(("GET", key))
         for master in masters:
-            master.call("CLIENT", "PAUSE", 400, "WRITE")  # the SET is answered 400 ms later
+            master.call("CLIENT", "PAUSE", 800, "WRITE")  # the SET is answered 800 ms later
         writer = asyncio.ensure_future(afan_out(engine, Round(("SET", key, "v", "PX", 5000))))
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and not all(
