@@ -9,6 +9,7 @@ known to have it once it answered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import signal
 import sys
@@ -270,3 +271,29 @@ def test_an_async_round_writes_straight_to_an_idle_loop_pipe_and_behind_a_busy_o
     assert idle == ([None] * 5, 5)  # five requests written straight
     assert written == [b"OK"] * 5
     assert busy == ([b"v"] * 5, 0)  # behind the SETs, the general way: its own replies
+
+
+class _EmptiedAfterTheTest(collections.deque):  # type: ignore[type-arg]
+    """A pipe's queue as a round that tested it saw it just before another thread's read took
+    its last slot: non-empty to the test, empty to the read that follows."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_a_pipe_emptied_by_another_threads_read_meanwhile_neither_owes_nor_stalls(
+    masters, redlock_of
+):
+    """``owes`` and ``stalled`` read the oldest slot once: a queue another thread's read emptied
+    between a round's test for emptiness and its read of the oldest slot is an idle pipe, not an
+    ``IndexError`` out of the round."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    fan_out(engine.nodes, ("GET", "cycle-path:emptied"), 2.0)
+    pipe = engine.nodes[0].pipe
+    assert pipe is not None
+    pipe.pending = _EmptiedAfterTheTest()
+    assert pipe.owes is False
+    assert pipe.stalled(time.monotonic(), 0.0) is False

@@ -35,7 +35,7 @@ import redis
 from redis._parsers.base import BaseParser
 
 from .dialing import Connected
-from .slots import PENDING, Broken, Slot, stamped
+from .slots import PENDING, Broken, Slot, oldest, stamped
 
 #: A pipe with this many unanswered requests is closed: its master has been silent for long, and
 #: what we told it is more than we want replayed when it wakes up.
@@ -341,14 +341,14 @@ class Pipe:
     @property
     def owes(self) -> bool:
         """The oldest unanswered request was given up on: the master has been silent."""
-        pending = self.pending
-        return pending[0].abandoned if pending else False  # (no bool(): asked every round)
+        first = oldest(self.pending)
+        return first is not None and first.abandoned
 
     def stalled(self, now: float, after: float) -> bool:
         """The oldest unanswered request was given up on and sent more than ``after`` seconds
         before ``now``: the master's replies may never come (a broken path)."""
-        pending = self.pending
-        return bool(pending) and pending[0].abandoned and now - pending[0].sent_at > after
+        first = oldest(self.pending)
+        return first is not None and first.abandoned and now - first.sent_at > after
 
     def abandon(self, slot: Slot) -> None:
         """Give up on ``slot``: its reply, when it comes, is dropped."""
