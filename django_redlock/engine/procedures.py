@@ -31,6 +31,7 @@ from .steps import (
     failures,
     free_in,
     granted,
+    grants,
     vote,
 )
 from .waiter import Waiter
@@ -179,10 +180,14 @@ def attempt(
     start = replies.began  # 1
     if waiter is not None and waiter.queued_since is None:
         waiter.queued_since = start
-    result = tally(masters, replies, want.ttl, start)  # 3
-    if result.won:
+    # 3: won iff a quorum granted it and validity = ttl - elapsed - drift > 0, that is, now is
+    # before start + ttl - drift (one pass over the replies: a lost round is tallied in full).
+    count, failed = grants(replies)
+    if count >= masters.quorum:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        return Granted(valid_until, failures(masters, replies, refusals=False))
+        if time.monotonic() < valid_until:
+            return Granted(valid_until, failed)
+    result = tally(masters, replies, want.ttl, start)
     if result.granted or result.failed:  # 4
         if waiter is not None:
             waiter.trusts_hand_offs = False

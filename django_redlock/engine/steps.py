@@ -151,6 +151,28 @@ def granted(reply: object) -> bool:
     return vote(reply) is _GRANTED
 
 
+def grants(replies: Sequence[Reply]) -> tuple[int, list[NodeFailure]]:
+    """One pass over an acquisition's replies (every acquisition's hot path): how many masters
+    granted it (as ``vote`` reads them), and those that failed (not those only unawaited once a
+    quorum granted it: ``failures`` without refusals). All that a won round needs; a lost one is
+    tallied in full (``procedures.tally``)."""
+    count = 0
+    failed: list[NodeFailure] = []
+    for reply in replies:
+        kind = type(reply)  # (the usual answers first, as ``vote``, without its call)
+        if kind is bytes:
+            count += 1
+        elif kind is int:
+            if reply:
+                count += 1
+        elif isinstance(reply, NodeFailure):
+            if reply.reason != UNAWAITED:
+                failed.append(reply)
+        elif vote(reply) is _GRANTED:
+            count += 1
+    return count, failed
+
+
 def failures(
     masters: Masters, replies: Sequence[Reply], *, refusals: bool = True
 ) -> list[NodeFailure]:
