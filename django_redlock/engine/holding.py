@@ -14,10 +14,10 @@ from . import protocol, scripts, values
 from .admission import holder_patience
 from .errors import UNAWAITED, ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
-from .procedures import COURTESY, JITTER, confirms, release_round, tally
+from .procedures import COURTESY, JITTER, release_round, tally
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
-from .steps import Detach, Masters, Pause, Procedure, Round, failures, granted
+from .steps import Detach, Masters, Pause, Procedure, Round, confirms, failures, granted
 
 
 def extend(

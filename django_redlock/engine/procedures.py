@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import admission, protocol, scripts, values
@@ -21,6 +21,8 @@ from .local_queues import Turn
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
+    RELEASED_ONE,
+    SET_GRANTED,
     AwaitNotice,
     AwaitTurn,
     Listen,
@@ -28,6 +30,7 @@ from .steps import (
     Pause,
     Procedure,
     Round,
+    confirms,
     failures,
     free_in,
     granted,
@@ -146,7 +149,7 @@ def attempt(
         request = Round(command, scripts.MULTI_ACQUIRE, patience=patience, enough=granted)
     elif waiter is None:
         command = ("SET", want.keys[0], want.value, "NX", "PX", ttl_ms)
-        request = Round(command, patience=patience, enough=granted)
+        request = Round(command, patience=patience, enough=SET_GRANTED)
     elif want.several:
         wait_ms = max(int((deadline - now) * 1000), 1)
         queues = tuple(map(masters.queue_key, want.resources))
@@ -383,15 +386,9 @@ def release_round(
     """``at_quorum``: the round returns once a quorum confirmed it (the holder's release; the
     undoing of a failed attempt waits for every master's answer, within the budget)."""
     command, script = masters.release_command(resources, value, notify=notify, queued_as=queued_as)
-    return Round(command, script, cleanup, enough=confirms(len(resources)) if at_quorum else None)
-
-
-def _confirms_one(reply: object) -> bool:
-    return isinstance(reply, int) and reply >= 1
-
-
-def confirms(several: int) -> Callable[[object], bool]:
-    """Whether a master's answer to a release confirms it removed our lease (every key of it)."""
-    if several == 1:
-        return _confirms_one
-    return lambda reply: reply == several
+    if not at_quorum:
+        return Round(command, script, cleanup)
+    several = len(resources)
+    return Round(
+        command, script, cleanup, enough=RELEASED_ONE if several == 1 else confirms(several)
+    )
