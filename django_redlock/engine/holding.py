@@ -17,7 +17,17 @@ from .leases import Lease
 from .procedures import COURTESY, JITTER, release_round, tally
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
-from .steps import Detach, Masters, Pause, Procedure, Round, confirms, failures, granted
+from .steps import (
+    RELEASED_ONE,
+    Detach,
+    Masters,
+    Pause,
+    Procedure,
+    Round,
+    confirms,
+    failures,
+    granted,
+)
 
 
 def extend(
@@ -156,7 +166,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     # many masters did not answer, and the highest count of keys-plus-woken a master returned.
     # (``reported``: those of them that failed, not only went unawaited once a quorum confirmed.)
     confirmed = unanswered = reported = highest = 0
-    confirms_it = confirms(several)
+    confirms_it = RELEASED_ONE if several == 1 else confirms(several)  # (ints only, here)
     for r in replies:
         if isinstance(r, int):
             if confirms_it(r):
