@@ -7,15 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Coroutine
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import dbguard, otel
+from .conf import get_redlock
 from .engine import Lock
 from .engine.leases import Lease, Owner
+from .engine.options import Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
 from .metrics import UNTEMPLATED
+
+if TYPE_CHECKING:
+    from .engine.redlock import Redlock
 
 
 class _Layer:
@@ -71,10 +76,11 @@ class DjangoLock(Lock):
     )
 
     def _own_layer(self, name: str, value: object) -> None:
-        """Set one of its options (``_DEFAULTS`` is everyone's: it gets a record of its own)."""
-        if self._layer is _DEFAULTS:
-            self._layer = _Layer(_DEFAULTS.db_guard, _DEFAULTS.template)
-        setattr(self._layer, name, value)
+        """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
+        ``plain()`` shares a record between the locks made with the same options)."""
+        own = _Layer(self._layer.db_guard, self._layer.template)
+        setattr(own, name, value)
+        self._layer = own
 
     # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per
@@ -159,6 +165,81 @@ class DjangoLock(Lock):
         if tracer is None:
             return super()._arelease(owner)
         return self._traced(tracer, "redlock.release", super()._arelease(owner))
+
+
+class _Preset(NamedTuple):
+    """What every plain lock made by ``plain()`` with the same options on one engine shares:
+    its options, checked once."""
+
+    key_prefix: str
+    ttl: float
+    wait: float
+    options: Options
+    layer: _Layer
+
+
+#: The presets of ``plain()`` (by its options) and the engine they were checked for: an engine
+#: built from other settings (``override_settings``, ``setting_changed``) has a table of its
+#: own, checked anew (its TTL, wait and ``MAX_TTL`` are the settings').
+_presets: tuple[Redlock | None, dict[tuple[object, ...], _Preset]] = (None, {})
+
+#: Option sets kept at most (a TTL computed per call would make one each): past it, the table
+#: starts again.
+PRESETS_KEPT = 256
+
+
+def plain(
+    resources: tuple[str, ...],
+    ttl: float | None,
+    wait: float | None,
+    label: str | None,
+    db_guard: bool,
+    template: str | None,
+) -> DjangoLock:
+    """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=)`` with every other
+    option left at its default: the usual lock, made on every ``with redlock(r):``.
+
+    Its options are checked once per engine and set of values (a ``ValueError`` names a bad
+    one, as ``DjangoLock(...)`` does: the first lock of a set is made by it, the others as it
+    made that one), and only the resources of each lock after that: a third of the cost of
+    making one (the options' checks and the eleven keyword arguments to ``__init__`` were the
+    rest). Each value's class is part of its key: ``True == 1 == 1.0`` as keys, but
+    ``ttl=True`` is refused where ``ttl=1`` is not."""
+    engine = get_redlock()
+    owner, table = _presets
+    key = (
+        ttl, type(ttl), wait, type(wait), label, type(label), db_guard, type(db_guard),
+        template, type(template),
+    )  # fmt: skip
+    try:
+        preset = table.get(key) if owner is engine else None
+    except TypeError:  # an unhashable value: refused by DjangoLock below, not kept
+        preset = None
+    if preset is None:
+        own = layer(db_guard, template)
+        lock = DjangoLock(
+            engine,
+            *resources,
+            ttl=engine.ttl if ttl is None else ttl,
+            wait=engine.wait if wait is None else wait,
+            label=label,
+        )
+        lock._layer = own
+        prefix = engine.lock_key("")
+        _keep(engine, key, _Preset(prefix, lock.ttl, lock.wait, lock._options, own))
+        return lock
+    prefix, ttl, wait, options, own = preset
+    made = DjangoLock.checked_apart(engine, resources, prefix, ttl, wait, options)
+    made._layer = own
+    return made
+
+
+def _keep(engine: Redlock, key: tuple[object, ...], preset: _Preset) -> None:
+    global _presets
+    owner, table = _presets
+    if owner is not engine or len(table) >= PRESETS_KEPT:
+        owner, table = _presets = (engine, {})
+    table[key] = preset
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):
