@@ -274,11 +274,11 @@ class Lock(Handle):
         redlock = self._redlock
         lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
-        redlock.holders.add(lease)
+        ref = redlock.holders.add(lease)
         if self._options.auto_extend:
             redlock.watchdog.watch(lease)
         elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
-            redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
+            redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
         notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
         lease.note_failures(won.failures, "acquire")
