@@ -20,7 +20,7 @@ from typing import Any
 from . import holding, markers, procedures, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
-from .events import NullObserver, notify
+from .events import NullObserver, notify, notify_acquired, notify_released
 from .granting import granted
 from .handles import Handle
 from .leases import Lease, Owner, current_owner
@@ -270,7 +270,7 @@ class Lock(Handle):
         waited = time.monotonic() - began
         notify(self._redlock.observer, "not_acquired", self, waited=waited, error=error)
 
-    def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> None:
+    def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
         redlock = self._redlock
         lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
@@ -280,8 +280,9 @@ class Lock(Handle):
         elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
-        notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
+        notify_acquired(redlock.observer, self, waited, won.attempts)
         lease.note_failures(won.failures, "acquire")
+        return lease
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
         return granted(self, owner, want.value, won, parts=want.parts)
@@ -306,15 +307,19 @@ class Lock(Handle):
         lease = self._callers.detach(owner, "release", self.resource)
         lease.depth -= 1
         if lease.depth > 0:
+            self._left_inner(lease)
             return None
         lease.released = True
         self._redlock.holders.remove(lease)
         return lease
 
+    def _left_inner(self, lease: Lease) -> None:
+        """An inner re-entrant entry of ``lease`` was let go of (no round): for subclasses."""
+
     def _released(self, owner: Owner, lease: Lease) -> None:
         self._callers.ended(owner, lease)
         held = time.monotonic() - lease.acquired_at
-        notify(self._redlock.observer, "released", self, held=held)
+        notify_released(self._redlock.observer, self, held)
 
     def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
         lease = self._held_lease("extend", owner)
