@@ -55,15 +55,14 @@ class DjangoLock(Lock):
     installed.
 
     The guard hooks where the engine's handle takes a lease (``_hold``, and ``_reenter`` for a
-    re-entry) and lets go of it (``_detach``, and ``_released`` after the release round): every
-    acquisition and release goes through them, sync or async (a ``with`` block, a locked
-    generator, ``release()``, whichever thread ends it). The spans wrap ``acquire`` /
-    ``aacquire``, ``extend`` / ``aextend`` and ``_release`` / ``_arelease``."""
+    re-entry) and lets go of it (``_left_inner`` for an inner entry, ``_released`` after the
+    release round): every acquisition and release goes through them, sync or async (a ``with``
+    block, a locked generator, ``release()``, whichever thread ends it). The spans wrap
+    ``acquire`` / ``aacquire``, ``extend`` / ``aextend`` and ``_release`` / ``_arelease``."""
 
     # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
     # keeps the defaults (``_Layer``), not two fields per held lock. Made by ``redlock()``, which
-    # sets ``_layer`` (``layer()``) after the engine's constructor: an ``__init__`` of our own
-    # that passed the engine's eleven options on cost a third of making the lock.
+    # sets ``_layer`` (``layer()``, or ``plain()``'s kept one) after the engine's constructor.
     __slots__ = ("_layer",)
     _layer: _Layer
 
@@ -86,9 +85,12 @@ class DjangoLock(Lock):
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per
     # operation, and two lookups of the caller's lease, cost an async cycle more than the guard.)
 
-    def _hold(self, owner: Owner, want: Want, won: Won) -> None:
-        super()._hold(owner, want, won)
-        self._guard(owner)
+    def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
+        lease = super()._hold(owner, want, won)
+        if self._layer.db_guard:
+            dbguard.install_here()
+            dbguard.guard(lease)
+        return lease
 
     def _reenter(self, owner: Owner) -> bool:
         if not super()._reenter(owner):
@@ -103,12 +105,8 @@ class DjangoLock(Lock):
                 dbguard.install_here()
                 dbguard.guard(lease)
 
-    def _detach(self, owner: Owner) -> Lease | None:
-        held = self._callers.get(owner)  # (before: a re-entry through this handle ends here)
-        lease = super()._detach(owner)
-        if lease is None and held is not None:  # an inner entry: no round, unguarded now
-            dbguard.unguard(held)
-        return lease
+    def _left_inner(self, lease: Lease) -> None:
+        dbguard.unguard(lease)  # an inner entry: no round, unguarded now
 
     def _released(self, owner: Owner, lease: Lease) -> None:
         # After the release round, whether or not it confirmed (called from its ``finally``).
