@@ -9,18 +9,24 @@ known to have it once it answered.
 from __future__ import annotations
 
 import asyncio
+import collections
+import inspect
+import signal
+import sys
+import threading
 import time
 from typing import Any
 
 import pytest
 
-from django_redlock.engine import procedures, scripts
-from django_redlock.engine.drivers import fan_out, run
+from django_redlock.engine import procedures, rounds, scripts
+from django_redlock.engine.drivers import afan_out, fan_out, run
 from django_redlock.engine.packing import pack
 from django_redlock.engine.pipes import Pipe
 from django_redlock.engine.procedures import Want
 from django_redlock.engine.slots import PENDING
-from django_redlock.engine.steps import granted
+from django_redlock.engine.steps import Round, granted
+from tests.conftest import wait_until
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.
 PAUSE_MS = 300
@@ -138,3 +144,156 @@ def test_an_async_requests_go_out_at_once_alone_and_together_in_one_tick(masters
     assert [getattr(c, "__qualname__", "") for c in after_alone] == []  # nothing asked of the loop
     assert [getattr(c, "__qualname__", "") for c in after_together] == [end_tick]  # one write
     assert end_tick not in [getattr(c, "__qualname__", "") for c in after_next]  # a new tick
+
+
+class _Interrupted(Exception):
+    """What the test's timer raises in the waiting thread (as Ctrl-C would)."""
+
+
+def test_a_sync_round_interrupted_while_waiting_gives_up_its_replies(masters, redlock_of):
+    """A thread's round waits for its replies in place (not through its driver): interrupted
+    there, it gives up the slots still waiting, as the driver did (their replies are dropped
+    when they come, and each pipe owes them); the next round on the same pipes gets its own."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    nodes = engine.nodes
+    fan_out(nodes, ("GET", "cycle-path:interrupted"), 2.0)  # the threads' pipes, open
+    for master in masters:
+        master.call("CLIENT", "PAUSE", 600, "WRITE")  # the SET waits 600 ms; the timer, 100
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(_Interrupted):
+            fan_out(nodes, ("SET", "cycle-path:interrupted", "v", "PX", 5000), 2.0, None, granted)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    pipes = [node.pipe for node in nodes]
+    assert all(pipe is not None and pipe.owes for pipe in pipes)  # given up, still owed
+    replies = fan_out(nodes, ("GET", "cycle-path:interrupted"), 2.0)  # after the SETs, in order
+    assert replies == [b"v"] * 5
+    assert [node.pipe for node in nodes] == pipes  # the same pipes: none was closed
+    assert not any(pipe.owes for pipe in pipes if pipe is not None)
+
+
+def test_a_thread_round_writes_straight_to_an_idle_pipe_and_behind_a_busy_ones_requests(
+    masters, redlock_of, monkeypatch
+):
+    """A thread's round writes its request straight to a master whose pipe has nothing in
+    flight (``Pipe.write``, not through ``Pipe.send``); a round that finds another thread's
+    requests still in flight there takes the general way, queued behind them: each reply still
+    goes to its own round, in order (the GET, sent while the SET waited, reads what it wrote)."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    nodes = engine.nodes
+    key = "cycle-path:straight"
+    fan_out(nodes, ("GET", key), 2.0)  # the threads' pipes, open
+    through: list[Pipe] = []
+    general = Pipe.send
+
+    def counted(self: Pipe, request: bytes, now: float, *args: Any, **kwargs: Any) -> Any:
+        through.append(self)
+        return general(self, request, now, *args, **kwargs)
+
+    monkeypatch.setattr(Pipe, "send", counted)
+    assert fan_out(nodes, ("GET", key), 2.0) == [None] * 5
+    assert through == []  # idle pipes: written straight
+    for master in masters:
+        master.call("CLIENT", "PAUSE", 800, "WRITE")  # the SET is answered 800 ms later
+    first: list[object] = []
+    writer = threading.Thread(
+        target=lambda: first.append(fan_out(nodes, ("SET", key, "v", "PX", 5000), 2.0))
+    )
+    writer.start()
+    assert wait_until(lambda: all(n.pipe is not None and n.pipe.pending for n in nodes), 2.0)
+    second = fan_out(nodes, ("GET", key), 2.0)  # while the SETs are in flight
+    writer.join(5.0)
+    assert first == [[b"OK"] * 5]
+    assert second == [b"v"] * 5  # behind the SET on each pipe, its own reply
+    assert set(through) == {node.pipe for node in nodes}  # the busy pipes: the general way
+
+
+def _straight_line() -> int:
+    """The line of ``exchange`` that writes a request straight to an idle pipe."""
+    lines, first = inspect.getsourcelines(rounds.exchange)
+    found = [first + n for n, line in enumerate(lines) if "slot = pipe.write(packed)" in line]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_an_async_round_writes_straight_to_an_idle_loop_pipe_and_behind_a_busy_ones_requests(
+    masters, redlock_of
+):
+    """As a thread's round: a loop's round writes straight to the masters whose pipe has nothing
+    in flight (the line that does it runs once per master); one that finds another task's
+    requests in flight takes the general way (that line never runs), queued behind them, and
+    each reply still goes to its own round."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    key = "cycle-path:straight-async"
+    straight, code = _straight_line(), rounds.exchange.__code__
+    hits: list[int] = []
+
+    def line_of(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == straight:
+            hits.append(straight)
+        return line_of
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return line_of if frame.f_code is code else None
+
+    async def traced(command: tuple[Any, ...]) -> tuple[object, int]:
+        hits.clear()
+        sys.settrace(tracer)
+        try:
+            replies = await afan_out(engine, Round(command))
+        finally:
+            sys.settrace(None)
+        return replies, len(hits)
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        await afan_out(engine, Round(("GET", key)))  # the loop's pipes, open
+        idle = await traced(("GET", key))
+        for master in masters:
+            master.call("CLIENT", "PAUSE", 800, "WRITE")  # the SET is answered 800 ms later
+        writer = asyncio.ensure_future(afan_out(engine, Round(("SET", key, "v", "PX", 5000))))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not all(
+            (pipe := node.loop_pipe(loop)) is not None and pipe.pending for node in engine.nodes
+        ):
+            await asyncio.sleep(0.005)
+        busy = await traced(("GET", key))  # while the SETs are in flight
+        return [idle, await writer, busy]
+
+    idle, written, busy = asyncio.run(scenario())
+    assert idle == ([None] * 5, 5)  # five requests written straight
+    assert written == [b"OK"] * 5
+    assert busy == ([b"v"] * 5, 0)  # behind the SETs, the general way: its own replies
+
+
+class _EmptiedAfterTheTest(collections.deque):  # type: ignore[type-arg]
+    """A pipe's queue as a round that tested it saw it just before another thread's read took
+    its last slot: non-empty to the test, empty to the read that follows."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_a_pipe_emptied_by_another_threads_read_meanwhile_neither_owes_nor_stalls(
+    masters, redlock_of
+):
+    """``owes`` and ``stalled`` read the oldest slot once: a queue another thread's read emptied
+    between a round's test for emptiness and its read of the oldest slot is an idle pipe, not an
+    ``IndexError`` out of the round."""
+    engine = redlock_of(masters, node_timeout=2.0)
+    fan_out(engine.nodes, ("GET", "cycle-path:emptied"), 2.0)
+    pipe = engine.nodes[0].pipe
+    assert pipe is not None
+    pipe.pending = _EmptiedAfterTheTest()
+    assert pipe.owes is False
+    assert pipe.stalled(time.monotonic(), 0.0) is False

@@ -106,6 +106,9 @@ class Node:
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
         #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
         self.acks = None if spec.ack is None else acks.Acks(spec.ack, timeout, self.label)
+        #: Routed, watched or acknowledged: a round looks into each of those for this master
+        #: (else it writes its request straight away: ``rounds.exchange``).
+        self.unusual = self.routed or self.watch is not None or self.acks is not None
         self._forget()
         _ALL_NODES.add(self)
 

@@ -25,7 +25,6 @@ from .detours import Delay
 from .packing import Command
 from .pipes import Pipe
 from .rounds import (
-    ANSWERS,
     Connect,
     Decides,
     Exchange,
@@ -35,7 +34,7 @@ from .rounds import (
     second_try,
 )
 from .scripts import Script
-from .slots import PENDING, Slot
+from .slots import ANSWERS, PENDING, Slot
 from .steps import (
     AwaitNotice,
     AwaitTurn,
@@ -47,6 +46,7 @@ from .steps import (
     Round,
     Step,
 )
+from .unawaited import abandon_waiting
 from .waiter import Waiter
 
 T = TypeVar("T")
@@ -104,11 +104,6 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     return notified
 
 
-def _threads_pipe(node: Node) -> Pipe | None:
-    pipe = node.pipe
-    return None if pipe is None or pipe.closed else pipe
-
-
 def fan_out(
     nodes: Sequence[Node],
     command: Command,
@@ -117,7 +112,8 @@ def fan_out(
     enough: Decides | None = None,
 ) -> RoundReplies:
     """One round (``rounds.exchange``) with blocking waits, on the threads' pipes."""
-    rounds = exchange(nodes, command, budget, _threads_pipe, script, enough)
+    # (None: the threads' pipes; its waits for replies are made in place: ``_wait_replies``.)
+    rounds = exchange(nodes, command, budget, None, script, enough, _wait_replies)
     answer: object = None
     while True:
         try:
@@ -126,8 +122,8 @@ def fan_out(
             return done.value  # type: ignore[no-any-return]
         answer = None
         try:
-            if isinstance(wait, Replies):
-                _wait_replies(wait)
+            if isinstance(wait, Replies):  # (a second try's: ``rounds._ask``)
+                _wait_replies(wait.sent, wait.deadline, wait.enough, wait.needed)
             elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
                 time.sleep(max(0.0, wait.until - time.monotonic()))
             else:
@@ -137,22 +133,22 @@ def fan_out(
             raise
 
 
-def _wait_replies(wait: Replies) -> None:
+def _wait_replies(
+    sent: list[tuple[Pipe, Slot]], deadline: float, enough: Decides | None, needed: int
+) -> None:
     """Wait for each reply in turn, the masters that answered fastest lately first, so that a
     round decided by its quorum's replies does not sit waiting on a slower master's. Once it is
     decided, the replies that came meanwhile are still read, without waiting: a master that
     answered is not left owing a reply (for the next round to read, after the round took it for
     unawaited)."""
-    sent, enough = wait.sent, wait.enough
     if enough is not None and len(sent) > 1:
         sent = sorted(sent, key=_latency)
-    needed = wait.needed
     fresh = True  # the first reply of a round cannot be there yet
     measured = False
     pairs = iter(sent)
     for pipe, slot in pairs:
         if slot.reply is PENDING:
-            pipe.wait(slot, wait.deadline, fresh=fresh)
+            pipe.wait(slot, deadline, fresh=fresh)
             if not measured:
                 # Only the first pipe waited for is timed: a later one's reply may have sat
                 # unread while we waited for another (a sync pipe is read by whoever waits).
@@ -336,12 +332,9 @@ _DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def _give_up(rounds: Exchange, wait: Connect | Replies | Delay) -> None:
-    """An interrupted round: replies still to come are dropped when they come (the pipes are
-    shared: closing one would break every other round on it)."""
+    """An interrupted round: its replies still to come are dropped (``abandon_waiting``)."""
     if isinstance(wait, Replies):
-        for pipe, slot in wait.sent:
-            if slot.reply is PENDING:
-                pipe.abandon(slot)
+        abandon_waiting(wait.sent)
     rounds.close()
 
 

@@ -23,7 +23,7 @@ class NodeFailure:
         return f"{self.node}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
 
 
-#: The reason of a reply the round did not wait for (``rounds.unawaited``): no failure of its
+#: The reason of a reply the round did not wait for (``unawaited.unawaited``): no failure of its
 #: master.
 UNAWAITED = "unawaited"
 

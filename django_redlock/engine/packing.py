@@ -32,7 +32,8 @@ class Requests:
         self.script = script
         #: The script's SHA (None: no script), which a master that answered is known to have.
         self.warm_sha = None if script is None else script.sha
-        self._packed = pack(command)
+        #: The request's RESP bytes (by SHA, for a script).
+        self.packed = pack(command)
         #: The request with the script's source, once a master needed it (else None).
         self.sourced: bytes | None = None
 
@@ -42,7 +43,7 @@ class Requests:
         in order, so the first loads it for every later one there); else with its source."""
         sha = self.warm_sha
         if sha is None or sha in node.warm or (pipe is not None and sha in pipe.scripts):
-            return self._packed
+            return self.packed
         return self.with_source()
 
     def with_source(self) -> bytes:

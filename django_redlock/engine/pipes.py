@@ -35,7 +35,7 @@ import redis
 from redis._parsers.base import BaseParser
 
 from .dialing import Connected
-from .slots import PENDING, Broken, Slot, stamped
+from .slots import PENDING, Broken, Slot, oldest, stamped
 
 #: A pipe with this many unanswered requests is closed: its master has been silent for long, and
 #: what we told it is more than we want replayed when it wakes up.
@@ -127,27 +127,12 @@ class Pipe:
         self, request: bytes, now: float, slots: tuple[Slot, ...] = (), *, preamble: bytes = b""
     ) -> Slot | None:
         """Queue a slot and write ``request`` (``now``: the round's monotonic time); None if the
-        pipe is closed (or broke now). ``slots``: for a request of several commands, one slot
-        per reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
-        command written just before it, in the same write (no other round's request between
-        them: a Cluster's ``ASKING``, which applies to the next command only), whose reply is
-        dropped."""
-        if self.loop is None and not slots and not preamble:  # a thread's round: the usual
-            # (acquire/release: a ``with`` costs CPython 3.11 ~0.5k more CPU instructions)
-            self._write_lock.acquire()
-            try:
-                if self.closed or len(self.pending) >= MAX_PENDING:
-                    return None
-                slot = Slot()
-                slot.sent_at = time.monotonic()  # stamped as it is written
-                self.pending.append(slot)
-                self._sock.sendall(request)
-            except OSError as exc:  # (as below)
-                self.close(exc)
-                return None
-            finally:
-                self._write_lock.release()
-            return slot
+        pipe is closed (or broke now). ``slots``: for a request of several commands, one slot per
+        reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
+        command written just before it in the same write (a Cluster's ``ASKING``, which applies
+        to the next command only: no other round's request between them), its reply dropped."""
+        if self.loop is None and not slots and not preamble:
+            return self.write(request)  # (a thread's round: the usual)
         if self.closed or len(self.pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else stamped(now)
@@ -185,6 +170,24 @@ class Pipe:
                 return None
         return slot
 
+    def write(self, request: bytes) -> Slot | None:
+        """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual)."""
+        lock = self._write_lock
+        lock.acquire()  # (not ``with``: CPython 3.11 pays ~0.5k more CPU instructions for it)
+        try:
+            if self.closed or len(self.pending) >= MAX_PENDING:
+                return None
+            slot = Slot()
+            slot.sent_at = time.monotonic()  # stamped as it is written
+            self.pending.append(slot)
+            self._sock.sendall(request)
+        except OSError as exc:  # (as in ``send``)
+            self.close(exc)
+            return None
+        finally:
+            lock.release()
+        return slot
+
     def end_tick(self) -> None:
         """The loop tick is over: write what its later requests queued, in one send."""
         self._in_tick = False
@@ -192,8 +195,7 @@ class Pipe:
             self._flush()
 
     def _write_first(self, slots: tuple[Slot, ...], request: bytes) -> None:
-        """Write the tick's first request now (nothing is queued before it: ``_out`` is empty);
-        what does not fit is queued, for POLLOUT."""
+        """Write the tick's first request now (``_out`` is empty); the rest waits for POLLOUT."""
         now = time.monotonic()
         for slot in slots:
             slot.sent_at = now
@@ -339,16 +341,14 @@ class Pipe:
     @property
     def owes(self) -> bool:
         """The oldest unanswered request was given up on: the master has been silent."""
-        pending = self.pending
-        if pending:  # (no bool(): every round asks every pipe)
-            return pending[0].abandoned
-        return False
+        first = oldest(self.pending)
+        return first is not None and first.abandoned
 
     def stalled(self, now: float, after: float) -> bool:
         """The oldest unanswered request was given up on and sent more than ``after`` seconds
         before ``now``: the master's replies may never come (a broken path)."""
-        pending = self.pending
-        return bool(pending) and pending[0].abandoned and now - pending[0].sent_at > after
+        first = oldest(self.pending)
+        return first is not None and first.abandoned and now - first.sent_at > after
 
     def abandon(self, slot: Slot) -> None:
         """Give up on ``slot``: its reply, when it comes, is dropped."""

@@ -15,13 +15,14 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError,
 
 from . import detours
 from .connections import Node
-from .errors import NodeFailure, unawaited_failure
+from .errors import NodeFailure
 from .packing import Command, Requests, pack
 from .pipes import Pipe
 from .protocol import quorum
 from .quarantine import abstain, abstains
 from .scripts import Script
-from .slots import PENDING, Broken, Slot
+from .slots import ANSWERS, PENDING, Broken, Slot
+from .unawaited import abandon_waiting, unawaited
 
 #: A master that let a request go unanswered for its whole budget (paused, overloaded, cut off)
 #: is left out of the rounds for this long: it would most likely cost every round its budget
@@ -84,7 +85,11 @@ Decides = Callable[[object], bool]
 
 Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
-#: How a driver finds a master's open pipe for this round (threads' or the running loop's).
+#: How a thread waits for a round's replies in place (``drivers._wait_replies``): as ``Replies``.
+WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None", int], None]
+
+#: How a driver finds a master's open pipe for this round (the running loop's); None: the
+#: threads' pipe (``Node.pipe``, if open: read in the loop, without a call per master).
 PipeOf = Callable[[Node], Pipe | None]
 
 
@@ -92,9 +97,10 @@ def exchange(
     nodes: Sequence[Node],
     command: Command,
     budget: float,
-    pipe_of: PipeOf,
+    pipe_of: PipeOf | None,
     script: Script | None = None,
     enough: Decides | None = None,
+    wait_here: WaitHere | None = None,
 ) -> Exchange:
     """Send ``command`` to every master, all before waiting for any reply; then take every reply
     within ``budget`` seconds of its request leaving (or, with ``enough``, only until a quorum
@@ -105,10 +111,18 @@ def exchange(
     there, in order) and count it as failed, until it has caught up. ``script``: the script
     ``command`` runs (EVALSHA), sent with its source to masters not known to have it, and resent
     so to one that answers NOSCRIPT. A Redis Cluster member is asked on the shard that owns the
-    request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``)."""
+    request's slot (``Node.route``), its ``MOVED``/``ASK``/``TRYAGAIN`` followed (``detours``).
+
+    ``wait_here``: a thread's round waits for its replies by calling it rather than by yielding
+    ``Replies`` (a resumption, an object and a pass of its driver fewer); interrupted there
+    (Ctrl-C), it gives up the slots still waiting, as the driver would. Second tries yield."""
     began = time.monotonic()
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
     requests = Requests(command, script)
+    packed, sha = requests.packed, requests.warm_sha  # (the usual request, written directly)
+    # A thread stamps its slots as it writes them, in this loop's order: the first written is the
+    # earliest, the last the latest (no pass over them). A loop's pipe stamps them at its flush.
+    threads = pipe_of is None
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] | None = None  # (made by the first: a second try's, seldom)
     # What was sent and is waited for: the masters' indexes, and their (pipe, slot) pairs, as
@@ -120,11 +134,27 @@ def exchange(
     unconnected: list[int] | None = None  # (made by the first: a connect's, seldom)
     watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
     for i, node in enumerate(nodes):
-        if node.routed:
-            node = nodes[i] = node.route(command)
-        if node.watch is not None:
-            watched = True
-        pipe = pipe_of(node)
+        if node.unusual:  # (routed, watched or acknowledged: seldom)
+            if node.routed:
+                node = nodes[i] = node.route(command)
+            watched = watched or node.watch is not None
+            pipe = node.pipe if pipe_of is None else pipe_of(node)
+        else:
+            pipe = node.pipe if pipe_of is None else pipe_of(node)
+            if (
+                pipe is not None
+                and not pipe.pending
+                and node.silent_until <= began
+                and (sha is None or sha in node.warm)
+            ):
+                # The usual (idle, not silent, knows the script): what the checks below come to.
+                slot = pipe.write(packed) if threads else pipe.send(packed, began)
+                if slot is not None:
+                    where.append(i)
+                    sent.append((pipe, slot))
+                    continue
+        if threads and pipe is not None and pipe.closed:  # (a loop's pipe_of: open ones only)
+            pipe = None
         owes = False
         # (``pending`` first: a pipe with nothing in flight, the usual, owes nothing; asking
         # ``owes`` of every pipe cost a property call per master per round.)
@@ -145,13 +175,18 @@ def exchange(
             # not a paused master). Ask it afresh rather than behind them.
             pipe.close()
             pipe = None
-        if pipe is not None and (slot := requests.send(node, pipe, began)) is not None:
-            where.append(i)
-            sent.append((pipe, slot))
-        else:
-            if unconnected is None:
-                unconnected = []
-            unconnected.append(i)
+        if pipe is not None:
+            if node.acks is None and (sha is None or sha in node.warm):
+                slot = pipe.send(packed, began)  # (what ``requests.send`` writes: 2 calls fewer)
+            else:
+                slot = requests.send(node, pipe, began)
+            if slot is not None:
+                where.append(i)
+                sent.append((pipe, slot))
+                continue
+        if unconnected is None:
+            unconnected = []
+        unconnected.append(i)
     for i in unconnected or ():
         node = nodes[i]
         made = yield from _connect(node, budget)
@@ -171,7 +206,15 @@ def exchange(
         # that the second try still has most of the budget; else when all came, or when the
         # last of them is due (each master's budget runs from when its request left), or when
         # the round is decided.
-        yield Replies(sent, _due(sent, budget), enough, needed)
+        if wait_here is None:
+            yield Replies(sent, _due(sent, budget), enough, needed)
+        else:
+            try:
+                due = sent[-1][1].sent_at + budget if threads else _due(sent, budget)
+                wait_here(sent, due, enough, needed)
+            except BaseException:
+                abandon_waiting(sent)
+                raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
         # (zip without strict: ``where`` and ``sent`` grow together, and ``strict=True`` costs
@@ -215,50 +258,13 @@ def exchange(
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
-    replies.began = _first_sent(written, began)
+    ordered = threads and written
+    replies.began = written[0][1].sent_at if ordered else _first_sent(written, began)
     return replies
-
-
-#: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
-ANSWERS = frozenset({bytes, int, list, type(None)})
-
-
-def unawaited(node: Node, pipe: Pipe, slot: Slot, requests: Requests) -> NodeFailure:
-    """A reply the round did not wait for: a quorum had already decided it. The master is not
-    blamed (not silent, no timeout: we chose not to wait); its reply is not a vote when it comes
-    (``_settle_late``). Whatever the request does there meanwhile is ours to undo, and is undone
-    in order: a failed acquisition's release, or the holder's, goes later on this same pipe, and
-    the master applies it after the request it follows."""
-    pipe.abandon(slot)
-    script = requests.script
-    if script is not None and not slot.keeps_late:
-        slot.on_late = _settle_late(node, pipe, requests, resend=not script.acked)
-    return unawaited_failure(node.label)
-
-
-def _settle_late(
-    node: Node, pipe: Pipe, requests: Requests, *, resend: bool
-) -> Callable[[object], None]:
-    """What a script's late reply still teaches: an answer, that the master has the script (else
-    every request there carries its source again); NOSCRIPT, that it never ran. With ``resend``
-    (a script that grants nothing: a release, a read) it is sent again with its source: a late
-    compare-and-delete cannot remove a newer holder's key. A grant is never resent late."""
-
-    def settle(reply: object) -> None:
-        if type(reply) in ANSWERS:
-            requests.answered(node)
-        elif requests.forgot_script(node, pipe, reply) and resend:
-            again = pipe.send(requests.with_source(), time.monotonic())
-            if again is not None:
-                pipe.abandon(again)
-
-    return settle
 
 
 # (``_due`` and ``_first_sent`` loop in Python: ``max``/``min`` over two ``map``s read the same
 # five stamps in C, and cost two rounds' worth of these loops in argument parsing and calls.)
-
-
 def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
     """When the last of ``sent`` is due: its request's stamp plus the node budget."""
     latest = sent[0][1].sent_at

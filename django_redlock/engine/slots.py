@@ -3,10 +3,13 @@ until then, or ``Broken`` if the pipe broke first."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 #: What a slot holds until its reply comes.
 PENDING = object()
+
+#: Reply types that are plain answers (not an error reply, a broken pipe, or no reply yet).
+ANSWERS = frozenset({bytes, int, list, type(None)})
 
 
 class Broken:
@@ -49,3 +52,12 @@ def stamped(now: float) -> Slot:
     slot = Slot()
     slot.sent_at = now
     return slot
+
+
+def oldest(queue: Sequence[Slot]) -> Slot | None:
+    """The oldest slot of a pipe's queue, or None, read once: another thread reading the pipe
+    may take its last slot between a test for emptiness and a read of ``queue[0]``."""
+    try:
+        return queue[0]
+    except IndexError:
+        return None
