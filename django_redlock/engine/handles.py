@@ -55,7 +55,10 @@ class Handle(WithOptions):
             at_most=at_most,
         )
         wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        keys = tuple(map(redlock.lock_key, resources))
+        if len(resources) == 1:  # (the usual case: no map, no generator)
+            keys: tuple[str, ...] = (redlock.lock_key(resources[0]),)
+        else:
+            keys = tuple(map(redlock.lock_key, resources))
         self._assemble(redlock, resources, keys, ttl, wait, checked)
 
     @classmethod
