@@ -27,6 +27,8 @@ from .engine import (
     QuorumUnavailable,
 )
 from .engine.locking import locking
+from .engine.modes import check_mode as _check_mode
+from .engine.redlock import check_bounds_for as _check_bounds_for
 
 if TYPE_CHECKING:
     from .commands import GuardedCommandMixin, guard_command
@@ -125,6 +127,18 @@ def redlock(
     the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
+    if (
+        auto_extend is False
+        and reentrant is False
+        and shared is False
+        and limit is None
+        and on_lost is None
+        and max_extensions is None
+        and max_hold is None
+        and at_least is None
+        and at_most is None
+    ):  # (every such option at its default, as it is for most locks)
+        return (_plain or _import_plain())(resources, ttl, wait, label, db_guard, template)
     get_redlock, check_mode, check_bounds_for, django_lock_class, layer = _layer()
     mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
     check_bounds_for(mode, at_least, at_most)
@@ -149,6 +163,21 @@ def redlock(
     return lock
 
 
+#: ``locks.plain``, once ``redlock()`` first needed it.
+_plain: Callable[..., Lock] | None = None
+
+
+def _import_plain() -> Callable[..., Lock]:
+    """``locks.plain``, imported by ``redlock()``'s first call (importing this package imports
+    no Django machinery) and kept in a global (read per call: cheaper than a cached function's
+    call, which cheaper than a function-local import)."""
+    global _plain
+    from .locks import plain
+
+    _plain = plain
+    return plain
+
+
 @cache
 def _layer() -> tuple[
     Callable[[], Redlock],
@@ -157,15 +186,12 @@ def _layer() -> tuple[
     Callable[[type[Lock]], type[DjangoLock]],
     Callable[[object, object], Any],
 ]:
-    """What ``redlock()`` needs of the Django layer, imported on its first call (importing this
-    package imports no Django machinery) and kept: four function-local imports cost about
-    10 us per call, half of what making the lock costs."""
+    """What ``redlock()`` needs of the Django layer for a lock with other options than
+    ``plain()``'s, imported on its first call and kept."""
     from .conf import get_redlock
-    from .engine.modes import check_mode
-    from .engine.redlock import check_bounds_for
     from .locks import django_lock_class, layer
 
-    return get_redlock, check_mode, check_bounds_for, django_lock_class, layer
+    return get_redlock, _check_mode, _check_bounds_for, django_lock_class, layer
 
 
 def locked(*resources: str, **options: Any) -> Callable[[F], F]:

@@ -151,6 +151,9 @@ def unguard(lease: Lease) -> None:
     finished by the server in another thread) it finds nothing to remove: the entry left behind
     is a released lease, which never refuses a query."""
     leases = _guarded.get()
+    if leases and leases[-1] is lease:  # the innermost: the usual block's end
+        _guarded.set(leases[:-1])
+        return
     for i in range(len(leases) - 1, -1, -1):
         if leases[i] is lease:
             _guarded.set(leases[:i] + leases[i + 1 :])

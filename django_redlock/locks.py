@@ -7,15 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Coroutine
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import dbguard, otel
+from .conf import get_redlock
 from .engine import Lock
 from .engine.leases import Lease, Owner
+from .engine.options import Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
 from .metrics import UNTEMPLATED
+
+if TYPE_CHECKING:
+    from .engine.redlock import Redlock
 
 
 class _Layer:
@@ -50,15 +55,14 @@ class DjangoLock(Lock):
     installed.
 
     The guard hooks where the engine's handle takes a lease (``_hold``, and ``_reenter`` for a
-    re-entry) and lets go of it (``_detach``, and ``_released`` after the release round): every
-    acquisition and release goes through them, sync or async (a ``with`` block, a locked
-    generator, ``release()``, whichever thread ends it). The spans wrap ``acquire`` /
-    ``aacquire``, ``extend`` / ``aextend`` and ``_release`` / ``_arelease``."""
+    re-entry) and lets go of it (``_left_inner`` for an inner entry, ``_released`` after the
+    release round): every acquisition and release goes through them, sync or async (a ``with``
+    block, a locked generator, ``release()``, whichever thread ends it). The spans wrap
+    ``acquire`` / ``aacquire``, ``extend`` / ``aextend`` and ``_release`` / ``_arelease``."""
 
     # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
     # keeps the defaults (``_Layer``), not two fields per held lock. Made by ``redlock()``, which
-    # sets ``_layer`` (``layer()``) after the engine's constructor: an ``__init__`` of our own
-    # that passed the engine's eleven options on cost a third of making the lock.
+    # sets ``_layer`` (``layer()``, or ``plain()``'s kept one) after the engine's constructor.
     __slots__ = ("_layer",)
     _layer: _Layer
 
@@ -71,18 +75,22 @@ class DjangoLock(Lock):
     )
 
     def _own_layer(self, name: str, value: object) -> None:
-        """Set one of its options (``_DEFAULTS`` is everyone's: it gets a record of its own)."""
-        if self._layer is _DEFAULTS:
-            self._layer = _Layer(_DEFAULTS.db_guard, _DEFAULTS.template)
-        setattr(self._layer, name, value)
+        """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
+        ``plain()`` shares a record between the locks made with the same options)."""
+        own = _Layer(self._layer.db_guard, self._layer.template)
+        setattr(own, name, value)
+        self._layer = own
 
     # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per
     # operation, and two lookups of the caller's lease, cost an async cycle more than the guard.)
 
-    def _hold(self, owner: Owner, want: Want, won: Won) -> None:
-        super()._hold(owner, want, won)
-        self._guard(owner)
+    def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
+        lease = super()._hold(owner, want, won)
+        if self._layer.db_guard:
+            dbguard.install_here()
+            dbguard.guard(lease)
+        return lease
 
     def _reenter(self, owner: Owner) -> bool:
         if not super()._reenter(owner):
@@ -97,12 +105,8 @@ class DjangoLock(Lock):
                 dbguard.install_here()
                 dbguard.guard(lease)
 
-    def _detach(self, owner: Owner) -> Lease | None:
-        held = self._callers.get(owner)  # (before: a re-entry through this handle ends here)
-        lease = super()._detach(owner)
-        if lease is None and held is not None:  # an inner entry: no round, unguarded now
-            dbguard.unguard(held)
-        return lease
+    def _left_inner(self, lease: Lease) -> None:
+        dbguard.unguard(lease)  # an inner entry: no round, unguarded now
 
     def _released(self, owner: Owner, lease: Lease) -> None:
         # After the release round, whether or not it confirmed (called from its ``finally``).
@@ -159,6 +163,81 @@ class DjangoLock(Lock):
         if tracer is None:
             return super()._arelease(owner)
         return self._traced(tracer, "redlock.release", super()._arelease(owner))
+
+
+class _Preset(NamedTuple):
+    """What every plain lock made by ``plain()`` with the same options on one engine shares:
+    its options, checked once."""
+
+    key_prefix: str
+    ttl: float
+    wait: float
+    options: Options
+    layer: _Layer
+
+
+#: The presets of ``plain()`` (by its options) and the engine they were checked for: an engine
+#: built from other settings (``override_settings``, ``setting_changed``) has a table of its
+#: own, checked anew (its TTL, wait and ``MAX_TTL`` are the settings').
+_presets: tuple[Redlock | None, dict[tuple[object, ...], _Preset]] = (None, {})
+
+#: Option sets kept at most (a TTL computed per call would make one each): past it, the table
+#: starts again.
+PRESETS_KEPT = 256
+
+
+def plain(
+    resources: tuple[str, ...],
+    ttl: float | None,
+    wait: float | None,
+    label: str | None,
+    db_guard: bool,
+    template: str | None,
+) -> DjangoLock:
+    """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=)`` with every other
+    option left at its default: the usual lock, made on every ``with redlock(r):``.
+
+    Its options are checked once per engine and set of values (a ``ValueError`` names a bad
+    one, as ``DjangoLock(...)`` does: the first lock of a set is made by it, the others as it
+    made that one), and only the resources of each lock after that: a third of the cost of
+    making one (the options' checks and the eleven keyword arguments to ``__init__`` were the
+    rest). Each value's class is part of its key: ``True == 1 == 1.0`` as keys, but
+    ``ttl=True`` is refused where ``ttl=1`` is not."""
+    engine = get_redlock()
+    owner, table = _presets
+    key = (
+        ttl, type(ttl), wait, type(wait), label, type(label), db_guard, type(db_guard),
+        template, type(template),
+    )  # fmt: skip
+    try:
+        preset = table.get(key) if owner is engine else None
+    except TypeError:  # an unhashable value: refused by DjangoLock below, not kept
+        preset = None
+    if preset is None:
+        own = layer(db_guard, template)
+        lock = DjangoLock(
+            engine,
+            *resources,
+            ttl=engine.ttl if ttl is None else ttl,
+            wait=engine.wait if wait is None else wait,
+            label=label,
+        )
+        lock._layer = own
+        prefix = engine.lock_key("")
+        _keep(engine, key, _Preset(prefix, lock.ttl, lock.wait, lock._options, own))
+        return lock
+    prefix, ttl, wait, options, own = preset
+    made = DjangoLock.checked_apart(engine, resources, prefix, ttl, wait, options)
+    made._layer = own
+    return made
+
+
+def _keep(engine: Redlock, key: tuple[object, ...], preset: _Preset) -> None:
+    global _presets
+    owner, table = _presets
+    if owner is not engine or len(table) >= PRESETS_KEPT:
+        owner, table = _presets = (engine, {})
+    table[key] = preset
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):

@@ -252,8 +252,13 @@ def enabled() -> bool:
 
 
 def acquired(waited: float, template: str = UNTEMPLATED) -> None:
-    if _collectors() is not None:
-        (_waits.get((template, "acquired")) or _wait(template, "acquired")).observe(waited)
+    # (A series kept means the collectors exist: no call to ask, on every lock's cycle.)
+    series = _waits.get((template, "acquired"))
+    if series is None:
+        if _collectors() is None:
+            return
+        series = _wait(template, "acquired")
+    series.observe(waited)
 
 
 def _wait(template: str, outcome: str) -> Any:
@@ -297,8 +302,12 @@ def node_failure(failure: NodeFailure) -> None:
 
 
 def released(held: float, template: str = UNTEMPLATED) -> None:
-    if _collectors() is not None:
-        (_holds.get(template) or _hold(template)).observe(held)
+    series = _holds.get(template)  # (as in ``acquired``)
+    if series is None:
+        if _collectors() is None:
+            return
+        series = _hold(template)
+    series.observe(held)
 
 
 def lost() -> None:

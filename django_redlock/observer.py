@@ -25,8 +25,18 @@ def _name(lock: Lock) -> str:
 
 def _template(lock: Lock) -> str:
     """The lock's template (the Django layer's locks carry one), for bounded metric labels."""
-    template = getattr(lock, "template", None)
+    # (Its record read, not the ``template`` property: a lookup less on every event.)
+    template = getattr(lock, "_layer", _UNLAYERED).template
     return template if isinstance(template, str) else metrics.UNTEMPLATED
+
+
+class _Unlayered:
+    """An engine lock's options of the Django layer: none."""
+
+    template = metrics.UNTEMPLATED
+
+
+_UNLAYERED = _Unlayered()
 
 
 class DjangoObserver:

@@ -13,74 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import holding, markers, options, procedures, protocol, reentry, renames
-from .callers import Callers
+from . import holding, markers, procedures, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
-from .events import NullObserver, notify
+from .events import NullObserver, notify, notify_acquired, notify_released
 from .granting import granted
+from .handles import Handle
 from .leases import Lease, Owner, current_owner
-from .options import WithOptions
 from .steps import Procedure
 from .values import make_value
 
-if TYPE_CHECKING:
-    from .redlock import Redlock
 
+class Lock(Handle):
+    """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``. Its fields,
+    and how they are checked when it is made: ``handles.Handle``."""
 
-class Lock(WithOptions):
-    """A lock over the masters of a ``Redlock``: ``Redlock.lock()``, ``redlock()``."""
-
-    # Slots: no __dict__ per handle held (a mode's subclass has one for its own fields).
-    __slots__ = (
-        "__weakref__", "_callers", "_options", "_redlock", "key", "keys", "resource", "resources",
-        "ttl", "wait",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        redlock: Redlock,
-        *resources: str,
-        ttl: float,
-        wait: float,
-        label: str | None = None,
-        auto_extend: bool = False,
-        max_extensions: int | None = None,
-        max_hold: float | None = None,
-        reentrant: bool = False,
-        on_lost: Callable[[Lock, LockLost], None] | None = None,
-        at_least: float | None = None,
-        at_most: float | None = None,
-    ) -> None:
-        self._redlock = redlock
-        self.resources = protocol.check_resources(resources)
-        # ``resource``: the name (several: joined with " + "), for messages, events and metrics;
-        # ``keys``: the keys on the masters; ``key`` names them as one.
-        if len(self.resources) == 1:  # the usual case, built on every ``with redlock(r):``
-            self.resource = self.resources[0]
-            self.key = redlock.lock_key(self.resource)
-            self.keys: tuple[str, ...] = (self.key,)
-        else:
-            self.resource = " + ".join(self.resources)
-            self.keys = tuple(map(redlock.lock_key, self.resources))
-            self.key = " + ".join(self.keys)
-        self._options, self.ttl = options.checked(
-            redlock.check_ttl(ttl),  # (within max_ttl, if set)
-            label=label,
-            auto_extend=auto_extend,
-            max_extensions=max_extensions,
-            max_hold=max_hold,
-            reentrant=reentrant,
-            on_lost=on_lost,
-            at_least=at_least,
-            at_most=at_most,
-        )
-        self.wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        self._callers = Callers()
+    __slots__ = ()
 
     def __repr__(self) -> str:
         lease = self._callers.get(current_owner())
@@ -318,18 +270,19 @@ class Lock(WithOptions):
         waited = time.monotonic() - began
         notify(self._redlock.observer, "not_acquired", self, waited=waited, error=error)
 
-    def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> None:
+    def _hold(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
         redlock = self._redlock
         lease = self._lease(owner, want, won)
         self._callers.add(owner, lease)
-        redlock.holders.add(lease)
+        ref = redlock.holders.add(lease)
         if self._options.auto_extend:
             redlock.watchdog.watch(lease)
         elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
-            redlock.watchdog.watch_expiry(lease)  # someone listens: tell when it runs out
+            redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
-        notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
+        notify_acquired(redlock.observer, self, waited, won.attempts)
         lease.note_failures(won.failures, "acquire")
+        return lease
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
         return granted(self, owner, want.value, won, parts=want.parts)
@@ -354,15 +307,19 @@ class Lock(WithOptions):
         lease = self._callers.detach(owner, "release", self.resource)
         lease.depth -= 1
         if lease.depth > 0:
+            self._left_inner(lease)
             return None
         lease.released = True
         self._redlock.holders.remove(lease)
         return lease
 
+    def _left_inner(self, lease: Lease) -> None:
+        """An inner re-entrant entry of ``lease`` was let go of (no round): for subclasses."""
+
     def _released(self, owner: Owner, lease: Lease) -> None:
         self._callers.ended(owner, lease)
         held = time.monotonic() - lease.acquired_at
-        notify(self._redlock.observer, "released", self, held=held)
+        notify_released(self._redlock.observer, self, held)
 
     def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
         lease = self._held_lease("extend", owner)

@@ -11,7 +11,7 @@ the shared defaults costs 8. The handle's attributes of the same names read the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -92,14 +92,11 @@ def checked(
 def option(name: str) -> Any:
     """A handle's attribute ``name``, read from its ``_options`` (a property whose getter runs
     in C: nearly as cheap to read as an attribute of its own). Setting it (unchecked, as setting
-    the attribute always was) gives the handle a record of its own first: ``DEFAULTS`` is
-    everyone's."""
+    the attribute always was) gives the handle a record of its own: ``DEFAULTS`` is everyone's,
+    and a record of other options may be shared by many handles (``Lock.checked_apart``)."""
 
     def write(lock: Any, value: object) -> None:
-        options = lock._options
-        if options is DEFAULTS:
-            options = lock._options = Options()  # (the defaults, its own)
-        setattr(options, name, value)
+        lock._options = replace(lock._options, **{name: value})
 
     return property(attrgetter(f"_options.{name}"), write, doc=f"The lock's ``{name}`` option.")
 

@@ -217,6 +217,8 @@ def check_resource(value: object) -> str:
     """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters that
     can be written as UTF-8 (no lone surrogate). Control characters are allowed (a name may come
     from a URL): every operator output escapes them."""
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_RESOURCE_LENGTH:
+        return value  # the usual name, on every new lock (ASCII: no surrogate to look for)
     if not isinstance(value, str):
         raise ValueError(f"resource must be a str, got {type(value).__name__} {value!r}")
     if not value:

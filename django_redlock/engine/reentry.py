@@ -61,7 +61,8 @@ class Holders:
             raise KeyError(key)
         return lease
 
-    def add(self, lease: Lease) -> None:
+    def add(self, lease: Lease) -> weakref.ref[Lease]:
+        """List ``lease`` under its keys; its weak reference (the watchdog's too)."""
         ref = weakref.ref(lease)
         with _TABLES:
             for key in lease.keys:
@@ -69,6 +70,7 @@ class Holders:
             if len(self._by_key) >= self._sweep_at:
                 self._by_key = {k: r for k, r in self._by_key.items() if r() is not None}
                 self._sweep_at = max(SWEEP_AT, 2 * len(self._by_key))
+        return ref
 
     def remove(self, lease: Lease) -> None:
         with _TABLES:
