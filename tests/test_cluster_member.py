@@ -17,7 +17,7 @@ from django.core.checks import WARNING
 from django.core.management import call_command
 from redis.crc import key_slot
 
-from django_redlock import conf, health, inventory
+from django_redlock import conf, health, inventory, redlock
 from django_redlock.checks import check_clusters_reachable, check_settings
 from django_redlock.engine import LockNotAcquired, Redlock
 from django_redlock.engine.cluster import SlotMap
@@ -320,6 +320,27 @@ def test_a_semaphore_is_refused_before_any_request():
             engine.lock("{pool}", limit=2)
     finally:
         engine.close()
+
+
+def test_redlock_refuses_what_a_cluster_member_cannot_lock_before_any_request(settings):
+    """Through Django's ``redlock()`` as through ``Redlock.lock``: a resource without a hash tag,
+    resources in two slots, a semaphore. Before any request: the member's address has no
+    server. Both ways ``redlock()`` makes a lock are checked: the first lock of a set of
+    options is made in full, the next ones from the options kept (``locks.plain``)."""
+    nowhere = f"redis+cluster://127.0.0.1:{free_port()}/"
+    settings.REDLOCK = {"NODES": [nowhere], "TTL": 5, "NODE_TIMEOUT": BUDGET}
+    for _ in range(2):  # made in full, then from the kept options
+        assert redlock("{order:1}:payment").key == "redlock:lock:{order:1}:payment"
+        with pytest.raises(ValueError, match="'invoice:1' has no hash tag"):
+            redlock("invoice:1")
+        with pytest.raises(ValueError, match=r"resources '\{a\}' .*'\{b\}' .*different hash tags"):
+            redlock("{a}", "{b}")
+    with pytest.raises(ValueError, match=r"limit=2: no semaphore .* Redis Cluster member"):
+        redlock("{pool}", limit=2)
+    with pytest.raises(ValueError, match="'report' has no hash tag"):
+        redlock("report", shared=True)
+    with pytest.raises(ValueError, match="'nightly' has no hash tag"):
+        redlock("nightly", auto_extend=True)
 
 
 def test_readers_keep_their_keys_in_the_names_slot(cluster, redlock_of):

@@ -43,6 +43,8 @@ class Handle(WithOptions):
         at_most: float | None = None,
     ) -> None:
         resources = protocol.check_resources(resources)
+        if redlock.clustered:  # (every handle, whoever makes it: ``Redlock.lock``, ``redlock()``)
+            redlock.check_resources(resources)
         checked, ttl = options.checked(
             redlock.check_ttl(ttl),  # (within max_ttl, if set)
             label=label,
@@ -81,12 +83,16 @@ class Handle(WithOptions):
         lock = object.__new__(cls)
         if len(resources) != 1:
             resources = protocol.check_resources(resources)
+            if redlock.clustered:
+                redlock.check_resources(resources)
             keys = tuple(key_prefix + r for r in resources)
             lock._assemble(redlock, resources, keys, ttl, wait, options)
             return lock
         # One resource, the usual lock: ``_assemble`` written out (a call less per lock; a test
         # compares the handles made both ways field by field).
         resource = protocol.check_resource(resources[0])
+        if redlock.clustered:
+            redlock.check_resources((resource,))
         lock._redlock = redlock
         lock.resources = (resource,)
         lock.resource = resource

@@ -8,6 +8,7 @@ import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from . import cluster
 from .granting import granted
 from .group_lock import GroupLock
 from .leases import Lease, Owner, current_owner
@@ -60,6 +61,8 @@ class PermitLock(GroupLock):
     key_suffix = "#permits"
 
     def __init__(self, redlock: Redlock, *resources: str, limit: int, **options: Any) -> None:
+        if redlock.clustered:
+            cluster.refuse_semaphore(limit)
         limit = check_limit(limit)
         super().__init__(redlock, *resources, option=f"limit={limit}", **options)
         self.limit = limit

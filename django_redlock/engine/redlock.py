@@ -244,10 +244,7 @@ class Redlock:
         holder frees the lock then, and is told: ``on_lost``, ``LockLost``); both for an
         exclusive lock only."""
         mode = check_mode(limit, shared, reentrant)
-        if self.clustered and limit is not None:
-            cluster.refuse_semaphore(limit)
         check_bounds_for(mode, at_least, at_most)
-        self.check_resources(resources)
         return mode(
             self,
             *resources,
