@@ -237,7 +237,10 @@ def _keep(engine: Redlock, key: tuple[object, ...], preset: _Preset) -> None:
     owner, table = _presets
     if owner is not engine or len(table) >= PRESETS_KEPT:
         owner, table = _presets = (engine, {})
-    table[key] = preset
+    try:
+        table[key] = preset
+    except TypeError:  # a valid value that cannot be hashed (a float subclass with __eq__ only)
+        pass  # its locks are each made in full, as before the table
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):

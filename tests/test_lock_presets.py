@@ -127,3 +127,18 @@ def test_a_lock_with_other_options_is_made_from_scratch(redlock_settings):
     with pytest.raises(ValueError, match="shared must be True or False, got 1"):
         redlock("doc", shared=1)
     assert isinstance(django_redlock.redlock("doc"), Handle)
+
+
+class _UnhashableSeconds(float):
+    """A valid number of seconds that cannot be a key (``__eq__`` without ``__hash__``)."""
+
+    def __eq__(self, other: object) -> bool:
+        return float.__eq__(self, other)
+
+
+def test_a_valid_value_that_cannot_be_kept_makes_each_lock_in_full(redlock_settings):
+    ttl = _UnhashableSeconds(5.0)
+    locks_made = [redlock("unkept", ttl=ttl) for _ in range(2)]  # neither kept nor refused
+    assert [lock.ttl for lock in locks_made] == [5.0, 5.0]
+    with locks_made[1]:
+        assert None not in stored_values(redlock_settings, locks_made[1].key)
