@@ -123,12 +123,15 @@ class LockSignal(Signal):
         responses: list[tuple[Any, Any]] = super().send_robust(sender, **named)
         if sender is Lock:
             found = self.sender_receivers_cache.get(Lock)
+            learnt: tuple[Any, ...] | None = None
             if found is NO_RECEIVERS:
-                learnt: tuple[Any, ...] | None = ()
-            elif found is None or any(is_async for _, is_async in found):
-                learnt = None  # (changed meanwhile; or an async receiver: Django's way)
-            else:
-                learnt = tuple(receiver for receiver, _ in found)
+                learnt = ()
+            elif found is not None:  # (None: changed meanwhile)
+                try:  # Django 5.2 keeps (receiver, is_async) pairs; another: its own way
+                    if not any(is_async for _, is_async in found):  # (async: Django's way)
+                        learnt = tuple(receiver for receiver, _ in found)
+                except (TypeError, ValueError):
+                    learnt = None
             with self.lock:
                 if self._changes == changes and not self._dead_receivers:
                     self._of_locks = learnt

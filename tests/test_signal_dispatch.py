@@ -243,3 +243,28 @@ def test_the_cycles_two_signals_reach_receivers_as_send_robust_would(
         finally:
             for n in range(len(receivers)):
                 signal.disconnect(dispatch_uid=f"case-{n}")
+
+
+def test_a_receiver_cache_kept_another_way_leaves_the_sends_to_django(monkeypatch):
+    """Our ``send_robust`` learns the receivers from Django 5.2's cache, ``(receiver, is_async)``
+    pairs. A Django that keeps them another way (here: triples, which this Django's own send
+    reads back as pairs): every send still reaches the receivers, by Django's own way, and
+    nothing raises."""
+    signal = LockSignal()
+    heard = Heard()
+    signal.connect(heard.receiver("one"), weak=False)
+    djangos = Signal.send_robust
+
+    def send_keeping_triples(self: Signal, sender: Any, **named: Any) -> Any:
+        cache = self.sender_receivers_cache
+        if isinstance(cache.get(sender), list):
+            cache[sender] = [(receiver, is_async) for receiver, is_async, _ in cache[sender]]
+        responses = djangos(self, sender, **named)
+        if isinstance(cache.get(sender), list):
+            cache[sender] = [(receiver, is_async, "new") for receiver, is_async in cache[sender]]
+        return responses
+
+    monkeypatch.setattr(Signal, "send_robust", send_keeping_triples)
+    for _ in range(3):
+        assert [r for _, r in signal.send_robust(Lock, lock=None)] == ["one done"]
+    assert heard.names() == ["one"] * 3
