@@ -176,10 +176,7 @@ def exchange(
             pipe.close()
             pipe = None
         if pipe is not None:
-            if node.acks is None and (sha is None or sha in node.warm):
-                slot = pipe.send(packed, began)  # (what ``requests.send`` writes: 2 calls fewer)
-            else:
-                slot = requests.send(node, pipe, began)
+            slot = requests.send(node, pipe, began)
             if slot is not None:
                 where.append(i)
                 sent.append((pipe, slot))
