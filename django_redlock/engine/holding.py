@@ -18,13 +18,13 @@ from .procedures import COURTESY, JITTER, release_round, tally
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
-    RELEASED_ONE,
     Detach,
     Masters,
     Pause,
     Procedure,
     Round,
     confirms,
+    confirms_answer,
     failures,
     granted,
 )
@@ -166,7 +166,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     # many masters did not answer, and the highest count of keys-plus-woken a master returned.
     # (``reported``: those of them that failed, not only went unawaited once a quorum confirmed.)
     confirmed = unanswered = reported = highest = 0
-    confirms_it = RELEASED_ONE if several == 1 else confirms(several)  # (ints only, here)
+    confirms_it = confirms_answer(several)  # (ints only, here)
     for r in replies:
         if isinstance(r, int):
             if confirms_it(r):

@@ -21,7 +21,6 @@ from .local_queues import Turn
 from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
-    RELEASED_ONE,
     SET_GRANTED,
     AwaitNotice,
     AwaitTurn,
@@ -30,7 +29,7 @@ from .steps import (
     Pause,
     Procedure,
     Round,
-    confirms,
+    confirms_answer,
     failures,
     free_in,
     granted,
@@ -388,7 +387,4 @@ def release_round(
     command, script = masters.release_command(resources, value, notify=notify, queued_as=queued_as)
     if not at_quorum:
         return Round(command, script, cleanup)
-    several = len(resources)
-    return Round(
-        command, script, cleanup, enough=RELEASED_ONE if several == 1 else confirms(several)
-    )
+    return Round(command, script, cleanup, enough=confirms_answer(len(resources)))

@@ -197,6 +197,12 @@ def confirms(several: int) -> Callable[[object], bool]:
     return lambda reply: reply == several
 
 
+def confirms_answer(several: int) -> Callable[[object], bool]:
+    """``confirms`` for a release's answers only (ints: a round's decider, or its replies once
+    failures are set apart), in C for the usual one key (``RELEASED_ONE``)."""
+    return RELEASED_ONE if several == 1 else confirms(several)
+
+
 def failures(
     masters: Masters, replies: Sequence[Reply], *, refusals: bool = True
 ) -> list[NodeFailure]:
