@@ -97,22 +97,6 @@ class LockSignal(Signal):
                 responses.append((receiver, response))
         return responses
 
-    def receivers_of_locks(self) -> list[Callable[..., Any]] | None:
-        """The receivers that ``send_robust(Lock, ...)`` calls now, all sync, in order; None
-        when it must find them itself (not learnt since a change, a receiver died, or an async
-        one listens)."""
-        receivers = self._of_locks
-        if receivers is None or self._dead_receivers:
-            return None
-        live = []
-        for receiver in receivers:
-            if isinstance(receiver, weakref.ReferenceType):
-                receiver = receiver()
-                if receiver is None:
-                    continue
-            live.append(receiver)
-        return live
-
     def failed(self, receiver: Any, error: Exception) -> None:
         """What ``send_robust`` does with an error a receiver raised: log it."""
         self._log_robust_failure(receiver, error)
@@ -149,9 +133,6 @@ masters_failed = LockSignal()
 # ``send_robust(Lock, **named)`` costs a keyword dictionary built, merged and unpacked per call
 # (5,500 instructions more per send with one receiver). Same receivers, same arguments, same
 # error handling as ``send_robust``.
-
-
-# (``receivers_of_locks()`` read inline: a call and a list less per send.)
 
 
 def send_acquired(lock: Lock, waited: float, attempts: int) -> None:
