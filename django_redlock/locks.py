@@ -87,23 +87,21 @@ class DjangoLock(Lock):
 
     def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
         lease = super()._hold(owner, want, won)
-        if self._layer.db_guard:
-            dbguard.install_here()
-            dbguard.guard(lease)
+        self._guard(lease)
         return lease
 
     def _reenter(self, owner: Owner) -> bool:
         if not super()._reenter(owner):
             return False
-        self._guard(owner)  # (each entry is guarded, and each exit unguards one)
+        lease = self._callers.get(owner)
+        if lease is not None:
+            self._guard(lease)  # (each entry is guarded, and each exit unguards one)
         return True
 
-    def _guard(self, owner: Owner) -> None:
-        if self.db_guard:
-            lease = self._callers.get(owner)
-            if lease is not None:
-                dbguard.install_here()
-                dbguard.guard(lease)
+    def _guard(self, lease: Lease) -> None:
+        if self._layer.db_guard:
+            dbguard.install_here()
+            dbguard.guard(lease)
 
     def _left_inner(self, lease: Lease) -> None:
         dbguard.unguard(lease)  # an inner entry: no round, unguarded now
