@@ -80,19 +80,17 @@ class Handle(WithOptions):
         (the Django layer's ``redlock()``). ``options`` may be shared: a handle whose option is
         set gets a record of its own (``options.option``). For a plain lock, or a subclass
         whose ``__init__`` makes nothing more (not a permit or a reader)."""
+        if redlock.clustered:  # (as ``__init__``; the member's rule for the keys' hash tags)
+            redlock.check_resources(resources)
         lock = object.__new__(cls)
         if len(resources) != 1:
             resources = protocol.check_resources(resources)
-            if redlock.clustered:
-                redlock.check_resources(resources)
             keys = tuple(key_prefix + r for r in resources)
             lock._assemble(redlock, resources, keys, ttl, wait, options)
             return lock
         # One resource, the usual lock: ``_assemble`` written out (a call less per lock; a test
         # compares the handles made both ways field by field).
         resource = protocol.check_resource(resources[0])
-        if redlock.clustered:
-            redlock.check_resources((resource,))
         lock._redlock = redlock
         lock.resources = (resource,)
         lock.resource = resource
