@@ -301,14 +301,14 @@ class Admission:
 
     def __init__(self, limit: int = IN_FLIGHT) -> None:
         self.limit = limit
-        self._pid = process.pid()
+        self._pid = process.pid
         self._threads = ThreadGate(limit)
         self._loops: dict[asyncio.AbstractEventLoop, LoopGate] = {}
 
     def threads(self) -> ThreadGate:
-        if self._pid != process.pid():
+        if self._pid != process.pid:
             # A forked child: its parent's rounds in flight are not its own.
-            self._pid = process.pid()
+            self._pid = process.pid
             self._threads = ThreadGate(self.limit)
             self._loops = {}
         return self._threads

@@ -69,7 +69,7 @@ class Callers:
 
     def get(self, owner: Owner) -> Lease | None:
         lease = self._lease_of(owner)
-        if lease is not None and lease.pid != process.pid():
+        if lease is not None and lease.pid != process.pid:
             return None  # the parent's, copied by fork(): this process holds nothing
         return lease
 
@@ -103,7 +103,7 @@ class Callers:
                 f"{describe(owner)} through this object (held through it by: {holders}); only "
                 f"the thread or task that acquired a lock may release it"
             )
-        if lease.pid != process.pid():  # the parent's: forget it, every entry of it
+        if lease.pid != process.pid:  # the parent's: forget it, every entry of it
             self._forget(owner)
             if self._many is not None:
                 self._many.nested.pop(owner, None)
@@ -121,7 +121,7 @@ class Callers:
                 f"cannot {action} lock {resource!r}: it is not acquired by "
                 f"{describe(owner)} through this object"
             )
-        if lease.pid != process.pid():
+        if lease.pid != process.pid:
             raise _forked(lease, action, resource)
         return lease
 

@@ -34,7 +34,7 @@ def granted(
         value=value,
         valid_until=won.valid_until,
         owner=owner,
-        pid=process.pid(),
+        pid=process.pid,
         handle=handle,
         queued_as=won.queued_as,
         max_extensions=handle._options.max_extensions,  # noqa: SLF001 (the engine's handle)

@@ -81,7 +81,7 @@ class Holders:
 
     def of(self, owner: Owner, keys: tuple[str, ...]) -> list[Lease | None]:
         """Per key, the lease under which ``owner``, in this process, holds it (or None)."""
-        pid = process.pid()
+        pid = process.pid
         leases: list[Lease | None] = []
         for key in keys:
             ref = self._by_key.get(key)

@@ -64,7 +64,7 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     owner is an asyncio task)."""
     # Everything but the closing brace ("since" changes with every acquisition): the JSON
     # around the task's name is encoded once per thread (a burst of tasks makes one per task).
-    head, tail = _owner_parts(process.pid(), threading.current_thread().name, label, ttl)
+    head, tail = _owner_parts(process.pid, threading.current_thread().name, label, ttl)
     text = f'{head},"task":{_json_text(task)}{tail}' if task is not None else head + tail
     owner_json = _OWNER_TEXTS.get(text)
     if owner_json is None:
