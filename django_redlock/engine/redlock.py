@@ -272,7 +272,8 @@ class Redlock:
         must only ever run guarded (ShedLock's ``LockAssert``)."""
         resource = protocol.check_resource(resource)
         owner = current_owner()
-        (lease,) = self.holders.of(owner, (self.lock_key(resource),))
+        leases = self.holders.of(owner, (self.lock_key(resource),))
+        lease = None if leases is None else leases[0]
         if lease is None:
             raise NotLocked(
                 resource, f"lock {resource!r} is not held by {describe(owner)}, which needs it"
