@@ -25,7 +25,7 @@ def granted(
 ) -> Lease:
     """The lease that acquisition ``won`` through ``handle`` holds for ``owner``; ``keys`` and
     ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's; ``parts``:
-    the value's, as made (``values.made_parts``). (Its observer and ``on_lost`` are the
+    the value's, as made (``values.new_value``). (Its observer and ``on_lost`` are the
     handle's, read from it when they are told.)"""
     return Lease(
         resources=handle.resources,

@@ -53,5 +53,5 @@ class GroupLock(Lock):
         plain = super()._want(owner)
         return kind(
             plain.resource, plain.resources, plain.keys, plain.ttl, plain.wait, plain.value,
-            **fields,
+            plain.parts, **fields,
         )  # fmt: skip

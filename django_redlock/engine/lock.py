@@ -25,7 +25,7 @@ from .granting import granted
 from .handles import Handle
 from .leases import Lease, Owner, current_owner
 from .steps import Procedure
-from .values import make_value
+from .values import new_value
 
 
 class Lock(Handle):
@@ -251,8 +251,10 @@ class Lock(Handle):
     def _want(self, owner: Owner) -> procedures.Want:
         # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
         task = owner.get_name() if isinstance(owner, asyncio.Task) else None
-        value = make_value(self._options.label, self.ttl, task)
-        return procedures.Want(self.resource, self.resources, self.keys, self.ttl, self.wait, value)
+        value, parts = new_value(self._options.label, self.ttl, task)
+        return procedures.Want(
+            self.resource, self.resources, self.keys, self.ttl, self.wait, value, parts
+        )
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
         """The acquisition's procedure (a permit's and a reader's are their own)."""

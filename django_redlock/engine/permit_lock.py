@@ -112,7 +112,7 @@ class PermitLock(GroupLock):
         assert isinstance(want, PermitWant)  # noqa: S101
         assert isinstance(won, PermitWon)  # noqa: S101
         keys = (want.slot_key(won.slot),)
-        return granted(self, owner, want.value, won, keys, self._commands)
+        return granted(self, owner, want.value, won, keys, self._commands, parts=want.parts)
 
     def _released(self, owner: Owner, lease: Lease) -> None:
         prefix, _, slot = lease.keys[0].rpartition("#")

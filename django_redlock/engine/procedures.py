@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from . import admission, protocol, scripts, values
+from . import admission, protocol, scripts
 from .admission import Full
 from .errors import LockContended, NodeFailure, Overloaded, QuorumUnavailable
 from .handoff import handed_over, queued_as
@@ -80,13 +80,10 @@ class Want:
     ttl: float
     wait: float
     value: str = field(repr=False)  # the token: never in a repr (error pages show locals)
-    #: ``value`` in the parts a held lease keeps (``values.compact_value``), as it was made: in a
-    #: burst its lease is made a thousand values later, and would read them back from its text.
+    #: ``value`` in the parts a held lease keeps (``values.compact_value``), as it was made
+    #: (``values.new_value``): in a burst its lease is made a thousand values later. None: read
+    #: back from the value when the lease is made.
     parts: tuple[bytes, str] | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.parts is None:
-            self.parts = values.made_parts(self.value)
 
     @property
     def several(self) -> bool:

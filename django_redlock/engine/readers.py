@@ -221,4 +221,4 @@ class ReaderLock(GroupLock):
         assert isinstance(want, ReaderWant)  # noqa: S101
         assert want.keys_of is not None  # noqa: S101
         keys = (want.keys_of.reader,)
-        return granted(self, owner, want.value, won, keys, want.keys_of)
+        return granted(self, owner, want.value, won, keys, want.keys_of, parts=want.parts)

@@ -52,16 +52,20 @@ _TOKEN = re.compile(rb"[0-9a-f]{32}")
 _OWNER_TEXTS: dict[str, str] = {}
 _OWNER_TEXTS_MAX = 1024  # bounded: threads and tasks come and go
 
-#: The value this thread made last, with its parts: the acquisition that made it keeps them.
-_MADE = threading.local()
-
 _SINCE = ',"since":'
 _STAMP = struct.Struct("<16sq")  # the token's 16 bytes, then "since" in unix milliseconds
 
 
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
     """A fresh value for one acquisition by the current thread and ``task`` (its name, if the
-    owner is an asyncio task)."""
+    owner is an asyncio task): ``new_value``'s value."""
+    return new_value(label, ttl, task)[0]
+
+
+def new_value(label: str | None, ttl: float, task: str | None) -> tuple[str, tuple[bytes, str]]:
+    """``make_value``'s value, and its parts (``compact_value``'s) as they were made: what an
+    acquisition keeps for its lease, made long after its value in a burst (a thousand values
+    later), without reading them back from its text."""
     # Everything but the closing brace ("since" changes with every acquisition): the JSON
     # around the task's name is encoded once per thread (a burst of tasks makes one per task).
     head, tail = _owner_parts(process.pid, threading.current_thread().name, label, ttl)
@@ -76,9 +80,7 @@ def make_value(label: str | None, ttl: float, task: str | None) -> str:
     # formatting goes through the C library's printf, a few percent of a cycle's own work).
     since = int(time.time() * 1000)
     value = f"{token.hex()}:{owner_json}{_SINCE}{since // 1000}.{since % 1000:03}}}"
-    # Its parts, for the lease that keeps it (``compact_value``), without reading them back.
-    _MADE.last = (value, _STAMP.pack(token, since), owner_json)
-    return value
+    return value, (_STAMP.pack(token, since), owner_json)
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,22 +97,11 @@ def _owner_parts(pid: int, thread: str, label: str | None, ttl: float) -> tuple[
 _json_text = json.encoder.encode_basestring_ascii
 
 
-def made_parts(value: str) -> tuple[bytes, str] | None:
-    """The parts of ``value`` (``compact_value``'s), if it is the last value this thread made:
-    what an acquisition keeps with its value, for its lease (a burst's lease is made long after
-    its value, a thousand values later)."""
-    last = getattr(_MADE, "last", None)
-    return (last[1], last[2]) if last is not None and last[0] is value else None
-
-
 def compact_value(value: str) -> tuple[bytes, str]:
     """``value`` (as ``make_value`` made it) in the two parts a held lock keeps: its token and
     "since" packed in 24 bytes (not 32 hex characters and 14 digits), and the owner JSON before
     "since", the one string every lock of that owner shares. ``expand_value`` gives ``value``
     back exactly ("since" has 3 decimals: whole milliseconds). 99 bytes less per held lock."""
-    last = getattr(_MADE, "last", None)
-    if last is not None and last[0] is value:  # the last this thread made (the usual case)
-        return last[1], last[2]
     cut = value.rindex(_SINCE)
     seconds, dot, millis = value[cut + len(_SINCE) : -1].partition(".")
     if value[32] != ":" or value[-1] != "}" or not dot or len(millis) != 3:
