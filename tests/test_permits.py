@@ -163,6 +163,28 @@ def test_one_resource_used_two_ways_is_refused_naming_both(
             assert time.monotonic() - began < 1.0  # said at once for a semaphore, or after wait
 
 
+def test_an_async_plain_lock_refused_by_a_semaphore_names_it(masters, redlock_of):
+    """The refusal is worded after the acquisition gave up (``Lock._explaining``), in the async
+    path as in the sync one; the observer hears the worded one."""
+    heard = []
+
+    class Observer:
+        def not_acquired(self, lock, *, waited, error):
+            heard.append(str(error))
+
+    engine = redlock_of(masters, observer=Observer())
+
+    async def refused() -> str:
+        with pytest.raises(LockContended) as caught:
+            await engine.lock("mixed-async", wait=0.0).aacquire()
+        return str(caught.value)
+
+    with engine.lock("mixed-async", ttl=5, limit=2):
+        said = asyncio.run(refused())
+    assert "is held as a semaphore with limit=2, and was asked for as a plain lock" in said
+    assert heard == [said]
+
+
 def test_a_semaphore_over_several_resources_is_refused(masters, redlock_of):
     engine = redlock_of(masters)
     with pytest.raises(ValueError, match="limit=2 with several resources"):

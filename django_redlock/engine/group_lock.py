@@ -11,7 +11,9 @@ from .lock import Lock
 from .procedures import Want
 
 if TYPE_CHECKING:
+    from .errors import LockContended, LockNotAcquired
     from .redlock import Redlock
+    from .steps import Procedure
 
 W = TypeVar("W", bound=Want)
 
@@ -39,6 +41,9 @@ class GroupLock(Lock):
                 f"{option} with several resources {self.resources!r}: {self.group} is one name"
             )
         self.key = f"{self.key}{self.key_suffix}"
+
+    def _explaining(self, want: Want, error: LockNotAcquired) -> Procedure[LockContended] | None:
+        return None  # (a mode's procedure words its own refusals: ``permits``, ``readers``)
 
     def _reenter(self, owner: Owner) -> bool:
         if self._callers.get(owner) is not None:

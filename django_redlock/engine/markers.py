@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import re
 
-from . import procedures
 from .errors import LockContended
 from .rounds import Reply
-from .steps import Masters, Procedure, Round
+from .steps import Procedure, Round
 
 READERS = "readers"
 _PERMITS = re.compile(r"permits:(\d+)")
@@ -64,13 +63,3 @@ def explain(lock_key: str, error: LockContended) -> Procedure[LockContended]:
                 attempts=error.attempts,
             )
     return error
-
-
-def acquire(masters: Masters, want: procedures.Want) -> Procedure[procedures.Won]:
-    """``procedures.acquire``, whose refusal of a plain lock names the mode holding its key."""
-    try:
-        return (yield from procedures.acquire(masters, want))
-    except LockContended as error:
-        if want.several:
-            raise
-        raise (yield from explain(want.keys[0], error)) from None
