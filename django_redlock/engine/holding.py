@@ -177,7 +177,11 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         elif isinstance(r, NodeFailure):
             unanswered += 1
             reported += r.reason != UNAWAITED
-    if lease.commands is None and _worth_retrying(masters, lease, confirmed, unanswered):
+    if (
+        confirmed < masters.quorum  # (first: the usual release is confirmed, and needs no call)
+        and lease.commands is None
+        and _worth_retrying(masters, lease, confirmed, unanswered)
+    ):
         # Its keys must not block everyone until their TTL: retried in the background.
         yield Detach(_keep_releasing(masters, lease, round_, replies))
     if several == 1 and highest - 1 > 0:  # a master woke a waiter: let it go first

@@ -306,7 +306,8 @@ class Lock(Handle):
             redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
         notify_acquired(redlock.observer, self, waited, won.attempts)
-        lease.note_failures(won.failures, "acquire")
+        if won.failures:  # (a call less in the usual case: every master answered)
+            lease.note_failures(won.failures, "acquire")
         return lease
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
