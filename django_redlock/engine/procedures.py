@@ -172,33 +172,38 @@ def attempt_round(
     # attempt: within admission.PATIENCE), else Overloaded.
     patience = deadline - now if want.wait > 0 else admission.PATIENCE
     ttl_ms = int(want.ttl * 1000)
+    script: scripts.Script | None
     if waiter is None and want.several:  # 2 (all or none on each master, in one script)
-        command = scripts.MULTI_ACQUIRE.evalsha(want.keys, (want.value, ttl_ms))
-        request = Round(command, scripts.MULTI_ACQUIRE, patience=patience, enough=granted)
+        script, enough = scripts.MULTI_ACQUIRE, granted
+        command = script.evalsha(want.keys, (want.value, ttl_ms))
     elif waiter is None:
+        script, enough = None, SET_GRANTED
         command = ("SET", want.keys[0], want.value, "NX", "PX", ttl_ms)
-        request = Round(command, patience=patience, enough=SET_GRANTED)
     elif want.several:
         wait_ms = max(int((deadline - now) * 1000), 1)
         queues = tuple(map(masters.queue_key, want.resources))
         # The notice it may send to pass a turn on: unique per attempt, so that a waiter woken
         # by an earlier one hears it too (notices are told apart by their digest).
         notice = protocol.notice_digest(f"{want.value}@{now}")
-        command = scripts.MULTI_ACQUIRE_WAITING.evalsha(
+        script, enough = scripts.MULTI_ACQUIRE_WAITING, granted
+        command = script.evalsha(
             want.keys + queues,
             (want.value, ttl_ms, queued_as(want, waiter), wait_ms, notice, masters.inbox_prefix),
         )
-        request = Round(command, scripts.MULTI_ACQUIRE_WAITING, patience=patience, enough=granted)
     else:
         wait_ms = max(int((deadline - now) * 1000), 1)
         queue = masters.queue_key(want.resources[0])
         if waiter.score is None:  # once: the same number on every master, every round
             waiter.score = int(time.time() * 1000) + wait_ms
-        command = scripts.ACQUIRE_WAITING.evalsha(
+        script, enough = scripts.ACQUIRE_WAITING, granted
+        command = script.evalsha(
             (want.keys[0], queue),
             (want.value, ttl_ms, queued_as(want, waiter), wait_ms, waiter.score),
         )
-        request = Round(command, scripts.ACQUIRE_WAITING, patience=patience, enough=granted)
+    request = Round(command, script)
+    # (Set here, not passed as keywords: keywords to a class call cost a dictionary built and
+    # matched, ~1k CPU instructions a round.)
+    request.patience, request.enough = patience, enough
     return request
 
 
@@ -416,6 +421,7 @@ def release_round(
     """``at_quorum``: the round returns once a quorum confirmed it (the holder's release; the
     undoing of a failed attempt waits for every master's answer, within the budget)."""
     command, script = masters.release_command(resources, value, notify=notify, queued_as=queued_as)
-    if not at_quorum:
-        return Round(command, script, cleanup)
-    return Round(command, script, cleanup, enough=confirms_answer(len(resources)))
+    round_ = Round(command, script, cleanup)
+    if at_quorum:  # (set, not a keyword: as ``attempt_round``'s)
+        round_.enough = confirms_answer(len(resources))
+    return round_
