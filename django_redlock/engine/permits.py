@@ -45,10 +45,10 @@ from .procedures import (
     Lost,
     Want,
     Won,
-    not_acquired,
     tally,
     wait_turn,
 )
+from .refusals import not_acquired
 from .rounds import Reply
 from .steps import AwaitTurn, Listen, Masters, Pause, Procedure, Round, failures, free_in
 from .waiter import Waiter

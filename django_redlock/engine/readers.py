@@ -27,8 +27,9 @@ from .group_lock import GroupLock
 from .leases import Lease, Owner
 from .local_queues import Turn
 from .markers import described
-from .procedures import JITTER, Granted, Lost, Want, Won, not_acquired, tally, wait_turn
+from .procedures import JITTER, Granted, Lost, Want, Won, tally, wait_turn
 from .reader_scripts import READER_ACQUIRE, READER_EXTEND, READER_RELEASE
+from .refusals import not_acquired
 from .rounds import Reply
 from .steps import AwaitTurn, Listen, Masters, Pause, Procedure, Round, failures
 from .waiter import Waiter

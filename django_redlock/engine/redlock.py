@@ -365,8 +365,7 @@ class Redlock:
         exactly the holder it showed. ``queued_as``: the waiter id the holder had, if it
         waited: its queue entries go too."""
         if len(resources) == 1:  # (the usual case: no maps, no tuples of them, one tuple)
-            resource = resources[0]
-            script = scripts.RELEASE
+            script, resource = scripts.RELEASE, resources[0]
             keys: tuple[str, ...] = (self.lock_key(resource), self.queue_key(resource))
         else:
             script = scripts.MULTI_RELEASE
