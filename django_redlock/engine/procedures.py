@@ -7,6 +7,7 @@ wait for) and receives the answers. ``drivers.run`` performs those steps with th
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -171,7 +172,7 @@ def attempt_round(
     # Its turn among this process's rounds: within what is left of its wait (a single
     # attempt: within admission.PATIENCE), else Overloaded.
     patience = deadline - now if want.wait > 0 else admission.PATIENCE
-    ttl_ms = int(want.ttl * 1000)
+    ttl_ms = math.floor(want.ttl * 1000)  # (a TTL > 0: as int(), without a class call)
     script: scripts.Script | None
     if waiter is None and want.several:  # 2 (all or none on each master, in one script)
         script, enough = scripts.MULTI_ACQUIRE, granted
