@@ -12,6 +12,7 @@ kept alive by their lease, never ids that Python reuses.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Coroutine
 from types import TracebackType
@@ -254,9 +255,13 @@ class Lock(Handle):
     # --- helpers ---------------------------------------------------------------------------------
 
     def _want(self, owner: Owner) -> procedures.Want:
-        # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for).
-        task = owner.get_name() if isinstance(owner, asyncio.Task) else None
-        value, parts = new_value(self._options.label, self.ttl, task)
+        # The value names the owner's task (``aacquire()`` may run in an inner one: wait_for),
+        # and the thread: a thread owner is the current thread itself (``current_owner``).
+        if isinstance(owner, asyncio.Task):
+            task, thread = owner.get_name(), threading.current_thread().name
+        else:
+            task, thread = None, owner.name  # type: ignore[attr-defined]  # (a Thread)
+        value, parts = new_value(self._options.label, self.ttl, task, thread)
         return procedures.Want(
             self.resource, self.resources, self.keys, self.ttl, self.wait, value, parts
         )

@@ -62,16 +62,19 @@ _STAMP = struct.Struct("<16sq")  # the token's 16 bytes, then "since" in unix mi
 def make_value(label: str | None, ttl: float, task: str | None) -> str:
     """A fresh value for one acquisition by the current thread and ``task`` (its name, if the
     owner is an asyncio task): ``new_value``'s value."""
-    return new_value(label, ttl, task)[0]
+    return new_value(label, ttl, task, threading.current_thread().name)[0]
 
 
-def new_value(label: str | None, ttl: float, task: str | None) -> tuple[str, tuple[bytes, str]]:
-    """``make_value``'s value, and its parts (``compact_value``'s) as they were made: what an
-    acquisition keeps for its lease, made long after its value in a burst (a thousand values
-    later), without reading them back from its text."""
+def new_value(
+    label: str | None, ttl: float, task: str | None, thread: str
+) -> tuple[str, tuple[bytes, str]]:
+    """``make_value``'s value (``thread``: the current thread's name, which the caller has at
+    hand), and its parts (``compact_value``'s) as they were made: what an acquisition keeps for
+    its lease, made long after its value in a burst (a thousand values later), without reading
+    them back from its text."""
     # Everything but the closing brace ("since" changes with every acquisition): the JSON
     # around the task's name is encoded once per thread (a burst of tasks makes one per task).
-    head, tail = _owner_parts(process.pid, threading.current_thread().name, label, ttl)
+    head, tail = _owner_parts(process.pid, thread, label, ttl)
     text = f'{head},"task":{_json_text(task)}{tail}' if task is not None else head + tail
     owner_json = _OWNER_TEXTS.get(text)
     if owner_json is None:
