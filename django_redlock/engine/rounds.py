@@ -86,7 +86,7 @@ Decides = Callable[[object], bool]
 Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
 #: How a thread waits for a round's replies in place (``drivers._wait_replies``): as ``Replies``.
-WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None", int], None]
+WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None"], None]
 
 #: How a driver finds a master's open pipe for this round (the running loop's); None: the
 #: threads' pipe (``Node.pipe``, if open: read in the loop, without a call per master).
@@ -208,7 +208,7 @@ def exchange(
         else:
             try:
                 due = sent[-1][1].sent_at + budget if threads else _due(sent, budget)
-                wait_here(sent, due, enough, needed)
+                wait_here(sent, due, enough)
             except BaseException:
                 abandon_waiting(sent)
                 raise
