@@ -27,13 +27,15 @@ def pack(command: Command) -> bytes:
 class Requests:
     """One round's request, packed once in each form it is sent in."""
 
-    def __init__(self, command: Command, script: Script | None) -> None:
+    def __init__(
+        self, command: Command, script: Script | None, packed: bytes | None = None
+    ) -> None:
         self.command = command
         self.script = script
         #: The script's SHA (None: no script), which a master that answered is known to have.
         self.warm_sha = None if script is None else script.sha
-        #: The request's RESP bytes (by SHA, for a script).
-        self.packed = pack(command)
+        #: The request's RESP bytes (by SHA, for a script): ``packed`` if the round packed it.
+        self.packed = pack(command) if packed is None else packed
         #: The request with the script's source, once a master needed it (else None).
         self.sourced: bytes | None = None
 

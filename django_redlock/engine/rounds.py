@@ -118,8 +118,12 @@ def exchange(
     (Ctrl-C), it gives up the slots still waiting, as the driver would. Second tries yield."""
     began = time.monotonic()
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
-    requests = Requests(command, script)
-    packed, sha = requests.packed, requests.warm_sha  # (the usual request, written directly)
+    # The usual request, written directly; its other forms (``Requests``) are made only for a
+    # round that needs them (a master not idle, not warm, or a reply to look into): making them
+    # cost every round ~2k CPU instructions.
+    packed = pack(command)
+    sha = None if script is None else script.sha
+    requests: Requests | None = None
     # A thread stamps its slots as it writes them, in this loop's order: the first written is the
     # earliest, the last the latest (no pass over them). A loop's pipe stamps them at its flush.
     threads = pipe_of is None
@@ -153,6 +157,8 @@ def exchange(
                     where.append(i)
                     sent.append((pipe, slot))
                     continue
+        if requests is None:
+            requests = Requests(command, script, packed)
         if threads and pipe is not None and pipe.closed:  # (a loop's pipe_of: open ones only)
             pipe = None
         owes = False
@@ -185,6 +191,7 @@ def exchange(
             unconnected = []
         unconnected.append(i)
     for i in unconnected or ():
+        assert requests is not None  # noqa: S101 (made by the loop above, for an unconnected)
         node = nodes[i]
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
@@ -197,7 +204,7 @@ def exchange(
     written = sent  # (``sent`` is rebound below, never changed in place)
     # A master that answers the script is known to have it (``Requests.answered``): news only
     # if some master was sent its source (the others were sent its SHA: known to have it).
-    warm = None if requests.sourced is None else requests.warm_sha
+    warm = None if requests is None or requests.sourced is None else sha
     while sent:
         # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
         # that the second try still has most of the budget; else when all came, or when the
@@ -227,6 +234,8 @@ def exchange(
                 continue
             else:
                 pipe, slot = each
+                if requests is None:
+                    requests = Requests(command, script, packed)
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     if asked_again is None:
@@ -242,6 +251,8 @@ def exchange(
         if enough is not None and needed <= 0 and sent:
             awaited_where: list[int] = []
             awaited: list[tuple[Pipe, Slot]] = []  # (see ``detours``)
+            if requests is None:
+                requests = Requests(command, script, packed)
             for i, each in zip(where, sent, strict=True):
                 if nodes[i].redirects:
                     awaited_where.append(i)
