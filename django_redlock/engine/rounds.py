@@ -245,7 +245,13 @@ def exchange(
                     replies[i] = reply
                     continue
             replies[i] = reply
-            if enough is not None and enough(reply) and not (watched and abstains(nodes[i])):
+            # (Not asked once decided: the round's last replies cost no call of its decider.)
+            if (
+                enough is not None
+                and needed > 0
+                and enough(reply)
+                and not (watched and abstains(nodes[i]))
+            ):
                 needed -= 1  # (an abstaining member's grants do not count: see ``abstain``)
         where, sent = later_where, later
         if enough is not None and needed <= 0 and sent:
