@@ -13,7 +13,7 @@ from . import dbguard, otel
 from .conf import get_redlock
 from .engine import Lock
 from .engine.leases import Lease, Owner
-from .engine.options import Options
+from .engine.options import WRITING, Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
@@ -77,9 +77,10 @@ class DjangoLock(Lock):
     def _own_layer(self, name: str, value: object) -> None:
         """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
         ``plain()`` shares a record between the locks made with the same options)."""
-        own = _Layer(self._layer.db_guard, self._layer.template)
-        setattr(own, name, value)
-        self._layer = own
+        with WRITING:  # (as the engine's options: two threads at once would lose one)
+            own = _Layer(self._layer.db_guard, self._layer.template)
+            setattr(own, name, value)
+            self._layer = own
 
     # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+import threading
 
 import pytest
 
@@ -109,6 +111,40 @@ def test_setting_an_option_of_one_lock_leaves_the_others_as_made(redlock_setting
         )
     with later:
         assert [o["label"] for o in stored_owners(redlock_settings, later.key)] == ["batch"] * 5
+
+
+def test_options_set_on_one_lock_from_two_threads_at_once_all_stay_set(redlock_settings):
+    """Setting an option copies the lock's record (shared with other locks) into one of its own:
+    a read, a copy and a write. Two threads setting different options of one lock at once must
+    not lose either (switching threads every microsecond, this lost one in most trials)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(60):
+            lock = redlock("report:1", ttl=10)
+            start = threading.Barrier(2)
+
+            def label_and_guard(lock: DjangoLock = lock, start: threading.Barrier = start) -> None:
+                start.wait()
+                for n in range(200):
+                    lock.label, lock.db_guard = f"label {n}", n % 2 == 0
+
+            def hold_and_template(
+                lock: DjangoLock = lock, start: threading.Barrier = start
+            ) -> None:
+                start.wait()
+                for n in range(200):
+                    lock.max_hold, lock.template = float(n + 1), f"report:{{n{n}}}"
+
+            threads = [threading.Thread(target=f) for f in (label_and_guard, hold_and_template)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            set_last = (lock.label, lock.db_guard, lock.max_hold, lock.template)
+            assert set_last == ("label 199", False, 200.0, "report:{n199}")
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def test_the_kept_options_are_bounded(redlock_settings):

@@ -10,6 +10,7 @@ the shared defaults costs 8. The handle's attributes of the same names read the 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from operator import attrgetter
@@ -89,6 +90,12 @@ def checked(
     return options, ttl
 
 
+#: Held while a handle's option is set (copied into a record of its own): the options of one
+#: handle set from several threads at once all stay set. Setting an option is rare; one lock
+#: serves every handle (the Django layer's options too: ``locks.DjangoLock``).
+WRITING = threading.Lock()
+
+
 def option(name: str) -> Any:
     """A handle's attribute ``name``, read from its ``_options`` (a property whose getter runs
     in C: nearly as cheap to read as an attribute of its own). Setting it (unchecked, as setting
@@ -96,7 +103,8 @@ def option(name: str) -> Any:
     and a record of other options may be shared by many handles (``Lock.checked_apart``)."""
 
     def write(lock: Any, value: object) -> None:
-        lock._options = replace(lock._options, **{name: value})
+        with WRITING:  # (a read, a copy and a write: two threads at once would lose one)
+            lock._options = replace(lock._options, **{name: value})
 
     return property(attrgetter(f"_options.{name}"), write, doc=f"The lock's ``{name}`` option.")
 
