@@ -80,9 +80,8 @@ class Pipe:
         sock.setblocking(False)
         self._conn = conn
         self._sock: socket.socket = sock
-        # Closes the connection if the pipe is dropped unclosed (an engine never closed): the
-        # finalizer keeps it reachable, so that the garbage collector never finalizes the socket
-        # first (an unclosed socket: a ResourceWarning) in whatever order a cycle comes apart.
+        # Closes the connection if the pipe is dropped unclosed (an engine never closed): kept
+        # reachable by it, the socket is never finalized first (a ResourceWarning), in any order.
         self._finalizer = weakref.finalize(self, conn.disconnect)
         self._fd = sock.fileno()
         self._reader: hiredis.Reader = hiredis.Reader(
@@ -171,9 +170,8 @@ class Pipe:
         return slot
 
     def write(self, request: bytes) -> Slot | None:
-        """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual).
-        The caller keeps to MAX_PENDING: ``send`` checks it, a round writes here to idle pipes
-        only (a check fewer for every request of every round)."""
+        """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual);
+        MAX_PENDING is the caller's check (``send``'s; a round writes here to idle pipes only)."""
         lock = self._write_lock
         lock.acquire()  # (not ``with``: CPython 3.11 pays ~0.5k more CPU instructions for it)
         try:
