@@ -76,11 +76,15 @@ class DjangoLock(Lock):
 
     def _own_layer(self, name: str, value: object) -> None:
         """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
-        ``plain()`` shares a record between the locks made with the same options)."""
+        ``plain()`` shares a record between the locks made with the same options), checked as
+        ``redlock()`` checks it (``ValueError`` naming a bad one: the observer reads the
+        template as a metric label, unchecked)."""
         with WRITING:  # (as the engine's options: two threads at once would lose one)
-            own = _Layer(self._layer.db_guard, self._layer.template)
-            setattr(own, name, value)
-            self._layer = own
+            current = self._layer
+            if name == "db_guard":
+                self._layer = layer(value, current.template)
+            else:
+                self._layer = layer(current.db_guard, value)
 
     # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 import django_redlock
-from django_redlock import locks, redlock
+from django_redlock import locks, metrics, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.engine.handles import Handle
 from django_redlock.locks import DjangoLock
@@ -111,6 +111,28 @@ def test_setting_an_option_of_one_lock_leaves_the_others_as_made(redlock_setting
         )
     with later:
         assert [o["label"] for o in stored_owners(redlock_settings, later.key)] == ["batch"] * 5
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("template", 5, "template must be a non-empty str or None, got 5"),
+        ("template", "", "template must be a non-empty str or None, got ''"),
+        ("db_guard", "yes", "db_guard must be True or False, got 'yes'"),
+        ("db_guard", 1, "db_guard must be True or False, got 1"),
+    ],
+)
+def test_a_bad_option_set_on_a_lock_is_refused_and_changes_nothing(
+    redlock_settings, name, value, message
+):
+    """The template is a metric label, read by the observer as it is: checked when set, as
+    ``redlock()`` checks it, and the lock keeps what it had."""
+    lock = redlock("report:1", ttl=10, template="report:{id}")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        setattr(lock, name, value)
+    assert (lock.template, lock.db_guard) == ("report:{id}", True)
+    lock.template = None
+    assert lock.template == metrics.UNTEMPLATED
 
 
 def test_options_set_on_one_lock_from_two_threads_at_once_all_stay_set(redlock_settings):

@@ -123,7 +123,7 @@ def fan_out(
         answer = None
         try:
             if isinstance(wait, Replies):  # (a second try's: ``rounds._ask``)
-                _wait_replies(wait.sent, wait.deadline, wait.enough, wait.needed)
+                _wait_replies(wait.sent, wait.deadline, wait.enough)
             elif isinstance(wait, Delay):  # (a Cluster shard's TRYAGAIN: detours)
                 time.sleep(max(0.0, wait.until - time.monotonic()))
             else:
@@ -133,44 +133,43 @@ def fan_out(
             raise
 
 
-def _wait_replies(
-    sent: list[tuple[Pipe, Slot]], deadline: float, enough: Decides | None, needed: int
-) -> None:
-    """Wait for each reply in turn, the masters that answered fastest lately first, so that a
-    round decided by its quorum's replies does not sit waiting on a slower master's. Once it is
-    decided, the replies that came meanwhile are still read, without waiting: a master that
-    answered is not left owing a reply (for the next round to read, after the round took it for
-    unawaited)."""
-    if enough is not None and len(sent) > 1:
-        sent = sorted(sent, key=_latency)
-    fresh = True  # the first reply of a round cannot be there yet
-    measured = False
-    pairs = iter(sent)
-    for pipe, slot in pairs:
+def _wait_replies(sent: list[tuple[Pipe, Slot]], deadline: float, enough: Decides | None) -> None:
+    """A thread's round waits here for its replies (``rounds.WaitHere``).
+
+    With ``enough`` (a round a quorum decides), for one reply only: on the master that answered
+    fastest lately, so that the round does not sit waiting on a slower master's while the others
+    could decide it. The replies that came meanwhile are then read without waiting (a round's
+    replies mostly come together). The round tallies them and, while undecided, waits again
+    here for the rest: one tally (``exchange``'s), and no order to sort the round's pipes in.
+    Without it, for every reply in turn (until one asks for a second try)."""
+    if enough is None:
+        fresh = True  # (as below)
+        for pipe, slot in sent:
+            if slot.reply is PENDING:
+                pipe.wait(slot, deadline, fresh=fresh)
+                if fresh:
+                    pipe.took(time.monotonic() - slot.sent_at)  # (as below)
+                if second_try(slot):
+                    break
+            fresh = False
+        return
+    first = sent[0]
+    fastest = first[0].latency
+    for each in sent:  # (a loop: ``min`` with a key would call a Python function per pipe)
+        if each[0].latency < fastest:
+            first, fastest = each, each[0].latency
+    pipe, slot = first
+    if slot.reply is PENDING:
+        # (fresh: its request mostly just left, its reply cannot be there yet; if it is, the
+        # poll finds it at once)
+        pipe.wait(slot, deadline, fresh=True)
+        # Only the pipe waited for is timed: another's reply may have sat unread meanwhile (a
+        # sync pipe is read by whoever waits). No reply yet: what it was waited for counts, so
+        # it is waited for last.
+        pipe.took(time.monotonic() - slot.sent_at)
+    for pipe, slot in sent:
         if slot.reply is PENDING:
-            pipe.wait(slot, deadline, fresh=fresh)
-            if not measured:
-                # Only the first pipe waited for is timed: a later one's reply may have sat
-                # unread while we waited for another (a sync pipe is read by whoever waits).
-                # No reply yet: what it was waited for counts, so it is waited for last.
-                pipe.took(time.monotonic() - slot.sent_at)
-                measured = True
-        fresh = False
-        reply = slot.reply
-        if type(reply) not in ANSWERS:  # (an answer is never a second try: looked at once)
-            if second_try(slot):
-                break
-        elif enough is not None and enough(reply):
-            needed -= 1
-            if needed <= 0:
-                for pipe, slot in pairs:  # (the rest: read if here, never waited for)
-                    if slot.reply is PENDING:
-                        pipe.try_pump()
-                break
-
-
-def _latency(sent: tuple[Pipe, Slot]) -> float:
-    return sent[0].latency
+            pipe.try_pump()
 
 
 def _decides(enough: Decides, slot: Slot) -> bool:

@@ -3,6 +3,7 @@ a script, EVAL with its source for a master not known to have it (``Requests``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -18,22 +19,24 @@ from .slots import Slot
 Command = tuple[Any, ...]
 
 
-def pack(command: Command) -> bytes:
-    """RESP bytes of ``command``, by hiredis directly (our arguments are already str, bytes or
-    numbers). A round sends the same bytes to every master: packed once, not once per master."""
-    return hiredis.pack_command(command)  # type: ignore[no-any-return]
+#: RESP bytes of a command, by hiredis directly (our arguments are already str, bytes or
+#: numbers). A round sends the same bytes to every master: packed once, not once per master.
+#: (hiredis's function itself, not a Python function calling it: a frame fewer every round.)
+pack: Callable[[Command], bytes] = hiredis.pack_command
 
 
 class Requests:
     """One round's request, packed once in each form it is sent in."""
 
-    def __init__(self, command: Command, script: Script | None) -> None:
+    def __init__(
+        self, command: Command, script: Script | None, packed: bytes | None = None
+    ) -> None:
         self.command = command
         self.script = script
         #: The script's SHA (None: no script), which a master that answered is known to have.
         self.warm_sha = None if script is None else script.sha
-        #: The request's RESP bytes (by SHA, for a script).
-        self.packed = pack(command)
+        #: The request's RESP bytes (by SHA, for a script): ``packed`` if the round packed it.
+        self.packed = pack(command) if packed is None else packed
         #: The request with the script's source, once a master needed it (else None).
         self.sourced: bytes | None = None
 

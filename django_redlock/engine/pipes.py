@@ -80,9 +80,8 @@ class Pipe:
         sock.setblocking(False)
         self._conn = conn
         self._sock: socket.socket = sock
-        # Closes the connection if the pipe is dropped unclosed (an engine never closed): the
-        # finalizer keeps it reachable, so that the garbage collector never finalizes the socket
-        # first (an unclosed socket: a ResourceWarning) in whatever order a cycle comes apart.
+        # Closes the connection if the pipe is dropped unclosed (an engine never closed): kept
+        # reachable by it, the socket is never finalized first (a ResourceWarning), in any order.
         self._finalizer = weakref.finalize(self, conn.disconnect)
         self._fd = sock.fileno()
         self._reader: hiredis.Reader = hiredis.Reader(
@@ -131,8 +130,8 @@ class Pipe:
         reply, of the caller's making (see ``acks``); the last is returned. ``preamble``: one
         command written just before it in the same write (a Cluster's ``ASKING``, which applies
         to the next command only: no other round's request between them), its reply dropped."""
-        if self.loop is None and not slots and not preamble:
-            return self.write(request)  # (a thread's round: the usual)
+        if self.loop is None and not slots and not preamble:  # (a thread's round: the usual)
+            return None if len(self.pending) >= MAX_PENDING else self.write(request)
         if self.closed or len(self.pending) >= MAX_PENDING:
             return None
         slot = slots[-1] if slots else stamped(now)
@@ -171,11 +170,12 @@ class Pipe:
         return slot
 
     def write(self, request: bytes) -> Slot | None:
-        """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual)."""
+        """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual);
+        MAX_PENDING is the caller's check (``send``'s; a round writes here to idle pipes only)."""
         lock = self._write_lock
         lock.acquire()  # (not ``with``: CPython 3.11 pays ~0.5k more CPU instructions for it)
         try:
-            if self.closed or len(self.pending) >= MAX_PENDING:
+            if self.closed:
                 return None
             slot = Slot()
             slot.sent_at = time.monotonic()  # stamped as it is written

@@ -85,8 +85,9 @@ Decides = Callable[[object], bool]
 
 Exchange = Generator[Connect | Replies | detours.Delay, Any, RoundReplies]
 
-#: How a thread waits for a round's replies in place (``drivers._wait_replies``): as ``Replies``.
-WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None", int], None]
+#: How a thread waits for a round's replies in place (``drivers._wait_replies``): as ``Replies``,
+#: or, with a decider, until one reply came (the round tallies it, and waits again if undecided).
+WaitHere = Callable[[list[tuple[Pipe, Slot]], float, "Decides | None"], None]
 
 #: How a driver finds a master's open pipe for this round (the running loop's); None: the
 #: threads' pipe (``Node.pipe``, if open: read in the loop, without a call per master).
@@ -118,15 +119,16 @@ def exchange(
     (Ctrl-C), it gives up the slots still waiting, as the driver would. Second tries yield."""
     began = time.monotonic()
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
-    requests = Requests(command, script)
-    packed, sha = requests.packed, requests.warm_sha  # (the usual request, written directly)
+    # The usual request, written directly; its other forms (``Requests``) made only if needed (a
+    # master not idle or not warm, a reply to look into): making them cost a round ~2k CPU instrs.
+    packed, sha = pack(command), None if script is None else script.sha
+    requests: Requests | None = None
     # A thread stamps its slots as it writes them, in this loop's order: the first written is the
     # earliest, the last the latest (no pass over them). A loop's pipe stamps them at its flush.
     threads = pipe_of is None
     replies = RoundReplies([None] * len(nodes))
     asked_again: set[int] | None = None  # (made by the first: a second try's, seldom)
-    # What was sent and is waited for: the masters' indexes, and their (pipe, slot) pairs, as
-    # the drivers wait for them (parallel lists: rebuilt only for a round's later waits).
+    # What was sent and is waited for: masters' indexes, and (pipe, slot) pairs for the drivers.
     where: list[int] = []
     sent: list[tuple[Pipe, Slot]] = []
     needed = quorum(len(nodes))
@@ -153,11 +155,11 @@ def exchange(
                     where.append(i)
                     sent.append((pipe, slot))
                     continue
+        requests = requests or Requests(command, script, packed)
         if threads and pipe is not None and pipe.closed:  # (a loop's pipe_of: open ones only)
             pipe = None
         owes = False
-        # (``pending`` first: a pipe with nothing in flight, the usual, owes nothing; asking
-        # ``owes`` of every pipe cost a property call per master per round.)
+        # (``pending`` first: an idle pipe owes nothing; ``owes`` is a property call per master.)
         if pipe is not None and pipe.pending and pipe.owes:
             pipe.try_pump()  # its late replies may have come meanwhile
             owes = pipe.owes
@@ -185,6 +187,7 @@ def exchange(
             unconnected = []
         unconnected.append(i)
     for i in unconnected or ():
+        assert requests is not None  # noqa: S101 (made by the loop above, for an unconnected)
         node = nodes[i]
         made = yield from _connect(node, budget)
         if not isinstance(made, Pipe):
@@ -197,25 +200,23 @@ def exchange(
     written = sent  # (``sent`` is rebound below, never changed in place)
     # A master that answers the script is known to have it (``Requests.answered``): news only
     # if some master was sent its source (the others were sent its SHA: known to have it).
-    warm = None if requests.sourced is None else requests.warm_sha
+    warm = None if requests is None or requests.sourced is None else sha
     while sent:
-        # Back early when a reply needs a second try (a broken pipe, a forgotten script), so
-        # that the second try still has most of the budget; else when all came, or when the
-        # last of them is due (each master's budget runs from when its request left), or when
-        # the round is decided.
+        # Back when the round is decided, or all came (a thread's: one came, see ``WaitHere``), or
+        # the last is due (each master's budget runs from when its request left); early when a
+        # reply needs a second try (a broken pipe, a forgotten script): it keeps most of the budget.
         if wait_here is None:
             yield Replies(sent, _due(sent, budget), enough, needed)
         else:
             try:
                 due = sent[-1][1].sent_at + budget if threads else _due(sent, budget)
-                wait_here(sent, due, enough, needed)
+                wait_here(sent, due, enough)
             except BaseException:
                 abandon_waiting(sent)
                 raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
-        # (zip without strict: ``where`` and ``sent`` grow together, and ``strict=True`` costs
-        # a keyword argument's parsing, ~1.6k CPU instructions, on every round.)
+        # (No strict: they grow together; ``strict=True`` parses a keyword, ~1.6k instrs a round.)
         for i, each in zip(where, sent):  # noqa: B905
             reply = each[1].reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
@@ -227,6 +228,7 @@ def exchange(
                 continue
             else:
                 pipe, slot = each
+                requests = requests or Requests(command, script, packed)
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
                 if _ask_again(pipe, slot, began):
                     if asked_again is None:
@@ -236,12 +238,15 @@ def exchange(
                     replies[i] = reply
                     continue
             replies[i] = reply
-            if enough is not None and enough(reply) and not (watched and abstains(nodes[i])):
-                needed -= 1  # (an abstaining member's grants do not count: see ``abstain``)
+            # (Grants counted until decided, an abstaining member's never: see ``abstain``.)
+            if enough is not None and needed > 0 and enough(reply):
+                if not (watched and abstains(nodes[i])):
+                    needed -= 1
         where, sent = later_where, later
         if enough is not None and needed <= 0 and sent:
             awaited_where: list[int] = []
             awaited: list[tuple[Pipe, Slot]] = []  # (see ``detours``)
+            requests = requests or Requests(command, script, packed)
             for i, each in zip(where, sent, strict=True):
                 if nodes[i].redirects:
                     awaited_where.append(i)
@@ -260,8 +265,7 @@ def exchange(
     return replies
 
 
-# (``_due`` and ``_first_sent`` loop in Python: ``max``/``min`` over two ``map``s read the same
-# five stamps in C, and cost two rounds' worth of these loops in argument parsing and calls.)
+# (Loops in Python: ``max``/``min`` over ``map``s cost more than they do, in parsing and calls.)
 def _due(sent: list[tuple[Pipe, Slot]], budget: float) -> float:
     """When the last of ``sent`` is due: its request's stamp plus the node budget."""
     latest = sent[0][1].sent_at
@@ -327,10 +331,9 @@ def _vote(
     if isinstance(reply, Broken):
         return failure(node, reply.error)
     if isinstance(reply, Exception) and not isinstance(reply, NodeFailure):
-        # An error reply. Every one counts as a failed vote, whatever its class: redis-py
-        # maps LOADING, NOAUTH, "max number of clients" to classes that are not
-        # ResponseErrors, and none of them is a grant. After a ConnectionError one (the
-        # master is closing on us) the pipe is not kept.
+        # An error reply. Every one counts as a failed vote, whatever its class: redis-py maps
+        # LOADING, NOAUTH, "max number of clients" to classes that are not ResponseErrors, and
+        # none of them is a grant. After a ConnectionError one (closing on us) the pipe goes.
         if isinstance(reply, redis.ConnectionError | ReadOnlyError):
             # (READONLY: the member was demoted to a replica. A new connection is where its
             # new identity is read, and a Sentinel member finds its new primary.)
