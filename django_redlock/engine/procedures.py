@@ -147,22 +147,30 @@ def attempt(
         # Undo them on every master before letting the interruption through.
         yield release_round(masters, want.resources, want.value, cleanup=True, notify=False)
         raise
-    start = replies.began  # 1
     if waiter is not None and waiter.queued_since is None:
-        waiter.queued_since = start
-    # 3: won iff a quorum granted it and validity = ttl - elapsed - drift > 0, that is, now is
-    # before start + ttl - drift (one pass over the replies: a lost round is tallied in full).
-    count, failed = grants(replies)
-    if count >= masters.quorum:
-        valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        if time.monotonic() < valid_until:
-            return Granted(valid_until, failed)
-    result = tally(masters, replies, want.ttl, start)
+        waiter.queued_since = replies.began  # 1
+    result = judged(masters, want, replies)  # 3
+    if isinstance(result, Granted):
+        return result
     if result.granted or result.failed:  # 4
         if waiter is not None:
             waiter.trusts_hand_offs = False
         yield release_round(masters, want.resources, want.value, notify=False)
     return Lost(result, replies)
+
+
+def judged(masters: Masters, want: Want, replies: RoundReplies) -> Granted | Tally:
+    """Step 3 of ``attempt`` (and ``acquire_once``): won iff a quorum granted it and validity =
+    ttl - elapsed - drift > 0, that is, now is before start + ttl - drift, with start the round's
+    ``began`` (step 1): ``Granted``; else the round's tally. (One pass over the replies when it
+    is won; a lost round is tallied in full.)"""
+    start = replies.began
+    count, failed = grants(replies)
+    if count >= masters.quorum:
+        valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
+        if time.monotonic() < valid_until:
+            return Granted(valid_until, failed)
+    return tally(masters, replies, want.ttl, start)
 
 
 def attempt_round(
@@ -222,13 +230,9 @@ def acquire_once(masters: Masters, want: Want) -> Procedure[Won]:
     except BaseException:  # (as ``attempt``: undo what may have landed, then let it through)
         yield release_round(masters, want.resources, want.value, cleanup=True, notify=False)
         raise
-    start = replies.began
-    count, failed = grants(replies)
-    if count >= masters.quorum:
-        valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
-        if time.monotonic() < valid_until:
-            return Won(valid_until, 1, began, "", failed)
-    result = tally(masters, replies, want.ttl, start)
+    result = judged(masters, want, replies)
+    if isinstance(result, Granted):
+        return Won(result.valid_until, 1, began, "", result.failures)
     if result.granted or result.failed:
         yield release_round(masters, want.resources, want.value, notify=False)
     raise not_acquired(masters, want, Lost(result, replies), 1, time.monotonic() - began)
