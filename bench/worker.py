@@ -275,9 +275,9 @@ class Timeline:
             finally:
                 self.steps.append((kind(step), began, clock()))
 
-        def timed_deliver(hub: Any, channel: str, notice: bytes, node: Any) -> None:
+        def timed_deliver(hub: Any, notice: bytes, node: Any, votes: bool) -> None:
             self.notices.append(clock())
-            deliver(hub, channel, notice, node)
+            deliver(hub, notice, node, votes)
 
         drivers._perform = timed_perform  # noqa: SLF001
         ReleaseNotices.deliver = timed_deliver  # type: ignore[method-assign,assignment]

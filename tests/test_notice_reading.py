@@ -39,10 +39,10 @@ def readers(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[int]]:
     seen: dict[str, set[int]] = {}
     deliver = ReleaseNotices.deliver
 
-    def recording(hub: ReleaseNotices, channel: str, notice: bytes, node: object) -> None:
+    def recording(hub: ReleaseNotices, notice: bytes, node: object, votes: bool) -> None:
         named = notice.split(b" ")[1].decode()
         seen.setdefault(named, set()).add(threading.get_ident())
-        deliver(hub, channel, notice, node)  # type: ignore[arg-type]
+        deliver(hub, notice, node, votes)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ReleaseNotices, "deliver", recording)
     return seen

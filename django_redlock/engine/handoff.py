@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from . import protocol, scripts
 from .steps import AwaitNotice, Masters, Procedure
-from .waiter import Waiter, counts_hand_off
+from .waiter import Waiter, votes_left
 
 if TYPE_CHECKING:
     from .procedures import Want
@@ -40,8 +40,7 @@ def handed_over(masters: Masters, ttl: float, waiter: Waiter) -> Procedure[float
     if since is None or not waiter.handed or not waiter.trusts_hand_offs:
         return None
     until = time.monotonic() + masters.node_timeout
-    # (Counted again: a member may have begun to abstain since its word came.)
-    while sum(map(counts_hand_off, tuple(waiter.handed))) < masters.quorum:
+    while votes_left(waiter.handed) < masters.quorum:
         left = until - time.monotonic()
         if left <= 0:
             return None

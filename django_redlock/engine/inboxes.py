@@ -14,6 +14,7 @@ from .connections import Node
 from .dialing import Connected
 from .events import logger
 from .pipes import NOT_YET
+from .waiter import votes_by_word
 
 #: How long a master whose inbox connection failed is left before connecting again.
 RECONNECT = 1.0
@@ -29,7 +30,7 @@ class Inbox:
     own hiredis reader (as ``pipes`` do: redis-py's ``can_read``/``read_response`` cost a
     reading thread several times the notice itself, and a hand-off waits on it)."""
 
-    __slots__ = ("_reader", "asked_at", "confirmed", "conn", "node", "retry_at", "sock")
+    __slots__ = ("_reader", "asked_at", "confirmed", "conn", "node", "retry_at", "sock", "votes")
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -39,6 +40,9 @@ class Inbox:
         self.confirmed = False
         self.asked_at = float("-inf")  # when SUBSCRIBE was sent on ``conn`` (monotonic)
         self.retry_at = float("-inf")
+        #: Its word that a release handed a waiter the lock counts as its vote, unless it
+        #: abstains at the time (``waiter.votes_by_word``).
+        self.votes = votes_by_word(node)
 
     def settled(self, now: float) -> bool:
         """Confirmed, or not worth waiting for now: it failed lately, or it has had its budget
@@ -74,9 +78,10 @@ class Inbox:
         return True
 
     def messages(self) -> list[Any]:
-        """Everything the connection has now, read until the socket has no more (``poll`` will
-        not see what a read leaves behind). A broken connection is dropped: what it completed
-        before breaking is still returned."""
+        """Everything the connection has now: read until a read leaves the socket empty (one
+        read, mostly: a few notices; a second would only fail, costing a call and an exception
+        on a hand-off's path; what comes after it makes ``poll`` look here again). A broken
+        connection is dropped: what it completed before breaking is still returned."""
         conn, sock, reader = self.conn, self.sock, self._reader
         messages: list[Any] = []
         try:
@@ -92,6 +97,8 @@ class Inbox:
                 while message is not False:
                     messages.append(message)
                     message = reader.gets()
+                if len(data) < _READ_SIZE:
+                    break
         except (hiredis.ProtocolError, redis.RedisError, OSError) as exc:
             logger.debug("release notices from %s unavailable: %s", self.node.label, exc)
             self.drop(conn)

@@ -36,13 +36,15 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from .beacon import Beacon
 from .connections import Node
 from .inboxes import Inbox
+from .quarantine import abstains
 from .scripts import SEVERAL_MARK
-from .waiter import Waiter, counts_hand_off
+from .waiter import Waiter
 
 #: How long the inbox stays subscribed after its last waiter, so that a process waiting again
 #: and again (a hot lock) does not pay a SUBSCRIBE round trip per wait.
@@ -51,6 +53,9 @@ LINGER = 5.0
 KEEPER_TURN = 0.5
 
 _SEVERAL = SEVERAL_MARK.encode()
+
+#: An inbox's socket (None while unconnected): mapped in C, not by a generator's frames.
+_SOCKET = attrgetter("sock")
 
 
 #: The reading turn's holder when it is the keeper thread (else a waiting thread's beacon).
@@ -248,15 +253,16 @@ class ReleaseNotices:
                     except OSError:
                         pass
                     continue
-                for message in inbox.messages():
-                    self._take(inbox, message)
+                messages = inbox.messages()
+                if messages:
+                    self._take(inbox, messages)
                 if inbox.conn is None:
                     self._keeper_wake.set()  # it broke: to connect again
 
     def _poller(self) -> tuple[select.poll, dict[int, Inbox]]:
         """A poll object on the bell and every open inbox connection, made anew only when those
         changed (only the holder of the reading turn calls this, so one at a time)."""
-        sockets = [self._bell[1], *(inbox.sock for inbox in self._inboxes)]
+        sockets = [self._bell[1], *map(_SOCKET, self._inboxes)]
         if sockets != self._polled:
             poller = select.poll()
             watched: dict[int, Inbox] = {}
@@ -268,38 +274,45 @@ class ReleaseNotices:
             self._polling, self._polled = (poller, watched), sockets
         return self._polling
 
-    def _take(self, inbox: Inbox, message: Any) -> None:
-        kind, channel, data = message
-        if kind == b"message":
-            self.deliver(channel.decode(), data, inbox.node)
-        elif kind == b"subscribe" and channel.decode() == self.inbox:
-            inbox.confirmed = True
-            with self._guard:
-                waiters = (
-                    list(self._waiters.values()) if self._confirmations() >= self.quorum else []
-                )
-            for waiter in waiters:
-                waiter.subscribed.fire()
+    def _take(self, inbox: Inbox, messages: list[Any]) -> None:
+        """Act on what one master sent: release notices (``deliver``), and the confirmation of
+        our SUBSCRIBE."""
+        node = inbox.node
+        for kind, channel, data in messages:
+            if kind == b"message":
+                self.deliver(data, node, inbox.votes)
+            elif kind == b"subscribe" and channel.decode() == self.inbox:
+                inbox.confirmed = True
+                with self._guard:
+                    waiters = (
+                        list(self._waiters.values()) if self._confirmations() >= self.quorum else []
+                    )
+                for waiter in waiters:
+                    waiter.subscribed.fire()
 
-    def deliver(self, channel: str, notice: bytes, node: Node) -> None:
+    def deliver(self, notice: bytes, node: Node, votes: bool) -> None:
         """``<digest> <waiter id>[ +]``: wake that waiter, once per release (every master sends
-        it), and again when a master that handed it the lock (`` +``, and its word counts: see
-        ``counts_hand_off``) makes a quorum. (Waking at the first word, not only at a quorum:
-        queues that disagree can split a release's keys among waiters so that none has a
-        quorum, and then each must find out soon, by a round; see ``handed_over``.) The id may
-        carry the mark of a waiter for several resources."""
-        digest, _, named = notice.partition(b" ")
-        named, _, handed = named.partition(b" ")
-        named = named.removesuffix(_SEVERAL)
+        it), and again when a master that handed it the lock (`` +``, and its word counts:
+        ``votes``: see ``votes_by_word``; and not abstaining) makes a quorum. (Waking at the
+        first word, not only at a quorum: queues that disagree can split a release's keys among
+        waiters so that none has a quorum, and then each must find out soon, by a round; see
+        ``handed_over``.) The id may carry the mark of a waiter for several resources. (The
+        reader's hot path: every master's word of every hand-off passes here, and the waiter
+        it names holds the lock once it is through.)"""
+        digest, named, *handed = notice.split(b" ")
+        if named.endswith(_SEVERAL):
+            named = named[: -len(_SEVERAL)]
         with self._guard:
             waiter = self._waiters.get(named)
             if waiter is None:
                 return
-            wake = self._heard.get(named) != digest
-            self._heard[named] = digest
-            if handed and counts_hand_off(node):
-                waiter.handed.add(node)
-                wake = wake or len(waiter.handed) == self.quorum
+            heard = self._heard
+            wake = heard.get(named) != digest
+            heard[named] = digest
+            if handed and votes and not abstains(node):
+                to_quorum = waiter.handed
+                to_quorum.add(node)
+                wake = wake or len(to_quorum) == self.quorum
         if wake:
             waiter.notified.fire()
 

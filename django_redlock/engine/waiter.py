@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from .beacon import Beacon
 from .connections import Node
-from .quarantine import abstains
 
 
 class Waiter:
@@ -19,7 +18,7 @@ class Waiter:
         self.notified = Beacon()
         self.subscribed = Beacon()
         #: The masters whose release handed this waiter the lock (``scripts.wake``) and whose
-        #: word counts as a vote (``counts_hand_off``): filled by ``notices``, read by
+        #: word counts as a vote (``votes_by_word``): filled by ``notices``, read by
         #: ``handoff.handed_over``.
         self.handed: set[Node] = set()
         #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
@@ -35,10 +34,22 @@ class Waiter:
         self.asynchronous = False
 
 
-def counts_hand_off(node: Node) -> bool:
-    """Whether a master's word that its release handed a waiter the lock counts as its vote: not
-    for a member whose votes need more than its own write (replica acknowledgement), whose
-    notices may come from another server than its rounds reach (Sentinel, Cluster), or that
-    abstains (quarantine). Those confirm a hand-off by a round, as any lock is taken."""
+def votes_by_word(node: Node) -> bool:
+    """Whether a master's word that its release handed a waiter the lock counts as its vote
+    (unless it abstains at the time: quarantine): not for a member whose votes need more than
+    its own write (replica acknowledgement), or whose notices may come from another server than
+    its rounds reach (Sentinel, Cluster). Those confirm a hand-off by a round, as any lock is
+    taken. (Fixed for a member: its ``Inbox`` asks once.)"""
     spec = node.spec
-    return spec.ack is None and spec.service is None and spec.seeds is None and not abstains(node)
+    return spec.ack is None and spec.service is None and spec.seeds is None
+
+
+def votes_left(handed: set[Node]) -> int:
+    """How many of the masters that handed a waiter the lock count as its votes now: not those
+    that began to abstain since their word came (``quarantine.abstains``, written out)."""
+    votes = 0
+    for node in tuple(handed):  # (a copy: the reader may add to it meanwhile)
+        watch = node.watch
+        if watch is None or not watch.abstaining():
+            votes += 1
+    return votes
