@@ -99,7 +99,7 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
     if isinstance(step, Detach):
         threading.Thread(target=run, args=(masters, step.procedure), daemon=True).start()
         return None
-    notified = masters.notices.wait(step.waiter.notified, step.timeout)
+    notified = masters.notices.wait_notice(step.waiter, step.timeout, masters.node_timeout)
     step.waiter.notified.clear()
     return notified
 

@@ -161,11 +161,43 @@ class ReleaseNotices:
         the turn on. ``settle`` (a new waiter's ``subscribed``): reading, it also waits for the
         confirmations of the masters still to answer, not only a quorum's (no one reads them
         once it stops, until its next wait; see ``heard_everywhere``)."""
-        until = time.monotonic() + timeout
         if settle:
             done: Callable[[], bool] = lambda: beacon.fired and self._settled()  # noqa: E731
         else:
             done = lambda: beacon.fired  # noqa: E731
+        return self._wait(beacon, done, time.monotonic() + timeout, None)
+
+    def wait_notice(self, waiter: Waiter, timeout: float, budget: float) -> bool:
+        """``wait`` for a release's word to ``waiter`` (``notified``). Woken by a master's word
+        that the release handed it the lock, its reader reads on until a quorum's words came
+        (or ``budget`` after the first: a split, see ``handoff.handed_over``), so that it takes
+        the lock in one wake-up, not one per word (measured: a second wake-up in half of the
+        hand-offs); and no further (the other masters' words wait in their sockets, read at the
+        next wait, off the hand-off's path). A thread that another reads for returns at the
+        first word, as from ``wait``; ``handed_over`` then asks for the rest."""
+        beacon, handed, quorum = waiter.notified, waiter.handed, self.quorum
+        until = time.monotonic() + timeout
+
+        def done() -> bool:
+            return beacon.fired and (
+                not handed
+                or len(handed) >= quorum
+                or not waiter.trusts_hand_offs  # (a round settles it: see ``handed_over``)
+                or time.monotonic() >= waiter.first_handed + budget
+            )
+
+        def reads_until() -> float:
+            return waiter.first_handed + budget if beacon.fired else until
+
+        return self._wait(beacon, done, until, reads_until)
+
+    def _wait(
+        self,
+        beacon: Beacon,
+        done: Callable[[], bool],
+        until: float,
+        reads_until: Callable[[], float] | None,
+    ) -> bool:
         try:
             while not done() and not self.closed:
                 left = until - time.monotonic()
@@ -182,7 +214,7 @@ class ReleaseNotices:
                         self._keeper_yields = self._reader is _KEEPER
                 if reads:
                     try:
-                        self._read(done, until)
+                        self._read(done, until, reads_until)
                     finally:
                         self._pass_turn()
                 elif beacon.fired:
@@ -234,14 +266,18 @@ class ReleaseNotices:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def _read(self, done: Callable[[], bool], until: float) -> None:
-        """Deliver what the masters send until ``done()``, ``until`` (monotonic) or close; only
-        the holder of the reading turn calls this. All the connections that poll found readable
-        are read before ``done`` is asked again: a release's words from several masters come
-        together, and a hand-off needs a quorum's."""
+    def _read(
+        self,
+        done: Callable[[], bool],
+        until: float,
+        reads_until: Callable[[], float] | None = None,
+    ) -> None:
+        """Deliver what the masters send until ``done()``, ``until`` (monotonic; or earlier, as
+        ``reads_until()`` says meanwhile) or close; only the holder of the reading turn calls
+        this. ``done`` is asked after each connection read: what the others have waits."""
         bell = self._bell[1]
         while not done() and not self.closed:
-            left = until - time.monotonic()
+            left = (until if reads_until is None else min(until, reads_until())) - time.monotonic()
             if left <= 0 or bell.fileno() < 0:  # (closed meanwhile: the keeper closed the bell)
                 return
             poller, watched = self._poller()
@@ -258,6 +294,8 @@ class ReleaseNotices:
                     self._take(inbox, messages)
                 if inbox.conn is None:
                     self._keeper_wake.set()  # it broke: to connect again
+                if done():
+                    return
 
     def _poller(self) -> tuple[select.poll, dict[int, Inbox]]:
         """A poll object on the bell and every open inbox connection, made anew only when those
@@ -311,6 +349,8 @@ class ReleaseNotices:
             heard[named] = digest
             if handed and votes and not abstains(node):
                 to_quorum = waiter.handed
+                if not to_quorum:
+                    waiter.first_handed = time.monotonic()
                 to_quorum.add(node)
                 wake = wake or len(to_quorum) == self.quorum
         if wake:

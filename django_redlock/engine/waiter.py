@@ -21,6 +21,9 @@ class Waiter:
         #: word counts as a vote (``votes_by_word``): filled by ``notices``, read by
         #: ``handoff.handed_over``.
         self.handed: set[Node] = set()
+        #: When the first of them said so (monotonic): its reader reads on for a quorum's word
+        #: for at most a node budget from then (``ReleaseNotices.wait_notice``).
+        self.first_handed = float("inf")
         #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
         #: Unix epoch (``scripts.ACQUIRE_WAITING``).
         self.score: int | None = None
