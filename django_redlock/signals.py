@@ -108,7 +108,8 @@ class LockSignal(Signal):
         if sender is Lock:
             found = self.sender_receivers_cache.get(Lock)
             learnt: tuple[Any, ...] | None = None
-            if found is NO_RECEIVERS:
+            # (No receiver at all: Django answers before its lookup, and keeps nothing.)
+            if found is NO_RECEIVERS or (found is None and not self.receivers):
                 learnt = ()
             elif found is not None:  # (None: changed meanwhile)
                 try:  # Django 5.2 keeps (receiver, is_async) pairs; another: its own way
