@@ -243,7 +243,8 @@ def warm() -> None:
         import prometheus_client  # noqa: F401
         import prometheus_client.core  # noqa: F401 (the permits collector's first collect)
     except ImportError:
-        pass
+        return
+    from . import histograms  # noqa: F401 (ours, imported by the first lock's ``_collectors``)
 
 
 def enabled() -> bool:

@@ -6,6 +6,8 @@ from the waiter's queued attempt, and every way it can go wrong falling back to 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -290,3 +292,46 @@ def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(masters,
     assert "error" not in b
     assert "error" not in c
     assert c["released"] <= b["got"], (b, c)  # C first, and never both at once
+
+
+def test_a_waiting_process_starts_its_watchdog_while_it_waits(masters):
+    """The watchdog's thread (one per process) starts when the process begins to wait for a
+    lock, not when a release hands it the lock: a thread's start (~1 ms on a busy machine) is
+    not paid between the release and the new holder holding it. A fresh process waits here for
+    a lock held by this one, which releases it only after the child saw its watchdog run."""
+    urls = [m.url for m in masters]
+    holder = Redlock(urls)
+    lock = holder.lock("watched", ttl=30).acquire()
+    code = (
+        "import sys, threading, time\n"
+        "from django_redlock.engine import Redlock\n"
+        "from django_redlock.engine.watchdog import WATCHDOG\n"
+        f"engine = Redlock({urls!r})\n"
+        "got = threading.Event()\n"
+        "def wait():\n"
+        "    engine.lock('watched', ttl=10, wait=20).acquire()\n"
+        "    got.set()\n"
+        "print(WATCHDOG._thread is None, flush=True)\n"
+        "threading.Thread(target=wait, daemon=True).start()\n"
+        "until = time.monotonic() + 5\n"
+        "while WATCHDOG._thread is None and time.monotonic() < until:\n"
+        "    time.sleep(0.01)\n"
+        "print(WATCHDOG._thread is not None, got.is_set(), flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print(got.wait(10), flush=True)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            assert child.stdout is not None
+            assert child.stdin is not None
+            assert child.stdout.readline().split() == ["True"]  # not running before it waits
+            assert child.stdout.readline().split() == ["True", "False"]  # running, waiting
+            lock.release()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().split() == ["True"]  # then handed the lock
+        finally:
+            child.kill()
+            holder.close()

@@ -90,6 +90,7 @@ def _perform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         time.sleep(step.seconds)
         return None
     if isinstance(step, Listen):
+        masters.watchdog.ready()
         waiter = masters.notices.listen()
         waiters.append(waiter)
         masters.notices.wait(waiter.subscribed, masters.node_timeout, settle=True)
@@ -309,6 +310,7 @@ async def _aperform(masters: Masters, step: Step, waiters: list[Waiter]) -> Any:
         await asyncio.sleep(step.seconds)
         return None
     if isinstance(step, Listen):
+        masters.watchdog.ready()  # (a thread start: as the sync driver's)
         waiter = masters.notices.listen(asynchronous=True)
         waiters.append(waiter)
         await waiter.subscribed.await_(masters.node_timeout)

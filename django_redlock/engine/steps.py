@@ -8,7 +8,7 @@ import functools
 import operator
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import scripts
 from .admission import Admission
@@ -20,6 +20,9 @@ from .packing import Command
 from .protocol import Vote
 from .rounds import Reply
 from .waiter import Waiter
+
+if TYPE_CHECKING:
+    from .watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -35,6 +38,7 @@ class Masters(Protocol):
     queues: LocalQueues
     inbox_prefix: str
     admission: Admission
+    watchdog: Watchdog
 
     @property
     def notices(self) -> ReleaseNotices: ...

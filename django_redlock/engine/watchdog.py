@@ -169,6 +169,16 @@ class Watchdog:
             elif self._due[0] is entry and when < self._wake_at:
                 self._wake()
 
+    def ready(self) -> None:
+        """Start the thread now, if it is not running: for a process that begins to wait for a
+        lock (a waiter, ``Listen``), which has the time, so that the thread's start (~1 ms on a
+        busy 2-CPU machine) falls on its wait and not between the release that hands it the
+        lock and its holding it (the first lease it holds would start it then)."""
+        if self._thread is None:
+            with self._guard:
+                if self._thread is None:
+                    self._start()
+
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="redlock-watchdog", daemon=True)
         self._thread.start()
