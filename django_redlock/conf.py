@@ -380,9 +380,13 @@ def get_redlock() -> Redlock:
 
 def _build_redlock() -> Redlock:
     global _engine
+    from . import metrics
     from .observer import DjangoObserver
 
     config = get_config()
+    # The metrics register now, as the engine is built (the app's first use): not inside the
+    # first lock this process is handed (~1 ms, on the hand-off's path), nor at import.
+    metrics.enabled()
     _engine = Redlock(
         [node_spec(n) for n in config.nodes],
         key_prefix=config.key_prefix,

@@ -1,9 +1,10 @@
 """Prometheus metrics for every lock, when ``prometheus_client`` is installed (the ``prometheus``
 extra); otherwise every function here does nothing.
 
-The collectors register in ``prometheus_client.REGISTRY`` on first use (never at import), so a
-project's existing ``/metrics`` endpoint exports them; call ``enabled()`` once (in a metrics view
-or ``AppConfig.ready``) to export them, at zero, before the first lock.
+The collectors register in ``prometheus_client.REGISTRY`` on first use (never at import): when
+``redlock()`` first builds the process's engine, so a project's existing ``/metrics`` endpoint
+exports them; call ``enabled()`` once (in a metrics view or ``AppConfig.ready``) to export them,
+at zero, before the first lock.
 
 No metric is labelled by resource: resource names carry ids from requests, and a label per id
 would grow without bound. The two permit gauges are the exception: a semaphore's name is one
