@@ -223,9 +223,11 @@ def handoff_parts(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
     - ``release round``: the holder's release, t0 to its return (beside the rest);
     - ``notice``: t0 to the next holder's process reading its first release notice (its
       waiting thread itself, since it reads its own notices: ``engine.notices``);
-    - ``wake-up``: from there to its wait step returning;
+    - ``wake-up``: from there to its wait step returning (for a waiter handed the lock, its
+      reader reads on to a quorum's words within that wait: ``ReleaseNotices.wait_notice``);
     - ``quorum told`` (handed over): from there to the end of its last wait for notices, when
-      a quorum of masters told it that the release handed it the lock;
+      a quorum of masters told it that the release handed it the lock (mostly 0 since
+      ``wait_notice``: more only when its thread did not hold the reading turn);
     - ``before round``: from there to its next round's start (local turn, pauses, admission);
     - ``acquire round``: the round that won (none when handed over);
     - ``after round``: from the round's end (handed over: the last wait's end) to ``acquire()``
@@ -422,8 +424,9 @@ def run(
             "",
             "Our hand-offs, cut into their parts (`handoff_parts`): t0 = the holder starts its "
             "release; the release round runs beside the rest; then the notice read by the next "
-            "holder's waiting thread, its wait step returning; handed over: until a quorum of "
-            "masters told it the release handed it the lock, then to holding (lease, observer); "
+            "holder's waiting thread, its wait step returning (the reader reads on to a quorum's "
+            "words within it); handed over: until a quorum of masters told it the release "
+            "handed it the lock (if a further wait was needed), then to holding (lease, observer); "
             "otherwise until its next round starts (local turn, pauses), the round that won, and "
             "from there to holding. gap = t0 to holding; pause = pauses inside the gap.",
             "",
