@@ -8,6 +8,7 @@ error, naming the bad value. Nothing here runs at import time.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import threading
 from collections.abc import Mapping
@@ -385,8 +386,13 @@ def _build_redlock() -> Redlock:
 
     config = get_config()
     # The metrics register now, as the engine is built (the app's first use): not inside the
-    # first lock this process is handed (~1 ms, on the hand-off's path), nor at import.
-    metrics.enabled()
+    # first lock this process is handed (~1 ms, on the hand-off's path), nor at import. A
+    # failure (a project's metric of the same name) is logged, as the observer's would be: the
+    # locks work without their metrics.
+    try:
+        metrics.enabled()
+    except Exception:  # noqa: BLE001
+        logging.getLogger("django_redlock").exception("django_redlock metrics not registered")
     _engine = Redlock(
         [node_spec(n) for n in config.nodes],
         key_prefix=config.key_prefix,

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from django_redlock.engine import LockContended, Redlock, holding
+from django_redlock.engine import LockContended, Redlock, holding, procedures
 from django_redlock.engine.events import NullObserver
 from django_redlock.testing.proxy import DelayProxy
 
@@ -267,18 +267,33 @@ def test_a_hand_off_never_publishes_the_token(masters, redlock_of):
     assert not any(token in data or token.split(b":")[0] in data for data in heard), heard
 
 
-def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(masters, redlock_of):
+def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(
+    masters, redlock_of, monkeypatch
+):
     """Two waiters, queued first on different masters (B on 2, C on 3): each is handed the key
-    where it is first; C, told by a quorum, holds the lock; B, told by two, takes a round after
-    a node budget, loses, undoes what it was handed, and gets the lock after C's release. Never
-    both at once."""
+    where it is first; C, told by a quorum, holds the lock; B, told by two, takes a round one
+    node budget after the release's first word (not two: its reader read on for a quorum's
+    words within that budget, and handed_over does not start another), loses, undoes what it
+    was handed, and gets the lock after C's release. Never both at once."""
+    gave_up: list[float] = []  # when a waiter's handed_over found no quorum (monotonic)
+    handed_over = procedures.handed_over
+
+    def timed(masters_: object, ttl: float, waiter: object) -> object:
+        handed = yield from handed_over(masters_, ttl, waiter)  # type: ignore[arg-type]
+        if handed is None:
+            gave_up.append(time.monotonic())
+        return handed
+
+    monkeypatch.setattr(procedures, "handed_over", timed)
     holder_engine = redlock_of(masters)
     b_engine, c_engine = (
         redlock_of(masters, node_timeout=NEWS),
         redlock_of(masters, node_timeout=NEWS),
     )
     holder = holder_engine.lock("hot", ttl=10).acquire()
-    with waiting(b_engine, hold=0.3) as b, waiting(c_engine, hold=0.3) as c:
+    # (C holds longer than B's node budget: B's split is settled by its round, not by C's
+    # release handing it the rest.)
+    with waiting(b_engine, hold=0.3) as b, waiting(c_engine, hold=NEWS + 0.7) as c:
         assert wait_until(lambda: settled(masters, b_engine, c_engine), 5.0), queued(masters)
         b_inbox = b_engine.notices.inbox.removeprefix(b_engine.inbox_prefix)
         soon = int(time.time() * 1000) + 60_000
@@ -286,12 +301,15 @@ def test_queues_that_disagree_split_the_hand_off_and_a_round_settles_it(masters,
             for entry in m.call("ZRANGE", QUEUE, 0, -1):
                 first = entry.decode().startswith(b_inbox) == (i < 2)
                 m.call("ZADD", QUEUE, "XX", soon if first else soon + 1000, entry)
+        released = time.monotonic()
         holder.release()
         assert c["acquired"].wait(5.0), (b, c)
         assert b["acquired"].wait(5.0), (b, c)
     assert "error" not in b
     assert "error" not in c
     assert c["released"] <= b["got"], (b, c)  # C first, and never both at once
+    assert gave_up, "B's split was not settled by a round"
+    assert NEWS - 0.05 <= gave_up[0] - released < NEWS + 0.3, gave_up[0] - released
 
 
 def test_a_waiting_process_starts_its_watchdog_while_it_waits(masters):

@@ -160,6 +160,26 @@ def test_a_waiter_handed_the_lock_takes_it_in_one_wake_up(fresh_masters, redlock
     assert after == [seen["ident"]] * 3, after  # a quorum's, on its own thread; no more
 
 
+def test_words_that_are_not_notices_are_dropped_and_the_waiter_still_hears(
+    fresh_masters, redlock_of
+):
+    """Anyone may PUBLISH on a process's inbox channel: a message that is not a notice (no
+    space, empty) is dropped by the reader, which reads on; the waiter is still handed the
+    lock promptly."""
+    masters = fresh_masters(3)
+    holder, engine = redlock_of(masters), redlock_of(masters)
+    lock = holder.lock("hot", ttl=10).acquire()
+    with waiting_thread(engine, "hot") as seen:
+        assert wait_until(lambda: queued(masters, "hot") == [1, 1, 1], 5.0)
+        assert wait_until(lambda: engine.notices.heard_everywhere(), 5.0)
+        for m in masters:
+            for junk in ("nospace", ""):
+                assert m.call("PUBLISH", engine.notices.inbox, junk) == 1
+        time.sleep(0.2)  # (read by the waiting thread meanwhile)
+        assert "error" not in seen, seen
+        assert hand_over(lock, masters, "hot", seen) < PROMPT
+
+
 def test_the_keeper_reads_for_asyncio_and_gives_the_turn_to_a_thread(
     fresh_masters, redlock_of, readers
 ):

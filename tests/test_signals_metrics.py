@@ -245,6 +245,34 @@ def test_metrics_count_failing_masters_with_passwords_masked(
     assert "hunter2secret" not in exported
 
 
+def test_a_metric_that_cannot_register_is_logged_and_the_locks_still_work(fresh_masters) -> None:
+    """The collectors register when ``redlock()`` first builds the engine: a project's metric of
+    the same name makes that fail, which is logged (as an observer's failure would be), never
+    raised: the locks work without their metrics. A fresh process: the registry is its own."""
+    masters = fresh_masters(1)
+    code = (
+        "import django\n"
+        "from django.conf import settings\n"
+        f"settings.configure(INSTALLED_APPS=['django_redlock'], "
+        f"REDLOCK={{'NODES': [{masters[0].url!r}]}})\n"
+        "django.setup()\n"
+        "import prometheus_client\n"
+        "prometheus_client.Counter('redlock_contended', 'a project metric of the same name')\n"
+        "from django_redlock import redlock\n"
+        "for _ in range(2):\n"
+        "    with redlock('clash', ttl=5):\n"
+        "        pass\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert "django_redlock metrics not registered" in done.stderr
+    assert "redlock_contended" in done.stderr  # the clash, named
+
+
 def test_metrics_are_no_ops_without_prometheus_client() -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"

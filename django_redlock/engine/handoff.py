@@ -29,7 +29,8 @@ def handed_over(masters: Masters, ttl: float, waiter: Waiter) -> Procedure[float
     """Until when the lock is ours (monotonic) if releases handed ``waiter`` the lock on a
     quorum of masters: ours without a round of our own, and no one could take it between the
     release and us (no barging). Woken by the first master's word, it awaits a quorum's for at
-    most one node budget (a release reaches every master at once); fewer: its queues split the
+    most one node budget from that word (a release reaches every master at once; its reader may
+    have spent some of it reading on: ``ReleaseNotices.wait_notice``); fewer: its queues split the
     release's keys among waiters, and its round (which loses, and undoes them, or wins) settles
     it. The lease on each began after our first queued attempt began (``queued_since``), so the
     validity counts from there; too little left (a long wait), or a hand-off that only hints
@@ -39,7 +40,7 @@ def handed_over(masters: Masters, ttl: float, waiter: Waiter) -> Procedure[float
     # (A waiter for several resources is never handed a key: its queue entries carry no value.)
     if since is None or not waiter.handed or not waiter.trusts_hand_offs:
         return None
-    until = time.monotonic() + masters.node_timeout
+    until = waiter.first_handed + masters.node_timeout
     while votes_left(waiter.handed) < masters.quorum:
         left = until - time.monotonic()
         if left <= 0:

@@ -50,10 +50,13 @@ class NoticeReading:
         done: Callable[[], bool],
         until: float,
         reads_until: Callable[[], float] | None = None,
+        enough: Callable[[], bool] | None = None,
     ) -> None:
         """Deliver what the masters send until ``done()``, ``until`` (monotonic; or earlier, as
         ``reads_until()`` says meanwhile) or close; only the holder of the reading turn calls
-        this. ``done`` is asked after each connection read: what the others have waits."""
+        this. All the connections that poll found readable are read before ``done`` is asked
+        again (a release's words from several masters come together), unless ``enough()``
+        says after one of them that what the others have can wait."""
         bell = self._bell[1]
         while not done() and not self.closed:
             left = (until if reads_until is None else min(until, reads_until())) - time.monotonic()
@@ -73,7 +76,7 @@ class NoticeReading:
                     self._take(inbox, messages)
                 if inbox.conn is None:
                     self._keeper_wake.set()  # it broke: to connect again
-                if done():
+                if enough is not None and enough():
                     return
 
     def _poller(self) -> tuple[select.poll, dict[int, Inbox]]:
@@ -116,7 +119,10 @@ class NoticeReading:
         ``handed_over``.) The id may carry the mark of a waiter for several resources. (The
         reader's hot path: every master's word of every hand-off passes here, and the waiter
         it names holds the lock once it is through.)"""
-        digest, named, *handed = notice.split(b" ")
+        try:
+            digest, named, *handed = notice.split(b" ")
+        except ValueError:  # not ours (anyone may publish on the channel): nothing to wake
+            return
         if named.endswith(_SEVERAL):
             named = named[: -len(_SEVERAL)]
         with self._guard:
@@ -124,11 +130,11 @@ class NoticeReading:
             if waiter is None:
                 return
             heard = self._heard
-            wake = heard.get(named) != digest
+            wake = heard.get(named) != digest  # (a release's first word to it)
             heard[named] = digest
             if handed and votes and not abstains(node):
                 to_quorum = waiter.handed
-                if not to_quorum:
+                if wake or not to_quorum:  # (its quorum's budget runs from here)
                     waiter.first_handed = time.monotonic()
                 to_quorum.add(node)
                 wake = wake or len(to_quorum) == self.quorum

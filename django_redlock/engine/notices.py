@@ -181,7 +181,10 @@ class ReleaseNotices(NoticeReading):
         def reads_until() -> float:
             return waiter.first_handed + budget if beacon.fired else until
 
-        return self._wait(beacon, done, until, reads_until)
+        def enough() -> bool:
+            return len(handed) >= quorum
+
+        return self._wait(beacon, done, until, reads_until, enough)
 
     def _wait(
         self,
@@ -189,6 +192,7 @@ class ReleaseNotices(NoticeReading):
         done: Callable[[], bool],
         until: float,
         reads_until: Callable[[], float] | None,
+        enough: Callable[[], bool] | None = None,
     ) -> bool:
         try:
             while not done() and not self.closed:
@@ -206,7 +210,7 @@ class ReleaseNotices(NoticeReading):
                         self._keeper_yields = self._reader is _KEEPER
                 if reads:
                     try:
-                        self._read(done, until, reads_until)
+                        self._read(done, until, reads_until, enough)
                     finally:
                         self._pass_turn()
                 elif beacon.fired:
