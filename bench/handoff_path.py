@@ -74,10 +74,12 @@ def worker(config: dict[str, Any]) -> None:
             events.append(("wait end", clock()))
 
     setattr(notices.ReleaseNotices, name, timed_wait)
-    trace_at, side = config["trace_at"], config["trace"]
+    traced_at, side = set(config["traced_at"]), config["trace"]
     here = __file__
     count = [0]  # bytecodes run so far in the traced call
-    marks: list[tuple[str, int, int]] = []  # (inbox read | write, monotonic ns, bytecodes then)
+    #: (acquisition, inbox read | write | end, monotonic ns, bytecodes so far in it)
+    marks: list[tuple[int, str, int, int]] = []
+    at = [0]  # the acquisition being traced
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if event == "opcode":
@@ -89,9 +91,9 @@ def worker(config: dict[str, Any]) -> None:
         if event == "call":
             frame.f_trace_opcodes = True
             if code.co_name == "messages":
-                marks.append(("read", clock(), count[0]))
+                marks.append((at[0], "read", clock(), count[0]))
             elif code.co_name == "write":
-                marks.append(("write", clock(), count[0]))
+                marks.append((at[0], "write", clock(), count[0]))
         return tracer
 
     for n in range(3):
@@ -102,41 +104,43 @@ def worker(config: dict[str, Any]) -> None:
     events.clear()
     for n in range(config["rounds"]):
         lock = redlock("handoff-path", ttl=10, wait=60)
-        tracing = n == trace_at and side == "waiter"
-        if tracing:
+        at[0], count[0] = n, 0
+        if n in traced_at and side == "waiter":
             sys.settrace(tracer)
         lock.acquire()
         sys.settrace(None)
         events.append(("hold", clock()))
         time.sleep(HOLD)
         events.append(("release", clock()))
-        if n == trace_at and side == "releaser":
+        if n in traced_at and side == "releaser":
             sys.settrace(tracer)
         lock.release()
         sys.settrace(None)
-        if n == trace_at and side != "-":
-            marks.append(("end", clock(), count[0]))
+        if n in traced_at and side != "-":
+            marks.append((n, "end", clock(), count[0]))
     print(json.dumps({"events": events, "marks": marks}), flush=True)
 
 
-def counted(report: dict[str, Any], side: str, quorum: int, t0: int | None) -> int | None:
-    """Bytecodes of the traced side's critical path: the waiter's from its first inbox read
-    after the holder's release (``t0``) to holding, the releaser's from ``release()`` to its
-    quorum-th write. None if that acquisition was not handed over."""
-    marks = report["marks"]
-    if not marks:
+def counted(marks: list[list[Any]], side: str, quorum: int, t0: int | None) -> int | None:
+    """Bytecodes of one traced acquisition's critical path: the waiter's from its first inbox
+    read after the holder's release (``t0``) to holding, the releaser's from ``release()`` to its
+    quorum-th write. None if it was not handed over (the tracing slows a process ~50x: its round
+    may have met the release first)."""
+    if not marks or marks[-1][1] != "end":
         return None
-    end = marks[-1][2]
+    end = marks[-1][3]
     if side == "waiter":
-        reads = [n for kind, at, n in marks if kind == "read" and t0 is not None and at >= t0]
+        reads = [n for _, kind, at, n in marks if kind == "read" and t0 is not None and at >= t0]
         return end - reads[0] if reads else None
-    writes = [n for kind, _, n in marks if kind == "write"]
+    writes = [n for _, kind, _, n in marks if kind == "write"]
     return writes[quorum - 1] if len(writes) >= quorum else None
 
 
 def race(repo: Path, urls: list[str], processes: int, rounds: int, trace: str) -> dict[str, Any]:
     """One race in ``repo``'s code; its workers' timelines merged into hand-offs."""
-    config = {"urls": urls, "rounds": rounds, "trace_at": rounds // 2, "trace": "-"}
+    #: The traced acquisitions (of the first worker): every tenth after the first ten.
+    traced_at = list(range(10, rounds - 5, 10))
+    config = {"urls": urls, "rounds": rounds, "traced_at": traced_at, "trace": "-"}
     env = {**os.environ, "PYTHONPATH": str(repo)}
     workers = []
     for i in range(processes):
@@ -191,12 +195,17 @@ def race(repo: Path, urls: list[str], processes: int, rounds: int, trace: str) -
             parts["holding"].append(at - t0)
     traced = None
     if trace != "-":
-        # The traced acquisition (the waiter's): the release before its hold, by the other.
-        traced_at = rounds // 2
         holds = [t for e, t in reports[0]["events"] if e == "hold"]
-        held = holds[traced_at] if len(holds) > traced_at else None
-        theirs_before = [t for t, k in releases if k != 0 and held is not None and t < held]
-        traced = counted(reports[0], trace, quorum, theirs_before[-1] if theirs_before else None)
+        counts = []
+        for n in traced_at:
+            # Each traced acquisition's hold, and the other's release just before it.
+            held = holds[n] if len(holds) > n else None
+            preceding = [t for t, k in releases if k != 0 and held is not None and t < held]
+            its_marks = [m for m in reports[0]["marks"] if m[0] == n]
+            count = counted(its_marks, trace, quorum, preceding[-1] if preceding else None)
+            if count is not None:
+                counts.append(count)
+        traced = (int(statistics.median(counts)), len(counts)) if counts else None
     return {"parts": parts, "traced": traced}
 
 
@@ -207,10 +216,13 @@ def table(name: str, runs: list[dict[str, Any]]) -> list[str]:
         if values:
             p50, mean = statistics.median(values) / 1e3, statistics.mean(values) / 1e3
             lines.append(f"  {point:14s} p50 {p50:7.0f}  mean {mean:7.0f}")
-    waiter, releaser = runs[1]["traced"], runs[2]["traced"]
+
+    def median(traced: tuple[int, int] | None) -> str:
+        return "-" if traced is None else f"{traced[0]:,} (median of {traced[1]} hand-offs)"
+
     lines.append(
-        f"  bytecodes: waiter, first inbox read -> holding: {waiter}; "
-        f"releaser, release() -> the quorum-th write: {releaser}"
+        f"  bytecodes: waiter, first inbox read -> holding: {median(runs[1]['traced'])}; "
+        f"releaser, release() -> the quorum-th write: {median(runs[2]['traced'])}"
     )
     return lines
 
