@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,7 +73,7 @@ def worker(config: dict[str, Any]) -> None:
             events.append(("wait end", clock()))
 
     setattr(notices.ReleaseNotices, name, timed_wait)
-    traced_at, side = set(config["traced_at"]), config["trace"]
+    traced_at = set(config["traced_at"])
     here = __file__
     count = [0]  # bytecodes run so far in the traced call
     #: (acquisition, inbox read | write | end, monotonic ns, bytecodes so far in it)
@@ -100,7 +99,9 @@ def worker(config: dict[str, Any]) -> None:
         with redlock(f"warm-up:{os.getpid()}:{n}", ttl=10):
             pass
     print(json.dumps({"ready": True}), flush=True)
-    sys.stdin.readline()
+    # "go", or "go <side>" for the one worker that traces (the others run at full speed: a
+    # traced process runs ~50x slower, and two of them would seldom hand the lock over).
+    side = (sys.stdin.readline().split() + ["-"])[1]
     events.clear()
     for n in range(config["rounds"]):
         lock = redlock("handoff-path", ttl=10, wait=60)
@@ -137,37 +138,26 @@ def counted(marks: list[list[Any]], side: str, quorum: int, t0: int | None) -> i
 
 
 def race(repo: Path, urls: list[str], processes: int, rounds: int, trace: str) -> dict[str, Any]:
-    """One race in ``repo``'s code; its workers' timelines merged into hand-offs."""
-    #: The traced acquisitions (of the first worker): every tenth after the first ten.
+    """One race in ``repo``'s code; its workers' timelines merged into hand-offs. ``trace``:
+    which side the first worker traces (``waiter``, ``releaser``, or ``-``: none)."""
+    from bench.remote import spawned  # (the parent's only: a worker runs this file by path)
+
+    #: The traced acquisitions: every tenth after the first ten.
     traced_at = list(range(10, rounds - 5, 10))
-    config = {"urls": urls, "rounds": rounds, "traced_at": traced_at, "trace": "-"}
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    workers = []
-    for i in range(processes):
-        mine = {**config, "trace": trace if i == 0 else "-"}
-        workers.append(
-            subprocess.Popen(
-                # (By path: a baseline's tree may not have this file; its package is imported.)
-                [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(mine)],
-                cwd=repo,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        )
-    for w in workers:
-        assert w.stdout is not None
-        json.loads(w.stdout.readline())
-    for w in workers:
-        assert w.stdin is not None
-        w.stdin.write("go\n")
-        w.stdin.flush()
-    reports = []
-    for w in workers:
-        assert w.stdout is not None
-        reports.append(json.loads(w.stdout.readline()))
-        w.wait(30)
+    config = {"urls": urls, "rounds": rounds, "traced_at": traced_at}
+    # (This file by path, with ``repo`` on the path: a baseline's checkout may not have it.)
+    with spawned("worker", "ours", config, processes, 30.0, Path(__file__), repo) as workers:
+        for w in workers:
+            assert w.stdout is not None
+            json.loads(w.stdout.readline())
+        for i, w in enumerate(workers):
+            assert w.stdin is not None
+            w.stdin.write(f"go {trace}\n" if i == 0 else "go\n")
+            w.stdin.flush()
+        reports = []
+        for w in workers:
+            assert w.stdout is not None
+            reports.append(json.loads(w.stdout.readline()))
     quorum = len(urls) // 2 + 1
     releases = sorted(
         (t, i) for i, r in enumerate(reports) for e, t in r["events"] if e == "release"
@@ -233,11 +223,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--baseline", type=Path, default=None)
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker is not None:
-        worker(json.loads(args.worker))
-        return
     from django_redlock.testing import local_masters
 
     here = Path(__file__).resolve().parent.parent
@@ -254,4 +240,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["worker"]:  # (``remote.spawn``'s: worker <implementation> <config>)
+        worker(json.loads(sys.argv[3]))
+    else:
+        main()

@@ -87,12 +87,16 @@ def ng_version() -> str:
 
 
 def spawn(
-    mode: str, implementation: str, config: dict[str, Any], script: Path = WORKER
+    mode: str,
+    implementation: str,
+    config: dict[str, Any],
+    script: Path = WORKER,
+    code: Path = REPO,
 ) -> subprocess.Popen[str]:
     """Start ``bench/worker.py <mode> <implementation> <config>`` (or another ``script`` of the
-    same shape) in the right environment. The repository is on its path (our engine is imported
-    from the work tree, not installed)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    same shape) in the right environment. ``code`` is on its path: our engine is imported from
+    the work tree (not installed), or from a baseline's checkout."""
+    env = dict(os.environ, PYTHONPATH=str(code))
     if implementation in NG_IMPLEMENTATIONS:
         env.pop("PYTHONPATH")  # nothing of ours in redlock-ng's process
     return subprocess.Popen(
@@ -107,14 +111,20 @@ def spawn(
 
 @contextlib.contextmanager
 def spawned(
-    mode: str, implementation: str, config: dict[str, Any], processes: int, deadline: float
+    mode: str,
+    implementation: str,
+    config: dict[str, Any],
+    processes: int,
+    deadline: float,
+    script: Path = WORKER,
+    code: Path = REPO,
 ) -> Iterator[list[subprocess.Popen[str]]]:
     """``processes`` workers of one ``mode`` (``spawn``); on exit their stdin is closed (their
     signal to finish) and each is waited for up to ``deadline`` seconds, then killed."""
     workers: list[subprocess.Popen[str]] = []
     try:
         for _ in range(processes):
-            workers.append(spawn(mode, implementation, config))
+            workers.append(spawn(mode, implementation, config, script, code))
         yield workers
     finally:
         for proc in workers:
