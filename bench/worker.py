@@ -275,9 +275,9 @@ class Timeline:
             finally:
                 self.steps.append((kind(step), began, clock()))
 
-        def timed_deliver(hub: Any, notice: bytes, node: Any, votes: bool) -> None:
+        def timed_deliver(hub: Any, notice: bytes, inbox: Any) -> None:
             self.notices.append(clock())
-            deliver(hub, notice, node, votes)
+            deliver(hub, notice, inbox)
 
         drivers._perform = timed_perform  # noqa: SLF001
         ReleaseNotices.deliver = timed_deliver  # type: ignore[method-assign,assignment]

@@ -39,10 +39,10 @@ def readers(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[int]]:
     seen: dict[str, set[int]] = {}
     deliver = ReleaseNotices.deliver
 
-    def recording(hub: ReleaseNotices, notice: bytes, node: object, votes: bool) -> None:
+    def recording(hub: ReleaseNotices, notice: bytes, inbox: object) -> None:
         named = notice.split(b" ")[1].decode()
         seen.setdefault(named, set()).add(threading.get_ident())
-        deliver(hub, notice, node, votes)  # type: ignore[arg-type]
+        deliver(hub, notice, inbox)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ReleaseNotices, "deliver", recording)
     return seen
@@ -141,9 +141,9 @@ def test_a_waiter_handed_the_lock_takes_it_in_one_wake_up(fresh_masters, redlock
         waits.append(time.monotonic())
         return wait_notice(hub, waiter, timeout, budget)  # type: ignore[arg-type]
 
-    def counted_word(hub: ReleaseNotices, notice: bytes, node: object, votes: bool) -> None:
+    def counted_word(hub: ReleaseNotices, notice: bytes, inbox: object) -> None:
         words.append((time.monotonic(), threading.get_ident()))
-        deliver(hub, notice, node, votes)  # type: ignore[arg-type]
+        deliver(hub, notice, inbox)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ReleaseNotices, "wait_notice", counted_wait)
     monkeypatch.setattr(ReleaseNotices, "deliver", counted_word)

@@ -10,12 +10,12 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from .connections import Node
 from .inboxes import Inbox
+from .quarantine import abstains
 from .scripts import SEVERAL_MARK
 from .waiter import Waiter
 
@@ -31,7 +31,6 @@ class NoticeReading:
     quorum: int
     inbox: str
     closed: bool
-    nodes: Sequence[Node]
     _guard: threading.Lock
     _inboxes: list[Inbox]
     _waiters: dict[bytes, Waiter]
@@ -96,10 +95,9 @@ class NoticeReading:
     def _take(self, inbox: Inbox, messages: list[Any]) -> None:
         """Act on what one master sent: release notices (``deliver``), and the confirmation of
         our SUBSCRIBE."""
-        node = inbox.node
         for kind, channel, data in messages:
             if kind == b"message":
-                self.deliver(data, node, inbox.votes)
+                self.deliver(data, inbox)
             elif kind == b"subscribe" and channel.decode() == self.inbox:
                 inbox.confirmed = True
                 with self._guard:
@@ -109,15 +107,15 @@ class NoticeReading:
                 for waiter in waiters:
                     waiter.subscribed.fire()
 
-    def deliver(self, notice: bytes, node: Node, votes: bool) -> None:
-        """``<digest> <waiter id>[ +]``: wake that waiter, once per release (every master sends
-        it), and again when a master that handed it the lock (`` +``, and its word counts:
-        ``votes``: see ``votes_by_word``; and not abstaining) makes a quorum. (Waking at the
-        first word, not only at a quorum: queues that disagree can split a release's keys among
+    def deliver(self, notice: bytes, inbox: Inbox) -> None:
+        """``<digest> <waiter id>[ +]``, from ``inbox``'s master: wake that waiter, once per
+        release (every master sends it), and again when a master that handed it the lock (`` +``,
+        and its word counts: ``Inbox.votes``, and it does not abstain) makes a quorum. (Waking at
+        the first word, not only at a quorum: queues that disagree can split a release's keys among
         waiters so that none has a quorum, and then each must find out soon, by a round; see
         ``handed_over``.) The id may carry the mark of a waiter for several resources. (The
-        reader's hot path: every master's word of every hand-off passes here, and the waiter
-        it names holds the lock once it is through.)"""
+        reader's hot path: every master's word of every hand-off passes here, and the waiter it
+        names holds the lock once it is through.)"""
         try:
             digest, named, *handed = notice.split(b" ")
         except ValueError:  # not ours (anyone may publish on the channel): nothing to wake
@@ -131,12 +129,11 @@ class NoticeReading:
             heard = self._heard
             wake = heard.get(named) != digest  # (a release's first word to it)
             heard[named] = digest
-            # (``quarantine.abstains``, written out: this is every word's path.)
-            if handed and votes and (node.watch is None or not node.watch.abstaining()):
+            if handed and inbox.votes and not abstains(inbox.node):
                 to_quorum = waiter.handed
                 if wake or not to_quorum:  # (its quorum's budget runs from here)
                     waiter.first_handed = time.monotonic()
-                to_quorum.add(node)
+                to_quorum.add(inbox.node)
                 wake = wake or len(to_quorum) == self.quorum
         # Still fired (its waiter has not cleared it yet): no second fire (~100 bytecodes on the
         # hand-off's path). Its waiter reads ``handed`` after clearing it, and this word's node

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .beacon import Beacon
 from .connections import Node
+from .quarantine import abstains
 
 
 class Waiter:
@@ -49,10 +50,6 @@ def votes_by_word(node: Node) -> bool:
 
 def votes_left(handed: set[Node]) -> int:
     """How many of the masters that handed a waiter the lock count as its votes now: not those
-    that began to abstain since their word came (``quarantine.abstains``, written out)."""
-    votes = 0
-    for node in tuple(handed):  # (a copy: the reader may add to it meanwhile)
-        watch = node.watch
-        if watch is None or not watch.abstaining():
-            votes += 1
-    return votes
+    that began to abstain since their word came."""
+    # (A copy: the reader may add to it meanwhile.)
+    return sum(not abstains(node) for node in tuple(handed))
