@@ -268,7 +268,7 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
             if turn is not None:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
                 if not first:
-                    raise permit_not_acquired(masters, want, lost, attempts, began)
+                    raise permit_not_acquired(masters, want, lost, attempts)
                 if waiter is None and lost is not None:
                     waiter = yield Listen()
                     score = now_ms() + max(int((deadline - time.monotonic()) * 1000), 1)
@@ -298,7 +298,7 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
             switches = 0
             now = time.monotonic()
             if now >= deadline:
-                raise permit_not_acquired(masters, want, lost, attempts, began)
+                raise permit_not_acquired(masters, want, lost, attempts)
             if some_free and not split_retried:
                 # Still split: try again shortly, with jitter, rather than sleep until a release.
                 split_retried = True
@@ -315,7 +315,7 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
             if expiry is not None:
                 delay = min(delay, expiry + EXPIRY_MARGIN)
             if now + delay > deadline:
-                raise permit_not_acquired(masters, want, lost, attempts, began)
+                raise permit_not_acquired(masters, want, lost, attempts)
             yield Pause(delay)
     except BaseException as exc:
         if waiter is not None and not isinstance(exc, GeneratorExit):
@@ -328,10 +328,10 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
 
 
 def permit_not_acquired(
-    masters: Masters, want: PermitWant, lost: Lost | None, attempts: int, began: float
+    masters: Masters, want: PermitWant, lost: Lost | None, attempts: int
 ) -> Exception:
     held = f"all {want.limit} permits of {want.resource!r} are held"
-    return not_acquired(masters, want, lost, attempts, time.monotonic() - began, contended=held)
+    return not_acquired(masters, want, lost, attempts, contended=held)
 
 
 def mismatch_error(

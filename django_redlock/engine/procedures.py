@@ -235,7 +235,7 @@ def acquire_once(masters: Masters, want: Want) -> Procedure[Won]:
         return Won(result.valid_until, 1, began, "", result.failures)
     if result.granted or result.failed:
         yield release_round(masters, want.resources, want.value, notify=False)
-    raise not_acquired(masters, want, Lost(result, replies), 1, time.monotonic() - began)
+    raise not_acquired(masters, want, Lost(result, replies), 1)
 
 
 def acquire(masters: Masters, want: Want) -> Procedure[Won]:
@@ -269,7 +269,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             if turn is not None:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
                 if not first:
-                    raise not_acquired(masters, want, lost, attempts, time.monotonic() - began)
+                    raise not_acquired(masters, want, lost, attempts)
                 if waiter is None and (lost is not None or behind):
                     # It lost once (or stands behind the holder its release just handed the
                     # lock to): a waiter from now on, that releases wake by name. (Then it
@@ -284,7 +284,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
             lost = outcome
             now = time.monotonic()
             if now >= deadline:
-                raise not_acquired(masters, want, lost, attempts, now - began)
+                raise not_acquired(masters, want, lost, attempts)
             if lost.result.contended and waiter is None:
                 continue  # become a waiter, then try again (above)
             if lost.result.contended and waiter is not None:
@@ -306,7 +306,7 @@ def acquire(masters: Masters, want: Want) -> Procedure[Won]:
                 continue
             delay = protocol.retry_delay(masters.retry_delay, JITTER)  # 5
             if now + delay > deadline:
-                raise not_acquired(masters, want, lost, attempts, now - began)
+                raise not_acquired(masters, want, lost, attempts)
             yield Pause(delay)
     except BaseException as exc:
         if waiter is not None and not isinstance(exc, GeneratorExit):

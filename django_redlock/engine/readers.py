@@ -132,8 +132,7 @@ def acquire(masters: Masters, want: ReaderWant) -> Procedure[Won]:
             if turn is not None:
                 first = yield AwaitTurn(turn, deadline - time.monotonic())
                 if not first:
-                    waited = time.monotonic() - began
-                    raise reader_not_acquired(masters, want, lost, attempts, waited)
+                    raise reader_not_acquired(masters, want, lost, attempts)
                 if waiter is None and lost is not None:
                     waiter = yield Listen()
             attempts += 1
@@ -147,7 +146,7 @@ def acquire(masters: Masters, want: ReaderWant) -> Procedure[Won]:
                     raise mismatch_error(want, reply[1], lost, masters, attempts)
             now = time.monotonic()
             if now >= deadline:
-                raise reader_not_acquired(masters, want, lost, attempts, now - began)
+                raise reader_not_acquired(masters, want, lost, attempts)
             if lost.result.contended and waiter is None:
                 continue  # become a waiter, then try again: that try queues it
             if lost.result.contended and waiter is not None:
@@ -155,7 +154,7 @@ def acquire(masters: Masters, want: ReaderWant) -> Procedure[Won]:
                 continue
             delay = protocol.retry_delay(masters.retry_delay, JITTER)
             if now + delay > deadline:
-                raise not_acquired(masters, want, lost, attempts, now - began)
+                raise not_acquired(masters, want, lost, attempts)
             yield Pause(delay)
     except BaseException as exc:
         if waiter is not None and not isinstance(exc, GeneratorExit | LockContended):
@@ -168,13 +167,13 @@ def acquire(masters: Masters, want: ReaderWant) -> Procedure[Won]:
 
 
 def reader_not_acquired(
-    masters: Masters, want: Want, lost: Lost | None, attempts: int, waited: float
+    masters: Masters, want: Want, lost: Lost | None, attempts: int
 ) -> Exception:
     held = (
         f"lock {want.resource!r} is held by a writer, or a writer waits for it (readers let a "
         f"waiting writer go first)"
     )
-    return not_acquired(masters, want, lost, attempts, waited, contended=held)
+    return not_acquired(masters, want, lost, attempts, contended=held)
 
 
 def mismatch_error(

@@ -37,7 +37,6 @@ def not_acquired(
     want: Want,
     lost: Lost | None,
     attempts: int,
-    waited: float,
     *,
     contended: str = "",
 ) -> LockContended | QuorumUnavailable:
