@@ -6,12 +6,19 @@ figure itself, next to the floor and the peers, is ``python -m bench e``)."""
 from __future__ import annotations
 
 import gc
+import threading
 import tracemalloc
 
 import pytest
 
 from django_redlock.engine import reentry
-from django_redlock.engine.values import compact_value, expand_value, make_value, parse_value
+from django_redlock.engine.values import (
+    compact_value,
+    expand_value,
+    make_value,
+    new_value,
+    parse_value,
+)
 
 #: Bytes per held lock (Lock, Lease, their strings and tuples, the table of holders) that the
 #: engine must stay under, through ``Redlock.lock()``. 860-890 measured on Python 3.11 with this
@@ -24,9 +31,10 @@ HELD_LOCK_BYTES = 1000
 @pytest.mark.parametrize("task", [None, "Task-7"])
 @pytest.mark.parametrize("ttl", [0.01, 10, 61.5, 86_400.25])
 def test_a_value_kept_in_parts_gives_back_exactly_what_was_made(label, task, ttl):
-    value = make_value(label, float(ttl), task)
-    read_back = (value + " ")[:-1]  # an equal string, not the one make_value remembers
-    for parts in (compact_value(value), compact_value(read_back)):
+    # Its parts as made (what an acquisition keeps: ``new_value``), and as read back from it.
+    value, made = new_value(label, float(ttl), task, threading.current_thread().name)
+    assert value.count(threading.current_thread().name) >= 1
+    for parts in (made, compact_value(value)):
         assert expand_value(*parts) == value
         assert len(parts[0]) == 24  # the token's 16 bytes and "since", not 46 characters
     parse_value(value.encode())  # (still our shape)
