@@ -25,6 +25,21 @@ from django_redlock.testing.masters import LocalMaster, local_masters
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def fresh_python(
+    code: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh Python process (``python -c``), with ``env`` added to ours: for
+    what only a process's first use shows (imports, registrations, a provider set once)."""
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def manage_py(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     """``manage.py <args>`` of the testproject in a child process, with ``env`` added to ours:
     what a shell or cron sees (output, exit status)."""

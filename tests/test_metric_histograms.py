@@ -4,10 +4,7 @@ counts must survive threads, and prometheus_client's multiprocess mode must stil
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,6 +16,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from django_redlock import metrics, redlock
 from django_redlock.histograms import Histograms
 from django_redlock.metrics import HOLD_BUCKETS, WAIT_BUCKETS
+
+from .conftest import fresh_python
 
 #: What each lock's outcome was observed as: (template, outcome or None for holds, seconds);
 #: on bucket bounds, between them, below the first, past the last, zero, negative.
@@ -207,13 +206,6 @@ def test_multiprocess_mode_keeps_prometheus_clients_histograms(tmp_path):
         "      value('redlock_hold_seconds_sum', {}),\n"
         "      value('redlock_template_hold_seconds_count', {'template': 'job:{n}'}))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = fresh_python(code, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2.0", "2.0", "1.5", "1.0"]

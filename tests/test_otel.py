@@ -5,8 +5,6 @@ and one event per failing member; recorded by the SDK's in-memory exporter."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -21,6 +19,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from django_redlock import LockContended, otel, redlock
 from tests.fencedapp.models import Ledger
+
+from .conftest import fresh_python
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.fencedapp.urls")]
 
@@ -141,9 +141,7 @@ def test_without_a_tracer_provider_locks_make_no_span():
         "assert otel.tracer() is not None\n"
         "print('ok')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = fresh_python(code)
     assert done.stdout.strip() == "ok", done.stderr
 
 
@@ -159,15 +157,7 @@ def test_a_provider_named_by_the_environment_is_used():
         "assert isinstance(trace.get_tracer_provider(), TracerProvider)\n"
         "print('ok')\n"
     )
-    environment = {**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=environment,
-    )
+    done = fresh_python(code, {"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"})
     assert done.stdout.strip() == "ok", done.stderr
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +15,8 @@ from prometheus_client import REGISTRY
 from django_redlock import LockContended, LockLost, QuorumUnavailable, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.signals import lock_acquired, lock_contended, lock_lost, lock_released
+
+from .conftest import fresh_python
 
 
 class Recorder:
@@ -264,9 +264,7 @@ def test_a_metric_that_cannot_register_is_logged_and_the_locks_still_work(fresh_
         "        pass\n"
         "print('ok')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = fresh_python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert "django_redlock metrics not registered" in done.stderr
@@ -282,7 +280,7 @@ def test_metrics_are_no_ops_without_prometheus_client() -> None:
         "metrics.not_acquired(0.1, LockContended('r', 'held'))\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = fresh_python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 
@@ -303,7 +301,5 @@ def test_the_exporters_libraries_are_imported_by_the_app_not_by_the_first_lock()
         "names = {m.name for m in REGISTRY.collect()}\n"
         "assert not any(n.startswith('redlock') for n in names), names\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = fresh_python(code)
     assert done.stdout.split() == ["True", "True"], done.stderr
