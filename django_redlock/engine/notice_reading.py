@@ -135,8 +135,5 @@ class NoticeReading:
                     waiter.first_handed = time.monotonic()
                 to_quorum.add(inbox.node)
                 wake = wake or len(to_quorum) == self.quorum
-        # Still fired (its waiter has not cleared it yet): no second fire (~100 bytecodes on the
-        # hand-off's path). Its waiter reads ``handed`` after clearing it, and this word's node
-        # was added before this look: nothing is missed (a fire now would be cleared as well).
-        if wake and not waiter.notified.fired:
+        if wake:
             waiter.notified.fire()

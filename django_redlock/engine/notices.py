@@ -170,19 +170,19 @@ class ReleaseNotices(NoticeReading):
         beacon, handed, quorum = waiter.notified, waiter.handed, self.quorum
         until = time.monotonic() + timeout
 
+        def enough() -> bool:  # (a quorum's words: what other masters said can wait)
+            return len(handed) >= quorum
+
         def done() -> bool:
             return beacon.fired and (
                 not handed
-                or len(handed) >= quorum
+                or enough()
                 or not waiter.trusts_hand_offs  # (a round settles it: see ``handed_over``)
                 or time.monotonic() >= waiter.first_handed + budget
             )
 
         def reads_until() -> float:
             return waiter.first_handed + budget if beacon.fired else until
-
-        def enough() -> bool:
-            return len(handed) >= quorum
 
         return self._wait(beacon, done, until, reads_until, enough)
 
