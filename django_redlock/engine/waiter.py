@@ -22,8 +22,9 @@ class Waiter:
         #: word counts as a vote (``votes_by_word``): filled by ``notices``, read by
         #: ``handoff.handed_over``.
         self.handed: set[Node] = set()
-        #: When the first of them said so (monotonic): its reader reads on for a quorum's word
-        #: for at most a node budget from then (``ReleaseNotices.wait_notice``).
+        #: When the first of them said so, of the latest release to hand it the lock
+        #: (monotonic): a quorum's word is awaited for at most a node budget from then, by its
+        #: reader (``ReleaseNotices.wait_notice``) and then ``handoff.handed_over``.
         self.first_handed = float("inf")
         #: Its place in the masters' queues (one resource): when it stops waiting, in ms of the
         #: Unix epoch (``scripts.ACQUIRE_WAITING``).
