@@ -32,6 +32,7 @@ class NoticeReading:
     inbox: str
     closed: bool
     _guard: threading.Lock
+    _reader: object  # who holds the reading turn: a waiting thread's beacon, the keeper, None
     _inboxes: list[Inbox]
     _waiters: dict[bytes, Waiter]
     _heard: dict[bytes, bytes]
@@ -136,4 +137,8 @@ class NoticeReading:
                 to_quorum.add(inbox.node)
                 wake = wake or len(to_quorum) == self.quorum
         if wake:
-            waiter.notified.fire()
+            beacon = waiter.notified
+            if beacon is self._reader:  # the waiter's own thread reads: awake, not asleep on it
+                beacon.fire_awake()
+            else:
+                beacon.fire()
