@@ -14,8 +14,10 @@ the waiter runs from reading the first word to holding, and those the releaser r
 after a 2 ms sleep runs with cold caches (~120 ns a bytecode against ~35 warm), so these counts
 are what the gap's CPU part is made of, and they do not move with the machine's load.
 
-``--baseline DIR`` runs the same in DIR (``git archive <rev> | tar -x -C DIR``) after this
-tree, on the same masters.
+``--baseline DIR`` runs the same in DIR (``git archive <rev> | tar -x -C DIR``) on the same
+masters, the timed races of the two trees alternating (``--pairs``, default 2: this, baseline,
+baseline, this, ...): whichever runs first after the masters start was measured 20-40 us slower
+at every point, the same code on both sides.
 """
 
 from __future__ import annotations
@@ -223,6 +225,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--pairs", type=int, default=2, help="timed races per tree")
     args = parser.parse_args()
     from django_redlock.testing import local_masters
 
@@ -230,9 +233,15 @@ def main() -> None:
     trees = [("this tree", here)] + ([("baseline", args.baseline)] if args.baseline else [])
     with local_masters(args.masters) as masters:
         urls = [m.url for m in masters]
+        timed: dict[Path, dict[str, list[int]]] = {repo: {} for _, repo in trees}
+        for i in range(args.pairs):  # (the order turned each time: neither always runs first)
+            for _, repo in trees if i % 2 == 0 else trees[::-1]:
+                parts = race(repo, urls, args.processes, args.rounds, "-")["parts"]
+                for point, values in parts.items():
+                    timed[repo].setdefault(point, []).extend(values)
         for name, repo in trees:
             runs = [
-                race(repo, urls, args.processes, args.rounds, "-"),
+                {"parts": timed[repo]},
                 race(repo, urls, 2, 60, "waiter"),
                 race(repo, urls, 2, 60, "releaser"),
             ]
