@@ -145,7 +145,10 @@ class Pipe:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
             queued = queued or (slot,)
             self.pending.extend(queued)
-            if self._in_tick or self._writing:  # out at the tick's end, with the others
+            # Behind what is queued, if anything is: the loop may have read this pipe since the
+            # tick's first request (``_readable``), and what the tick queued after that request
+            # is still unsent; a request written before it would take its replies' places.
+            if self._in_tick or self._writing or self._out:  # out at the tick's end, in order
                 self._unsent.extend(queued)
                 if not self._out:  # (and not writing: else out as soon as writable)
                     self._flusher.later(self)
