@@ -145,9 +145,6 @@ class Pipe:
             # Appended before any byte goes out, so that a reply never finds its slot missing.
             queued = queued or (slot,)
             self.pending.extend(queued)
-            # Behind what is queued, if anything is: the loop may have read this pipe since the
-            # tick's first request (``_readable``), and what the tick queued after that request
-            # is still unsent; a request written before it would take its replies' places.
             if self._in_tick or self._writing or self._out:  # out at the tick's end, in order
                 self._unsent.extend(queued)
                 if not self._out:  # (and not writing: else out as soon as writable)
@@ -247,8 +244,7 @@ class Pipe:
     # --- reading -----------------------------------------------------------------------------
 
     def _readable(self) -> None:
-        """The loop's reader callback: its tick is over (the next request goes out at once),
-        and replies came."""
+        """Reader callback: replies came, a new tick began (``send``: after the old one's queue)."""
         self._in_tick = False
         self._pump()
 
