@@ -181,6 +181,44 @@ def test_a_loop_pipe_read_in_mid_tick_writes_a_later_request_behind_the_queued_o
     assert asyncio.run(scenario()) == [b"first", None, b"OK"]  # refused where held, granted
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_loop_pipes_replies_reach_their_own_requests_however_calls_and_reads_interleave(
+    masters, redlock_of, seed
+):
+    """The invariant behind the test above, searched: requests made in any interleaving with the
+    loop's passes and with reads of the pipe in mid-tick each get their own reply (ECHO of a
+    payload of their own). Trips on the code before that fix for every seed here."""
+    import random
+
+    engine = redlock_of(masters)
+    node = engine.nodes[0]
+    rng = random.Random(seed)
+
+    async def scenario() -> list[tuple[object, bytes]]:
+        loop = asyncio.get_running_loop()
+        pipe = await node.aconnect(loop, 2.0)
+        assert isinstance(pipe, Pipe)
+        asked = []
+        for i in range(300):
+            step = rng.random()
+            if step < 0.6:
+                payload = f"request {i}".encode()
+                slot = pipe.send(pack(("ECHO", payload)), time.monotonic())
+                assert slot is not None
+                asked.append((slot, payload))
+            elif step < 0.8:
+                pipe._readable()  # noqa: SLF001 (the loop's reader callback, in mid-tick)
+            else:
+                await asyncio.sleep(0)  # a loop pass: the tick's end, the real reader
+        deadline = time.monotonic() + 2.0
+        while any(s.reply is PENDING for s, _ in asked) and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        return [(s.reply, payload) for s, payload in asked]
+
+    answered = asyncio.run(scenario())
+    assert [reply for reply, _ in answered] == [payload for _, payload in answered]
+
+
 class _Interrupted(Exception):
     """What the test's timer raises in the waiting thread (as Ctrl-C would)."""
 
