@@ -41,7 +41,7 @@ class Beacon:
         """``fire``, by the one thread that waits on it, while it is awake (reading the masters'
         words for itself): no one sleeps on its event or awaits it, and its thread looks at
         ``fired`` before it sleeps again, so setting that is all (an ``Event.set`` and the
-        clearing after it: ~140 bytecodes on a hand-off's path)."""
+        clearing after it: ~115 bytecodes on a hand-off's path, measured)."""
         self.fired = True
 
     def nudge(self) -> None:
