@@ -22,10 +22,11 @@ class Beacon:
 
     def fire(self) -> None:
         if self.fired:
-            # Fired already and not cleared since: its event is set and no future waits (one
-            # is added only while unfired). A clear racing this look is the clear that would
-            # have come after the fire. (A release's every master's word fires its waiter's
-            # beacon: ~100 bytecodes of ``Event.set`` saved on a hand-off's path.)
+            # Fired already and not cleared since: no future waits (one is added only while
+            # unfired), and its thread does not sleep on the event (set, or not if it was fired
+            # awake: ``fire_awake``) before it looks at ``fired``. A clear racing this look is
+            # the clear that would have come after the fire. (A release's every master's word
+            # fires its waiter's beacon: ~100 bytecodes of ``Event.set`` saved on that path.)
             return
         with self._guard:
             self.fired = True
