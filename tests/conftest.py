@@ -40,6 +40,15 @@ def fresh_python(
     )
 
 
+def printed_ok(code: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``fresh_python(code, env)``, which must exit 0 having printed only ``ok`` (its checks are
+    asserts in ``code``); returned for what else it wrote (stderr)."""
+    done = fresh_python(code, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok", done.stderr
+    return done
+
+
 def manage_py(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     """``manage.py <args>`` of the testproject in a child process, with ``env`` added to ours:
     what a shell or cron sees (output, exit status)."""

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from django_redlock import LockContended, otel, redlock
 from tests.fencedapp.models import Ledger
 
-from .conftest import fresh_python
+from .conftest import printed_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.fencedapp.urls")]
 
@@ -141,8 +141,7 @@ def test_without_a_tracer_provider_locks_make_no_span():
         "assert otel.tracer() is not None\n"
         "print('ok')\n"
     )
-    done = fresh_python(code)
-    assert done.stdout.strip() == "ok", done.stderr
+    printed_ok(code)
 
 
 def test_a_provider_named_by_the_environment_is_used():
@@ -157,8 +156,7 @@ def test_a_provider_named_by_the_environment_is_used():
         "assert isinstance(trace.get_tracer_provider(), TracerProvider)\n"
         "print('ok')\n"
     )
-    done = fresh_python(code, {"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"})
-    assert done.stdout.strip() == "ok", done.stderr
+    printed_ok(code, {"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"})
 
 
 def test_async_acquire_and_release_are_spans_with_their_votes(spans):

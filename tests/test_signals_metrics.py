@@ -16,7 +16,7 @@ from django_redlock import LockContended, LockLost, QuorumUnavailable, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.signals import lock_acquired, lock_contended, lock_lost, lock_released
 
-from .conftest import fresh_python
+from .conftest import fresh_python, printed_ok
 
 
 class Recorder:
@@ -264,9 +264,7 @@ def test_a_metric_that_cannot_register_is_logged_and_the_locks_still_work(fresh_
         "        pass\n"
         "print('ok')\n"
     )
-    done = fresh_python(code)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    done = printed_ok(code)
     assert "django_redlock metrics not registered" in done.stderr
     assert "redlock_contended" in done.stderr  # the clash, named
 
@@ -280,9 +278,7 @@ def test_metrics_are_no_ops_without_prometheus_client() -> None:
         "metrics.not_acquired(0.1, LockContended('r', 'held'))\n"
         "print('ok')\n"
     )
-    done = fresh_python(code)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    printed_ok(code)
 
 
 def test_the_exporters_libraries_are_imported_by_the_app_not_by_the_first_lock():
