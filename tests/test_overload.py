@@ -24,6 +24,13 @@ def keys_left(masters: list[LocalMaster], pattern: str = "*") -> int:
     return sum(len(m.client().keys(pattern)) for m in masters)
 
 
+def left_on(masters: list[LocalMaster], key: str) -> dict[int, tuple[object, object]]:
+    """Where ``key`` is still set: master port -> (its value, its PTTL); for a failure message."""
+    return {
+        m.port: (m.call("GET", key), m.call("PTTL", key)) for m in masters if m.call("EXISTS", key)
+    }
+
+
 def test_overloaded_is_a_lock_not_acquired_exported_everywhere():
     assert issubclass(Overloaded, LockNotAcquired)
     assert django_redlock.Overloaded is Overloaded
@@ -202,43 +209,56 @@ def test_an_acquisition_returns_at_quorum_without_the_slow_master(one_slow, redl
     release that follows it on the same connection."""
     urls, masters = one_slow
     engine = redlock_of(urls, node_timeout=1.0)
-    key = engine.lock_key("job")
-    with engine.lock("job", ttl=10):  # connects, loads scripts
+    key = engine.lock_key(SLOW_JOB)
+    with engine.lock(SLOW_JOB, ttl=60):  # connects, loads scripts
         pass
     took = {}
     started = time.monotonic()
-    lock = engine.lock("job", ttl=10).acquire()
+    lock = engine.lock(SLOW_JOB, ttl=60).acquire()
     took["acquire"] = time.monotonic() - started
     started = time.monotonic()
     lock.extend()
     took["extend"] = time.monotonic() - started
     assert sum(m.call("EXISTS", key) for m in masters[1:]) == 2
+    ours = masters[1].call("GET", key)
     started = time.monotonic()
     lock.release()
     took["release"] = time.monotonic() - started
     assert all(seconds < 0.15 for seconds in took.values()), took
     assert engine.nodes[0].silent_until == 0.0
-    # The slow master's SET, then its release, arrive (300 ms later): removed, long before the
-    # key's 10 s TTL.
-    assert wait_until(lambda: sum(m.call("EXISTS", key) for m in masters) == 0, 3.0)
+    removed_in_order(masters, key, ours)
 
 
 def test_an_async_acquisition_returns_at_quorum_without_the_slow_master(one_slow, redlock_of):
     urls, masters = one_slow
     engine = redlock_of(urls, node_timeout=1.0)
+    key = engine.lock_key(SLOW_JOB)
 
-    async def main() -> float:
-        async with engine.lock("job", ttl=10):  # connects, loads scripts
+    async def main() -> tuple[float, object]:
+        async with engine.lock(SLOW_JOB, ttl=60):  # connects, loads scripts
             pass
         started = time.monotonic()
-        async with engine.lock("job", ttl=10):
+        async with engine.lock(SLOW_JOB, ttl=60):
             took = time.monotonic() - started
-        return took
+            ours = masters[1].call("GET", key)
+        return took, ours
 
-    assert asyncio.run(main()) < 0.15
+    took, ours = asyncio.run(main())
+    assert took < 0.15
     assert engine.nodes[0].silent_until == 0.0
-    key = engine.lock_key("job")
-    assert wait_until(lambda: sum(m.call("EXISTS", key) for m in masters) == 0, 3.0)
+    removed_in_order(masters, key, ours)
+
+
+#: A name no other test locks: a key left by another test's thread or process (they share these
+#: masters) must not pass for ours.
+SLOW_JOB = "slow-master-job"
+
+
+def removed_in_order(masters: list[LocalMaster], key: str, ours: object) -> None:
+    """The slow master's SET, then the release behind it, arrive 300 ms after they left: the key
+    is removed there, long before its 60 s TTL. (Up to 20 s allowed: once, in CI, 3 s were not
+    enough, cause unknown; a failure says who still holds the key where.)"""
+    assert wait_until(lambda: not left_on(masters, key), 20.0), (left_on(masters, key), ours)
 
 
 # --- releases keep trying ------------------------------------------------------------------------
