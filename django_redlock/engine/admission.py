@@ -55,13 +55,18 @@ _SURE = 2.0
 
 class Full(Exception):  # noqa: N818 (a signal to the procedure, which raises Overloaded)
     """No turn within the caller's patience: ``queued`` rounds were ahead, ``expected`` is the
-    wait their pace promised (0.0 if it was not known yet: then it was actually waited)."""
+    wait their pace promised (0.0 if it was not known yet: then it was actually waited).
+    ``ran_out``: the caller's wait was over before it came to the queue (it spent it earlier:
+    a busy machine, a slow caller), so it was refused whatever the pace."""
 
-    def __init__(self, queued: int, expected: float, waited: float) -> None:
+    def __init__(
+        self, queued: int, expected: float, waited: float, *, ran_out: bool = False
+    ) -> None:
         super().__init__(queued, expected, waited)
         self.queued = queued
         self.expected = expected
         self.waited = waited
+        self.ran_out = ran_out
 
 
 class _Pace:
@@ -151,7 +156,7 @@ class LoopGate:
         queued = self.queued() if patience is not None else len(self.holders)
         expected = self.pace.expected(queued)
         if self.pace.hopeless(expected, patience):
-            raise Full(queued, expected, 0.0)
+            raise Full(queued, expected, 0.0, ran_out=patience is not None and patience <= 0)
         if not self.queued():
             self.pace.queue_formed()
         began = time.monotonic()
@@ -260,7 +265,7 @@ class ThreadGate:
             queued = len(self.holders) + (len(self.waiting) if patience is not None else 0)
             expected = self.pace.expected(queued)
             if self.pace.hopeless(expected, patience):
-                raise Full(queued, expected, 0.0)
+                raise Full(queued, expected, 0.0, ran_out=patience is not None and patience <= 0)
             if not self.holders and not self.waiting:
                 self.pace.queue_formed()
             turn = threading.Event()

@@ -19,6 +19,8 @@ def overloaded(want: Want, full: Full) -> Overloaded:
     """This process's own queue of rounds had no turn for the attempt within its patience."""
     if full.waited:
         when = f"waited {full.waited:.3f}s for its turn"
+    elif full.ran_out:
+        when = "its wait was over before it came to the queue, refused at once"
     else:
         when = f"its turn was expected in {full.expected:.3f}s, refused at once"
     patience = f"wait={want.wait}s" if want.wait > 0 else f"{admission.PATIENCE}s for wait=0"
