@@ -68,9 +68,13 @@ def wait_until(condition: Callable[[], object], timeout: float, *, step: float =
     it: ``assert wait_until(lambda: ..., 1.0), what``). Polling with a deadline, never a sleep
     sized for the machine: a loaded one only takes longer to succeed."""
     deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
+    while True:
+        # The value that ended the wait, not a fresh look after it: a state that comes and goes
+        # (a late SET, then its release) must not fail a wait that saw what it waited for.
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
         time.sleep(step)
-    return condition()
 
 
 async def until_set(event: asyncio.Event, setter: asyncio.Task[Any], timeout: float = 30.0) -> None:
