@@ -24,9 +24,7 @@ pytestmark = pytest.mark.timeout(60)  # many threads and tasks: a hang must fail
 
 def attempts_on(master: LocalMaster) -> int:
     """Commands a lock attempt or a poll would use, ever run on ``master``."""
-    with master.client() as client:
-        stats = client.info("commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("set", "evalsha", "eval"))
+    return master.commands_run("set", "evalsha", "eval")
 
 
 # --- 6. waiters sleep ---------------------------------------------------------------------------

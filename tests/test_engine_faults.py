@@ -115,11 +115,6 @@ def test_minority_paused_costs_at_most_its_budget(fresh_masters, engine_of, paus
         acquire_extend_release(engine, masters[paused:])
 
 
-def commands_run(master, *names):
-    stats = master.client().info("commandstats")
-    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in names)
-
-
 def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
     fresh_masters, engine_of
 ):
@@ -132,7 +127,7 @@ def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
     masters = fresh_masters(5)
     engine = engine_of(urls(masters))
     acquire_extend_release(engine, masters)
-    sets_before = commands_run(masters[0], "set")
+    sets_before = masters[0].commands_run("set")
     masters[0].pause()
     cycles = []
     for _ in range(5):
@@ -144,7 +139,7 @@ def test_a_silent_master_costs_its_budget_once_then_hears_everything_in_order(
     assert slowest < 2 * NODE_TIMEOUT + OVERHEAD
     assert max(others) < NODE_TIMEOUT / 2  # then not at all
     masters[0].resume()
-    assert wait_until(lambda: commands_run(masters[0], "set") == sets_before + 5, timeout=1.0)
+    assert wait_until(lambda: masters[0].commands_run("set") == sets_before + 5, timeout=1.0)
     assert key_of(masters[0]) is None  # every SET was followed by its release
     acquire_extend_release(engine, masters)  # caught up: it votes again at once
 

@@ -48,11 +48,7 @@ def settled(masters, *engines: Redlock) -> bool:
 
 def scripts_run(masters) -> list[int]:
     """Scripts each master ran so far (EVALSHA, or EVAL the first time a process sends one)."""
-    ran = []
-    for m in masters:
-        stats = m.client().info("commandstats")
-        ran.append(sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")))
-    return ran
+    return [m.commands_run("eval", "evalsha") for m in masters]
 
 
 @contextmanager

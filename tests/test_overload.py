@@ -237,7 +237,7 @@ def test_an_acquisition_returns_at_quorum_without_the_slow_master(one_slow, redl
     urls, masters = one_slow
     engine = redlock_of(urls, node_timeout=1.0)
     key = engine.lock_key(SLOW_JOB)
-    sets_before = sets_run(masters[0])
+    sets_before = masters[0].commands_run("set")
     with engine.lock(SLOW_JOB, ttl=60):  # connects, loads scripts
         pass
     took = {}
@@ -261,7 +261,7 @@ def test_an_async_acquisition_returns_at_quorum_without_the_slow_master(one_slow
     urls, masters = one_slow
     engine = redlock_of(urls, node_timeout=1.0)
     key = engine.lock_key(SLOW_JOB)
-    sets_before = sets_run(masters[0])
+    sets_before = masters[0].commands_run("set")
 
     async def main() -> tuple[float, object]:
         async with engine.lock(SLOW_JOB, ttl=60):  # connects, loads scripts
@@ -282,13 +282,6 @@ def test_an_async_acquisition_returns_at_quorum_without_the_slow_master(one_slow
 SLOW_JOB = "slow-master-job"
 
 
-def sets_run(master: LocalMaster) -> int:
-    """How many SET commands ``master`` has run (since it started: the shared masters' counts
-    go on across tests)."""
-    with master.client() as client:
-        return int(client.info("commandstats").get("cmdstat_set", {}).get("calls", 0))
-
-
 def removed_in_order(masters: list[LocalMaster], key: str, ours: object, sets_before: int) -> None:
     """The slow master runs both SETs (the warm-up's and the lock's) 150 ms after they left,
     and the release behind the second one just after it: the key is removed there, long before
@@ -297,10 +290,10 @@ def removed_in_order(masters: list[LocalMaster], key: str, ours: object, sets_be
     the second SET, and the last look between it and its release.)"""
 
     def removed() -> bool:
-        both_sets_ran = sets_run(masters[0]) >= sets_before + 2  # read before the keys
+        both_sets_ran = masters[0].commands_run("set") >= sets_before + 2  # read before the keys
         return both_sets_ran and not left_on(masters, key)
 
-    assert wait_until(removed, 20.0), (left_on(masters, key), ours, sets_run(masters[0]))
+    assert wait_until(removed, 20.0), (left_on(masters, key), ours, masters[0].commands_run("set"))
 
 
 # --- releases keep trying ------------------------------------------------------------------------
@@ -312,11 +305,6 @@ def three_cut(masters):
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(DelayProxy(m.port)) for m in masters[:3]]
         yield [p.url for p in proxies] + [m.url for m in masters[3:]], proxies
-
-
-def scripts_run(master: LocalMaster) -> int:
-    stats = master.client().info("commandstats")
-    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
 
 
 def held_then_cut(engine, masters, proxies):
@@ -359,9 +347,9 @@ def test_a_release_is_retried_until_a_quorum_confirmed_it_then_no_more(
         time.sleep(0.05)
     assert keys_left(masters, "redlock:lock:job") == 0
     time.sleep(0.3)  # any retry in flight has arrived
-    before = [scripts_run(m) for m in masters]
+    before = [m.commands_run("eval", "evalsha") for m in masters]
     time.sleep(0.5)  # five retry delays: no more retries
-    assert [scripts_run(m) for m in masters] == before
+    assert [m.commands_run("eval", "evalsha") for m in masters] == before
 
 
 def test_an_unconfirmed_release_keeps_trying_in_the_background(masters, three_cut, redlock_of):

@@ -166,6 +166,17 @@ class LocalMaster:
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kwargs)  # type: ignore[arg-type]
 
+    def commands_run(self, *names: str) -> int:
+        """How many times it ran these commands (``"set"``, ``"evalsha"``, ...) since it started,
+        from ``INFO commandstats``: ``heal`` does not reset them, so compare with a count taken
+        before (a late request has arrived once the count of its command rose)."""
+        client = self.client()
+        try:
+            stats = client.info("commandstats")
+        finally:
+            client.close()
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
+
     def call(self, *command: object) -> object:
         """Run one command on a short-lived connection (for tests and tools: read a key, PTTL,
         CONFIG SET, ...)."""
