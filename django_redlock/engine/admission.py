@@ -98,9 +98,11 @@ class _Pace:
     def expected(self, queued: int) -> float:
         return queued * self.per_turn
 
-    def hopeless(self, expected: float, patience: float | None) -> bool:
-        """Whether a turn ``expected`` seconds away is surely beyond ``patience``."""
-        return patience is not None and expected > _SURE * patience
+    def refuse_at_once(self, queued: int, expected: float, patience: float | None) -> None:
+        """Raise ``Full`` if a turn ``expected`` seconds away (``queued`` ahead) is surely beyond
+        ``patience``: always so when the patience is spent already (``ran_out``)."""
+        if patience is not None and expected > _SURE * patience:
+            raise Full(queued, expected, 0.0, ran_out=patience <= 0)
 
 
 #: A round's place in a loop's line: when it came, its turn to come, and (for ``Full``) how many
@@ -155,8 +157,7 @@ class LoopGate:
         if the wait ends in any other exception (cancelled)."""
         queued = self.queued() if patience is not None else len(self.holders)
         expected = self.pace.expected(queued)
-        if self.pace.hopeless(expected, patience):
-            raise Full(queued, expected, 0.0, ran_out=patience is not None and patience <= 0)
+        self.pace.refuse_at_once(queued, expected, patience)
         if not self.queued():
             self.pace.queue_formed()
         began = time.monotonic()
@@ -264,8 +265,7 @@ class ThreadGate:
                 return
             queued = len(self.holders) + (len(self.waiting) if patience is not None else 0)
             expected = self.pace.expected(queued)
-            if self.pace.hopeless(expected, patience):
-                raise Full(queued, expected, 0.0, ran_out=patience is not None and patience <= 0)
+            self.pace.refuse_at_once(queued, expected, patience)
             if not self.holders and not self.waiting:
                 self.pace.queue_formed()
             turn = threading.Event()
