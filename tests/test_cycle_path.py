@@ -24,12 +24,19 @@ from django_redlock.engine.drivers import afan_out, fan_out, run
 from django_redlock.engine.packing import pack
 from django_redlock.engine.pipes import Pipe
 from django_redlock.engine.procedures import Want
-from django_redlock.engine.slots import PENDING
+from django_redlock.engine.slots import PENDING, Slot
 from django_redlock.engine.steps import Round, granted
 from tests.conftest import wait_until
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.
 PAUSE_MS = 300
+
+
+async def answered(slots: list[Slot], timeout: float = 2.0) -> None:
+    """Let the loop run until each of ``slots`` (a loop pipe's) has its reply, or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while any(slot.reply is PENDING for slot in slots) and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
 
 
 def test_a_sync_round_decided_at_quorum_reads_the_replies_already_there(masters, redlock_of):
@@ -125,14 +132,11 @@ def test_an_async_requests_go_out_at_once_alone_and_together_in_one_tick(masters
             after_together = list(asked)
             slots = [alone, *together]
             assert all(slot is not None for slot in slots)
-            deadline = time.monotonic() + 2.0
-            while any(s.reply is PENDING for s in slots) and time.monotonic() < deadline:  # type: ignore[union-attr]
-                await asyncio.sleep(0.001)
+            await answered(slots)  # type: ignore[arg-type]
             before_next = len(asked)
             next_one = pipe.send(ping, time.monotonic())
             assert next_one is not None
-            while next_one.reply is PENDING and time.monotonic() < deadline:
-                await asyncio.sleep(0.001)
+            await answered([next_one])
             replies = [s.reply for s in [*slots, next_one]]  # type: ignore[union-attr]
             return [after_alone, after_together, asked[before_next:]], replies
         finally:
@@ -173,9 +177,7 @@ def test_a_loop_pipe_read_in_mid_tick_writes_a_later_request_behind_the_queued_o
         sent.append(pipe.send(pack(("SET", "mid-tick:free", "ours", "NX")), time.monotonic()))
         slots = [slot for slot in sent if slot is not None]
         assert len(slots) == 3
-        deadline = time.monotonic() + 2.0
-        while any(s.reply is PENDING for s in slots) and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
+        await answered(slots)
         return [s.reply for s in slots]
 
     assert asyncio.run(scenario()) == [b"first", None, b"OK"]  # refused where held, granted
@@ -210,13 +212,11 @@ def test_a_loop_pipes_replies_reach_their_own_requests_however_calls_and_reads_i
                 pipe._readable()  # noqa: SLF001 (the loop's reader callback, in mid-tick)
             else:
                 await asyncio.sleep(0)  # a loop pass: the tick's end, the real reader
-        deadline = time.monotonic() + 2.0
-        while any(s.reply is PENDING for s, _ in asked) and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
+        await answered([s for s, _ in asked])
         return [(s.reply, payload) for s, payload in asked]
 
-    answered = asyncio.run(scenario())
-    assert [reply for reply, _ in answered] == [payload for _, payload in answered]
+    replies = asyncio.run(scenario())
+    assert [reply for reply, _ in replies] == [payload for _, payload in replies]
 
 
 class _Interrupted(Exception):
