@@ -1,0 +1,110 @@
+"""The seeded fuzzer (bench/fuzz): its checker on made-up histories, two short fixed-seed runs
+over real masters with faults, and the checker tripping on deliberately broken locks.
+
+The runs' verdicts judge histories, not timings (bench/fuzz/history.py): a loaded machine makes
+fewer sections, never a violation. ``cpu`` (two busy loops) is left out of the in-suite mix so as
+not to slow the other worker's tests; ``python -m bench.fuzz --faults all`` runs it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.fuzz.history import Section, check
+from bench.fuzz.run import MIXES, Options, run
+
+pytestmark = pytest.mark.slow
+
+
+def section(caller: str, kind: str, resources: tuple[str, ...], start: float, end: float,
+            **fields: object) -> Section:  # fmt: skip
+    values: dict[str, object] = {
+        "caller": caller,
+        "seq": 0,
+        "kind": kind,
+        "resources": resources,
+        "ttl": 10.0,
+        "acquired": start,
+        "valid_until": start + 5.0,
+        "released": end,
+        "renewed": start,
+    }
+    values.update(fields)
+    return Section(**values)  # type: ignore[arg-type]
+
+
+def rules(sections: list[Section], **kwargs: object) -> list[str]:
+    options: dict[str, object] = {"counters": {}, "accepted": {}, "limits": {"p": 2}}
+    options.update(kwargs)
+    return sorted({v.rule for v in check(sections, **options).violations})  # type: ignore[arg-type]
+
+
+def test_a_correct_history_passes() -> None:
+    history = [
+        section("a", "plain", ("r",), 0.0, 1.0, fences={"r": 1}, counted=("r",)),
+        section("b", "multi", ("r", "s"), 1.0, 2.0, fences={"r": 2}, counted=("r", "s")),
+        section("c", "reader", ("rw",), 0.0, 2.0),
+        section("d", "reader", ("rw",), 1.0, 3.0),
+        section("e", "writer", ("rw",), 3.0, 4.0),
+        section("f", "permit", ("p",), 0.0, 2.0),
+        section("g", "permit", ("p",), 0.5, 2.0),
+        section("h", "permit", ("p",), 2.0, 3.0),
+    ]
+    assert rules(history, counters={"r": 2, "s": 1, "rw": 0}, accepted={"r": [1, 2]}) == []
+
+
+def test_each_rule_trips_on_its_own_violation() -> None:
+    overlap = [section("a", "plain", ("r",), 0.0, 2.0), section("b", "multi", ("s", "r"), 1.0, 3.0)]
+    assert rules(overlap) == ["exclusive"]
+    # A section past its validity overlapping the next holder is no violation.
+    expired = [
+        section("a", "plain", ("r",), 0.0, 9.0, valid_until=1.0),
+        section("b", "plain", ("r",), 2.0, 3.0),
+    ]
+    assert rules(expired) == []
+    too_many = [section(x, "permit", ("p",), 0.0, 1.0) for x in "abc"]
+    assert rules(too_many) == ["permits"]
+    beside = [section("a", "writer", ("rw",), 0.0, 2.0), section("b", "reader", ("rw",), 1.0, 3.0)]
+    assert rules(beside) == ["readers"]
+    fences = [
+        section("a", "plain", ("r",), 0.0, 1.0, fences={"r": 5}),
+        section("b", "plain", ("r",), 1.0, 2.0, fences={"r": 5}),
+    ]
+    assert rules(fences) == ["fences"]
+    assert rules([], accepted={"r": [3, 2]}) == []  # no section of r: nothing to judge
+    assert rules(fences[:1], accepted={"r": [5, 4]}) == ["fences"]
+    lost = [section("a", "plain", ("r",), 0.0, 1.0, counted=("r",)),
+            section("b", "plain", ("r",), 1.0, 2.0, counted=("r",))]  # fmt: skip
+    assert rules(lost, counters={"r": 1}) == ["counter"]
+    untruthful = [section("a", "plain", ("r",), 0.0, 11.0, valid_until=1.0, release="ok")]
+    assert rules(untruthful) == ["release"]
+    told = [section("a", "plain", ("r",), 0.0, 11.0, valid_until=1.0, release="lost")]
+    assert rules(told) == []
+
+
+@pytest.mark.parametrize(
+    ("seed", "mix"),
+    [(11, MIXES["masters"]), (12, tuple(f for f in MIXES["clients"] if f != "cpu"))],
+    ids=["masters", "clients"],
+)
+def test_a_fixed_seed_run_under_faults_has_no_violation(seed: int, mix: tuple[str, ...]) -> None:
+    outcome = run(Options(seconds=20, seed=seed, faults=mix))
+    verdict = outcome.verdict
+    assert not outcome.stderr, outcome.stderr
+    assert verdict.ok, "\n".join([verdict.summary(), *map(str, verdict.violations[:20])])
+    # The run did what it is for: every kind of section, and faults made.
+    assert set(verdict.by_kind) == {"plain", "multi", "reentrant", "writer", "reader", "permit"}
+    assert verdict.sections >= 100, verdict.summary()
+    assert sum(outcome.faults_made.values()) >= 3, outcome.faults_made
+
+
+@pytest.mark.parametrize(
+    ("broken", "faults", "expected"),
+    [("quorum1", (), "exclusive"), ("setnx-one", ("pause",), "exclusive")],
+)
+def test_the_checker_trips_on_a_broken_lock(
+    broken: str, faults: tuple[str, ...], expected: str
+) -> None:
+    outcome = run(Options(seconds=8, seed=3, faults=faults, broken=broken))
+    found = {v.rule for v in outcome.verdict.violations}
+    assert expected in found, outcome.verdict.summary()
