@@ -175,7 +175,10 @@ class Client:
             time.sleep(self.plan["ttl"] * 1.2)
         if op["stop"]:
             self.journal.write("holding", pid=os.getpid(), **record)
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # Directed at this thread, the stop takes this thread before kill returns; sent to
+            # the process (os.kill), another thread may be chosen to take it, and this one runs
+            # on past the check below before the whole process stops (seen: a write 3 s late).
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         if exclusive and lock.held:
             # What the lock says now is part of the record: a renewal the caller did not see
             # itself (auto-extension) moves the end of its validity too.
@@ -342,10 +345,7 @@ class Client:
     def run_loop(self, tasks: int, base: int) -> None:
         async def main() -> None:
             await asyncio.gather(
-                *(
-                    self.async_caller(f"{self.index}/a{t}", self.rng(base + t))
-                    for t in range(tasks)
-                )
+                *(self.async_caller(f"{self.index}/a{t}", self.rng(base + t)) for t in range(tasks))
             )
 
         asyncio.run(main())

@@ -132,7 +132,9 @@ def read_journals(directory: Path) -> tuple[list[Section], list[dict[str, Any]]]
     return sections, others
 
 
-def killed_holders(others: Iterable[Mapping[str, Any]], sections: Sequence[Section]) -> list[Section]:
+def killed_holders(
+    others: Iterable[Mapping[str, Any]], sections: Sequence[Section]
+) -> list[Section]:
     """A process killed while holding left a ``holding`` line and no section line: its lease is
     held until its validity ran out, and it wrote nothing afterwards."""
     finished = {(s.caller, s.seq) for s in sections}

@@ -37,8 +37,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from django_redlock.testing.masters import LocalMaster, local_masters
 from django_redlock.testing.proxy import DelayProxy
 
