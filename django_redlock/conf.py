@@ -22,10 +22,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .cache_nodes import cache_node_spec
 from .engine import Redlock, cluster, protocol
 from .engine.connections import NodeSpec
 from .engine.redlock import duplicate_masters
-from .engine.urls import check_url, mask_url
+from .engine.urls import check_url
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],
@@ -49,7 +50,8 @@ CACHE_PREFIX = "cache:"
 NODES_HINT = (
     'set REDLOCK = {"NODES": ["redis://host-a:6379/0", "redis://host-b:6379/0", '
     '"redis://host-c:6379/0"]} (independent masters, not replicas of each other); '
-    'entries may also be "cache:<alias>" naming a django-redis cache'
+    'entries may also be "cache:<alias>" naming a Redis cache '
+    "(Django's RedisCache or django-redis)"
 )
 
 
@@ -315,31 +317,9 @@ def _node_specs(nodes: object) -> tuple[list[NodeSpec], list[Problem]]:
 def node_spec(entry: object) -> NodeSpec:
     """A ``NodeSpec`` for one ``NODES`` entry: a Redis URL, or ``cache:<alias>``. No I/O."""
     if isinstance(entry, str) and entry.startswith(CACHE_PREFIX):
-        return _cache_node_spec(entry[len(CACHE_PREFIX) :])
+        return cache_node_spec(entry[len(CACHE_PREFIX) :])
     # (from_url checks the URL: ValueError naming a bad one; check_url names a non-text one.)
     return NodeSpec.from_url(entry if isinstance(entry, str) else check_url(entry))
-
-
-def _cache_node_spec(alias: str) -> NodeSpec:
-    caches = getattr(settings, "CACHES", {})
-    if alias not in caches:
-        raise ImproperlyConfigured(
-            f"'cache:{alias}' names no cache in CACHES "
-            f"(known: {', '.join(sorted(caches)) or 'none'})"
-        )
-    backend = caches[alias].get("BACKEND", "")
-    if not backend.startswith("django_redis."):
-        raise ImproperlyConfigured(
-            f"'cache:{alias}' is a {backend!r} cache; only django-redis caches can be lock masters"
-        )
-    from django_redis import get_redis_connection  # builds a pool; does not connect
-
-    pool = get_redis_connection(alias, write=True).connection_pool
-    location = caches[alias].get("LOCATION", "")
-    if isinstance(location, list | tuple):
-        location = location[0] if location else ""
-    label = f"cache:{alias} ({mask_url(str(location))})"
-    return NodeSpec.from_pool(label, pool)
 
 
 @cache

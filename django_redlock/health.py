@@ -198,6 +198,7 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         info = _ask(client.info)  # default sections: server, replication, persistence, memory...
         config = _ask(client.config_get, "*") or {}  # one round trip; ACL may refuse CONFIG
         skew = _clock_skew(client)
+        no_scripts = scripting_missing(client)
     except (redis.RedisError, OSError) as exc:
         return NodeHealth(node.label, reachable=False, error=failure_text(exc))
     finally:
@@ -207,16 +208,41 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         node.label,
         reachable=True,
         rtt=rtt,
-        version=str(info.get("redis_version", UNKNOWN)),
+        version=server_version(info),
         role=str(info.get("role", UNKNOWN)),
         run_id=str(info["run_id"]) if "run_id" in info else None,
         appendonly=_setting(config, "appendonly", _aof_from_info(info)),
         appendfsync=_setting(config, "appendfsync", UNKNOWN),
         maxmemory_policy=_setting(config, "maxmemory-policy", info.get("maxmemory_policy")),
         clock_skew=skew,
-        abstains=abstention(node, info),
+        abstains=no_scripts or abstention(node, info),
     )
     return _with_warnings(health, node.timeout)
+
+
+def server_version(info: dict[str, Any]) -> str:
+    """The server's own name and version. Valkey reports ``redis_version:7.2.4`` whatever its
+    release, for clients that compare versions; its own is ``valkey_version``."""
+    valkey = info.get("valkey_version")
+    if valkey is not None:
+        return f"{info.get('server_name', 'valkey')} {valkey}"
+    return str(info.get("redis_version", UNKNOWN))
+
+
+def scripting_missing(client: redis.Redis) -> str | None:
+    """Why this master cannot run our Lua scripts (None: it can, or an ACL will not say). A
+    server may run without them (Valkey with its ``lua`` module unloaded): it still grants a
+    lock (``SET NX``) but can neither release nor extend one, so its vote is worth nothing."""
+    try:
+        client.eval("return 1", 0)
+    except redis.ResponseError as exc:
+        text = str(exc)
+        if "scripting engine" in text or "unknown command" in text.lower():
+            return (
+                f"cannot run Lua scripts ({text}): it would grant locks it can neither release "
+                "nor extend; load its scripting engine (Valkey: the lua module)"
+            )
+    return None
 
 
 def probe_cluster(member: ClusterMember, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:

@@ -17,7 +17,8 @@ from django_redlock.checks import check_settings
 E001_HINT = (
     'set REDLOCK = {"NODES": ["redis://host-a:6379/0", "redis://host-b:6379/0", '
     '"redis://host-c:6379/0"]} (independent masters, not replicas of each other); '
-    'entries may also be "cache:<alias>" naming a django-redis cache'
+    'entries may also be "cache:<alias>" naming a Redis cache '
+    "(Django's RedisCache or django-redis)"
 )
 E004_HINT = (
     "a master listed twice (by any spelling, db number or cache alias) votes twice, so a "
@@ -31,6 +32,7 @@ ONE_MASTER = Warning(
 )
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"
 DJANGO_REDIS = "django_redis.cache.RedisCache"
+DJANGO_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 
 def ours():
@@ -201,8 +203,8 @@ def test_cache_that_is_not_django_redis(settings, urls):
     settings.REDLOCK = {"NODES": [urls[0], "cache:default", urls[1]]}
     assert ours() == [
         error(
-            f"REDLOCK['NODES'] entry: 'cache:default' is a {LOCMEM!r} cache; only django-redis "
-            f"caches can be lock masters",
+            f"REDLOCK['NODES'] entry: 'cache:default' is a {LOCMEM!r} cache; lock masters can "
+            f"be Django's {DJANGO_CACHE!r} or django-redis' {DJANGO_REDIS!r} caches",
             "E003",
         )
     ]

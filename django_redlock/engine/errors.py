@@ -23,6 +23,19 @@ class NodeFailure:
         return f"{self.node}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
 
 
+def error_detail(exc: BaseException) -> str:
+    """What a master's error reply says, and for one that cannot run Lua scripts (a Valkey
+    whose ``lua`` module was unloaded, a server without ``EVAL``) what that means: every lock
+    command but the grant is a script."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "scripting engine" in str(exc) or "unknown command 'eval" in str(exc).lower():
+        text += (
+            "; this master cannot run Lua scripts, so it can neither release nor extend a lock: "
+            "load its scripting engine (Valkey: the lua module) or list another master"
+        )
+    return text
+
+
 #: The reason of a reply the round did not wait for (``unawaited.unawaited``): no failure of its
 #: master.
 UNAWAITED = "unawaited"

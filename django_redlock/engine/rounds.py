@@ -15,7 +15,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError,
 
 from . import detours
 from .connections import Node
-from .errors import NodeFailure
+from .errors import NodeFailure, error_detail
 from .packing import Command, Requests, pack
 from .pipes import Pipe
 from .protocol import quorum
@@ -53,7 +53,7 @@ class RoundReplies(list[Reply]):
 
 def failure(node: Node, exc: BaseException) -> NodeFailure:
     kind = "timeout" if isinstance(exc, redis.TimeoutError | TimeoutError) else "error"
-    return NodeFailure(node.label, kind, f"{type(exc).__name__}: {exc}")
+    return NodeFailure(node.label, kind, error_detail(exc))
 
 
 # (Not frozen, as ``protocol.Tally``: made every round.)

