@@ -185,3 +185,17 @@ def test_a_node_entry_that_is_not_text_is_named_without_its_contents(settings):
         with pytest.raises(ValueError, match="a node must be") as caught:
             Redlock([entry])  # type: ignore[list-item]
         assert_no_secret([str(caught.value)], (PASSWORD,))
+
+
+def test_a_password_written_without_its_colon_is_masked_too(guarded):
+    """``redis://secret@host``: redis-py reads a user with no password, and Redis has no such
+    login: most likely a password missing its ``:``. It is masked as one."""
+    url = f"redis://{PASSWORD}@127.0.0.1:{guarded[0].port}/0"
+    engine = Redlock([url], node_timeout=0.5)
+    try:
+        with pytest.raises(QuorumUnavailable) as caught:
+            engine.lock("pw:nocolon", ttl=5).acquire()
+    finally:
+        engine.close()
+    assert "redis://***@127.0.0.1" in str(caught.value)
+    assert_no_secret([str(caught.value), repr(engine.nodes)], (PASSWORD,))

@@ -48,8 +48,10 @@ def mask_url(url: str) -> str:
     userinfo = ""
     if password is not None:
         userinfo = f"{user}:{MASK}@"
-    elif user or "@" in url[len(head) :]:
-        userinfo = f"{user}@"
+    elif "@" in url[len(head) :]:
+        # A user with no password: Redis has no such login, so it is most likely a password
+        # written without its ":" (redis://secret@host).
+        userinfo = f"{MASK}@" if user else "@"
     return head + userinfo + _mask_query(rest)
 
 
@@ -80,8 +82,8 @@ def is_secret_option(name: str) -> bool:
 def secrets_of(url: str) -> list[str]:
     """The credential texts in ``url`` (its password, its secret options' values), longest
     first: what must not appear in any text shown about it (see ``scrub``)."""
-    _head, _user, password, rest = split_credentials(url)
-    found = [password] if password else []
+    _head, user, password, rest = split_credentials(url)
+    found = [password] if password else [user] if user and "@" in url else []
     _base, _sep, query = rest.partition("?")
     value: list[str] | None = None
     for segment in query.split("&") if query else []:
