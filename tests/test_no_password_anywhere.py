@@ -199,3 +199,18 @@ def test_a_password_written_without_its_colon_is_masked_too(guarded):
         engine.close()
     assert "redis://***@127.0.0.1" in str(caught.value)
     assert_no_secret([str(caught.value), repr(engine.nodes)], (PASSWORD,))
+
+
+def test_a_percent_encoded_option_name_is_read_as_redis_py_reads_it(guarded):
+    """``?pass%77ord=``: redis-py decodes the name (``password``) and authenticates with it; the
+    masking reads it the same way."""
+    url = f"redis://127.0.0.1:{guarded[0].port}/0?pass%77ord={PASSWORD}"
+    engine = Redlock([url], node_timeout=0.5)
+    try:
+        with engine.lock("pw:encoded", ttl=5):
+            pass  # authenticated
+        shown = [repr(engine.nodes), engine.nodes[0].label]
+    finally:
+        engine.close()
+    assert shown[1].endswith("?pass%77ord=***")
+    assert_no_secret(shown, (PASSWORD,))

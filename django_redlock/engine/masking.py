@@ -20,9 +20,6 @@ MASK = "***"
 
 #: Where a URL's scheme ends (``redis://``, ``redis+sentinel://``...).
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-#: The name of a query option (``name=value``): a segment not of this form is part of the
-#: previous option's value (an unescaped ``&`` in it).
-_OPTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Words in a query option's name that make its value a secret.
 _SECRET_WORDS = ("pass", "secret", "token")
 #: Characters that end the user information early for ``urlsplit`` and redis-py.
@@ -65,7 +62,7 @@ def _mask_query(rest: str) -> str:
     in_secret = False
     for segment in query.split("&"):
         name, equals, _value = segment.partition("=")
-        if equals and _OPTION_NAME.fullmatch(name):
+        if equals:  # (a segment without one: the rest of a value that held an unescaped &)
             in_secret = is_secret_option(name)
             shown.append(f"{name}={MASK}" if in_secret else segment)
         elif not in_secret:
@@ -75,7 +72,8 @@ def _mask_query(rest: str) -> str:
 
 
 def is_secret_option(name: str) -> bool:
-    lowered = name.lower()
+    """Whether the option ``name`` (as written: percent-encoded or not) holds a secret."""
+    lowered = unquote_plus(name).lower()
     return any(word in lowered for word in _SECRET_WORDS)
 
 
@@ -88,7 +86,7 @@ def secrets_of(url: str) -> list[str]:
     value: list[str] | None = None
     for segment in query.split("&") if query else []:
         name, equals, text = segment.partition("=")
-        if equals and _OPTION_NAME.fullmatch(name):
+        if equals:
             if value:
                 found.append("&".join(value))
             value = [text] if is_secret_option(name) else None
