@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -70,7 +70,7 @@ class Problem:
 
 @dataclass(frozen=True)
 class Config:
-    nodes: tuple[str, ...]
+    nodes: tuple[str, ...] = field(repr=False)  # (URLs: their passwords are not to be shown)
     key_prefix: str
     ttl: float
     wait: float
@@ -267,7 +267,8 @@ def unreachable_clusters() -> list[Problem]:
 def _node_specs(nodes: object) -> tuple[list[NodeSpec], list[Problem]]:
     """The specs of the valid ``NODES`` entries, and what is wrong with the list."""
     if isinstance(nodes, str) or not isinstance(nodes, list | tuple):
-        return [], [Problem("E003", f"REDLOCK['NODES'] must be a list, got {nodes!r}")]
+        shown = repr(mask_url(nodes)) if isinstance(nodes, str) else f"a {type(nodes).__name__}"
+        return [], [Problem("E003", f"REDLOCK['NODES'] must be a list, got {shown}")]
     if not nodes:
         return [], [
             Problem(

@@ -136,7 +136,7 @@ def list_locks(
         or not 1 <= page_size <= MAX_PAGE_SIZE
     ):
         raise ValueError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}, got {page_size!r}")
-    prefix = redlock.lock_key("")
+    prefix = redlock.lock_prefix
     pattern = glob_escape(prefix) + "*" + (glob_escape(search) + "*" if search else "")
     scanned = _each_node(redlock, lambda client: _scan(client, pattern, prefix), timeout)
     names: set[str] = set()
@@ -246,11 +246,9 @@ def _read(
     the markers of semaphores and readers/writer locks, by name."""
     if not resources:
         return [], [], [], {}
-    lock_prefix, fence_prefix = redlock.lock_key(""), redlock.fence_key("")
-    keys = [
-        (_raw_key(lock_prefix, resource), _raw_key(fence_prefix, resource))
-        for resource in resources
-    ]
+    lock_prefix, fence_prefix = redlock.lock_prefix, redlock.fence_prefix
+    spelled = [redlock.spelled(resource) for resource in resources]  # (listed: as they are)
+    keys = [(_raw_key(lock_prefix, name), _raw_key(fence_prefix, name)) for name in spelled]
     replies = _each_node(redlock, lambda client: _ask_keys(client, keys), timeout)
     failures = [r for r in replies if isinstance(r, NodeFailure)]
     locks: list[HeldLock] = []

@@ -226,7 +226,7 @@ def plain(
             label=label,
         )
         lock._layer = own
-        prefix = engine.lock_key("")
+        prefix = engine.lock_prefix
         _keep(engine, key, _Preset(prefix, lock.ttl, lock.wait, lock._options, own))
         return lock
     prefix, ttl, wait, options, own = preset

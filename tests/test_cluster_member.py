@@ -7,9 +7,11 @@ probe across shards, quarantine per shard."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from io import StringIO
 
 import pytest
@@ -17,9 +19,9 @@ from django.core.checks import WARNING
 from django.core.management import call_command
 from redis.crc import key_slot
 
-from django_redlock import conf, health, inventory, redlock
+from django_redlock import conf, force_release, health, inventory, redlock
 from django_redlock.checks import check_clusters_reachable, check_settings
-from django_redlock.engine import LockNotAcquired, Redlock
+from django_redlock.engine import LockLost, LockNotAcquired, Redlock
 from django_redlock.engine.cluster import SlotMap
 from django_redlock.engine.shards import ClusterMember
 from django_redlock.signals import masters_failed
@@ -299,48 +301,103 @@ def test_one_lock_over_several_resources_needs_one_hash_tag(cluster, masters, re
         shard = cluster.owner(key("{order:7}:payment"))
         assert cluster.where(key("{order:7}:payment")) == cluster.where(key("{order:7}:stock"))
         assert cluster.where(key("{order:7}:stock")) == [shard]
+    # A name without a tag is spelled {name} in its keys: "order:7" shares the slot of order 7.
+    with engine.lock("{order:7}:payment", "order:7"):
+        assert cluster.where(key("{order:7}")) == [shard]
     assert cluster.keys("redlock:lock:*") == []
     # Resources in different slots: refused before any request, the reason named.
     assert key_slot(key("{a}").encode()) != key_slot(key("{b}").encode())
     with pytest.raises(ValueError, match=r"resources '\{a\}' .*'\{b\}' .*have different hash tags"):
         engine.lock("{a}", "{b}")
-    with pytest.raises(ValueError, match="'invoice:1' has no hash tag"):
-        engine.lock("invoice:1")
-    with pytest.raises(ValueError, match="has no hash tag"):
-        engine.is_locked("invoice:1")
+    with pytest.raises(ValueError, match=r"resources 'a' \(\{a\}\), 'b' \(\{b\}\) have different"):
+        engine.lock("a", "b")
 
 
-def test_a_semaphore_is_refused_before_any_request():
-    # Its scripts touch all N permit keys without declaring them: a cluster routes PERMIT_UNDO
-    # (no key) to any shard ("non local key"), and cannot guard them during a migration.
-    nowhere = f"redis+cluster://127.0.0.1:{free_port()}/"
-    engine = Redlock([nowhere], ttl=5, node_timeout=BUDGET)
-    try:
-        with pytest.raises(ValueError, match=r"limit=2: no semaphore .* Redis Cluster member"):
-            engine.lock("{pool}", limit=2)
-    finally:
-        engine.close()
+def _acquire_and_release(lock) -> int:
+    with lock:
+        return lock.fence
 
 
-def test_redlock_refuses_what_a_cluster_member_cannot_lock_before_any_request(settings):
-    """Through Django's ``redlock()`` as through ``Redlock.lock``: a resource without a hash tag,
-    resources in two slots, a semaphore. Before any request: the member's address has no
-    server. Both ways ``redlock()`` makes a lock are checked: the first lock of a set of
-    options is made in full, the next ones from the options kept (``locks.plain``)."""
+def all_keys_in_one_slot(cluster: LocalCluster, name: str) -> set[int]:
+    """The hash slots of every key on the cluster now that belongs to ``name`` (any kind)."""
+    spelled = f"{{{name}}}"
+    found = [k.decode() for k in cluster.keys("redlock:*") if spelled in k.decode()]
+    assert found, f"no key of {name!r} on the cluster"
+    return {key_slot(k.encode()) for k in found}
+
+
+def test_names_without_a_hash_tag_lock_wait_fence_share_and_count_permits(cluster, redlock_of):
+    """Was refused: every name had to carry a hand-written {...}. Now the engine tags its own
+    keys: lock, fence counter, waiters' queue, readers set and markers, permit slots all hash to
+    the name's one slot (the cluster decides alone: a CROSSSLOT would fail every vote)."""
+    engine = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)
+    other = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET, retry_delay=5.0)
+    with engine.lock("invoice:42") as lock:
+        assert lock.key == "redlock:lock:{invoice:42}"
+        assert lock.fence >= 1
+        # A waiter queues (its queue key) and is woken by the release's notice.
+        waiting = ThreadPoolExecutor(1)
+        waited = waiting.submit(_acquire_and_release, other.lock("invoice:42", wait=4))
+        poll(lambda: cluster.keys("redlock:queue:*") != [], "the waiter queued")
+        assert len(all_keys_in_one_slot(cluster, "invoice:42")) == 1
+    assert waited.result(timeout=10) >= 1  # its fence: it got the lock
+    waiting.shutdown()
+    # "name" and "{name}" are one lock here (as a hand-tagged name was before).
+    with engine.lock("{invoice:42}"), pytest.raises(LockNotAcquired):
+        other.lock("invoice:42").acquire()
+
+    readers = [engine.lock("report", shared=True).acquire() for _ in range(2)]
+    assert len(all_keys_in_one_slot(cluster, "report")) == 1
+    with pytest.raises(LockNotAcquired):
+        other.lock("report").acquire()  # the writer is refused while they read
+    seen = engine.holder("report")
+    assert seen is not None
+    assert len(seen.holders) == 2
+    for reader in readers:
+        reader.release()
+
+    # limit= (refused before): the slots live in the name's slot too.
+    permits = [e.lock("seats", limit=2).acquire() for e in (engine, other)]
+    assert len(all_keys_in_one_slot(cluster, "seats")) == 1
+    assert {p.slot for p in permits} == {0, 1}
+    third = redlock_of([cluster.url], ttl=5, node_timeout=BUDGET)
+    with pytest.raises(LockNotAcquired):
+        third.lock("seats", limit=2).acquire()
+    held = engine.holder("seats")
+    assert held is not None
+    assert len(held.holders) == 2
+    for permit in permits:
+        permit.release()
+    with third.lock("seats", limit=2):
+        pass
+    # (The semaphore's marker outlives its permits by their TTL; no slot is left.)
+    assert cluster.keys("redlock:lock:*") == [b"redlock:lock:{seats}"]
+
+
+def test_keys_of_a_redlock_without_a_cluster_member_are_as_written(masters, redlock_of):
+    engine = redlock_of(masters, ttl=5)
+    assert engine.lock_key("invoice:42") == "redlock:lock:invoice:42"
+    assert engine.key("lock", "seats", "#1") == "redlock:lock:seats#1"
+    assert engine.fence_key("{a}b") == "redlock:fence:{a}b"
+
+
+def test_redlock_on_a_cluster_tags_untagged_names_and_refuses_two_slots_before_any_request(
+    settings,
+):
+    """Through Django's ``redlock()`` as through ``Redlock.lock``: both ways ``redlock()``
+    makes a lock (the first lock of a set of options made in full, the next ones from the
+    options kept: ``locks.plain``). Before any request: the member's address has no server."""
     nowhere = f"redis+cluster://127.0.0.1:{free_port()}/"
     settings.REDLOCK = {"NODES": [nowhere], "TTL": 5, "NODE_TIMEOUT": BUDGET}
     for _ in range(2):  # made in full, then from the kept options
         assert redlock("{order:1}:payment").key == "redlock:lock:{order:1}:payment"
-        with pytest.raises(ValueError, match="'invoice:1' has no hash tag"):
-            redlock("invoice:1")
+        assert redlock("invoice:1").key == "redlock:lock:{invoice:1}"
+        assert redlock("a}b").key == "redlock:lock:{a}b}"
         with pytest.raises(ValueError, match=r"resources '\{a\}' .*'\{b\}' .*different hash tags"):
             redlock("{a}", "{b}")
-    with pytest.raises(ValueError, match=r"limit=2: no semaphore .* Redis Cluster member"):
-        redlock("{pool}", limit=2)
-    with pytest.raises(ValueError, match="'report' has no hash tag"):
-        redlock("report", shared=True)
-    with pytest.raises(ValueError, match="'nightly' has no hash tag"):
-        redlock("nightly", auto_extend=True)
+    assert redlock("pool", limit=2).key == "redlock:lock:{pool}#permits"
+    assert redlock("report", shared=True).key == "redlock:lock:{report}@readers"
+    assert redlock("nightly", auto_extend=True).key == "redlock:lock:{nightly}"
 
 
 def test_readers_keep_their_keys_in_the_names_slot(cluster, redlock_of):
@@ -638,3 +695,53 @@ def test_a_cluster_whose_seeds_do_not_answer_is_a_deploy_warning(settings, clust
         **quarantined,
     }
     assert [m.id for m in check_settings()] == ["django_redlock.E004"]
+
+
+def test_a_permit_moved_by_a_slot_migration_is_never_granted_twice(cluster, redlock_of):
+    """A semaphore's scripts read its slots by names they build (undeclared keys). During a slot
+    migration a permit key already moved to the target is not on the source: the source must
+    not take it for free. Redis refuses a script's access to such a key ("non local key"), and
+    a request whose declared keys are split answers ASK or TRYAGAIN: failed votes, never a
+    second grant of the moved permit."""
+    engines = [redlock_of([cluster.url], ttl=10, node_timeout=BUDGET) for _ in range(3)]
+    source, target = cluster.shards[1], cluster.shards[2]
+    name = next(f"pool{n}" for n in range(1000) if cluster.owner(key(f"{{pool{n}}}")) is source)
+    held = engines[0].lock(name, limit=2).acquire()
+    slot_key = key(f"{{{name}}}#{held.slot}")
+    slot = key_slot(slot_key.encode())
+    cluster.start_migration(slot, to=target)
+    try:
+        source.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", slot_key)
+        assert cluster.where(slot_key) == [target]
+        taken_locks = []
+        for engine in engines[1:]:
+            with contextlib.suppress(LockNotAcquired):
+                taken_locks.append(engine.lock(name, limit=2).acquire())
+        taken = [lock.slot for lock in taken_locks]
+        assert held.slot not in taken, taken  # the moved permit, granted again: two holders
+        assert len(taken) <= 1, taken  # never more permits than the limit
+    finally:
+        cluster.finish_migration(slot, source, target)
+    for lock in taken_locks:
+        lock.release()
+    # After it: the held permit is on the target, with the slot; the other one is free.
+    with engines[1].lock(name, limit=2) as other:
+        assert other.slot != held.slot
+        with pytest.raises(LockNotAcquired):
+            engines[2].lock(name, limit=2).acquire()
+    held.release()
+
+
+def test_the_inventory_lists_and_releases_a_name_the_engine_tagged(cluster, masters, redlock_of):
+    engine = redlock_of(decisive(cluster, masters), ttl=10, node_timeout=BUDGET)
+    lock = engine.lock("ledger:1").acquire()
+    listed = inventory.list_locks(engine, timeout=5)
+    assert "{ledger:1}" in [held.resource for held in listed.locks]  # as its keys spell it
+    shown = inventory.inspect(engine, "ledger:1")  # by the name as the code writes it
+    assert shown is not None
+    assert len(shown.copies) == 2
+    released = force_release.force_release(engine, "ledger:1", shown.fingerprint)
+    assert "released on 2 of 3 masters" in released.describe()
+    assert cluster.where(key("{ledger:1}")) == []
+    with pytest.raises(LockLost):
+        lock.release()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 from collections.abc import Iterator
 
 import pytest
@@ -241,3 +242,25 @@ def test_the_command_takes_hosts_alone(capsys):
         main(["--hosts", "--scenario", "healthy"])
     assert exited.value.code == 2
     assert "no --soak or --scenario with it" in capsys.readouterr().err
+
+
+# --- a Sentinel member whose whole zone is partitioned ---
+
+
+@pytest.mark.parametrize("fault", ["link down", "replies blackholed"])
+def test_a_partitioned_sentinel_zone_costs_a_budget_now_and_then_not_every_cycle(
+    cluster, probe, fault
+):
+    """Was a bug: with a Sentinel member's primary and Sentinels cut off (dropped packets),
+    each reconnect asked the Sentinels one after another, a budget each, and the member was
+    never set aside: every cycle paid one budget per Sentinel per round. Now it is a silent
+    member: a cycle pays at most about one budget, about once a SKIP_SILENT_FOR."""
+    from bench.chaos.host_sentinels import silent_zone_cycles
+    from django_redlock.engine.rounds import SKIP_SILENT_FOR
+
+    zone = silent_zone_cycles(cluster, probe, fault=fault)
+    print("\n" + zone.line())  # the numbers, with -s
+    healthy = statistics.median(zone.healthy)
+    assert max(zone.silent) < healthy + zone.budget + 0.3, zone.line()
+    assert len(zone.slow) <= 1 + zone.window / SKIP_SILENT_FOR, zone.line()
+    assert statistics.median(zone.silent) < healthy + zone.budget / 2, zone.line()

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from django_redlock.engine import LockNotAcquired, Redlock
+from django_redlock.engine.rounds import SKIP_SILENT_FOR
 from django_redlock.testing.masters import free_port
 from django_redlock.testing.proxy import DelayProxy
 from django_redlock.testing.sentinels import sentinel_group
@@ -162,3 +164,63 @@ def _try(lock) -> BaseException | None:
         return exc
     lock.release()
     return None
+
+
+def _cycles(engine, resource: str, seconds: float, mode: str) -> list[float]:
+    """How long each acquire+release cycle took, cycling for ``seconds`` (on a thread, or in
+    an event loop)."""
+    if mode == "async":
+        return asyncio.run(_acycles(engine, resource, seconds))
+    took: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        began = time.monotonic()
+        with engine.lock(resource):
+            pass
+        took.append(time.monotonic() - began)
+    return took
+
+
+async def _acycles(engine, resource: str, seconds: float) -> list[float]:
+    took: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        began = time.monotonic()
+        async with engine.lock(resource):
+            pass
+        took.append(time.monotonic() - began)
+    return took
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_silent_sentinel_zone_costs_one_budget_now_and_then_not_every_round(
+    tmp_path, fresh_masters, redlock_of, mode
+):
+    """Was a bug: with a Sentinel member's whole zone silent (its primary, replica and three
+    Sentinels SIGSTOPped: connections hang, nothing answers, as behind dropped packets) every
+    reconnect asked the Sentinels one after another, a budget each, and "no Sentinel answered"
+    was an error, not silence: the member was never set aside, and once its stalled connection
+    was dropped every round (acquire and release) paid three budgets reconnecting. Now the
+    Sentinels are asked at once within one budget, and a zone that does not answer is a silent
+    member: left out for ``SKIP_SILENT_FOR`` as any silent master, tried again now and then."""
+    budget = 0.2
+    window = 4.0  # (several SKIP_SILENT_FOR: the stalled connection is dropped after the first)
+    others = fresh_masters(2)
+    with sentinel_group(tmp_path / "zone", sentinels=3) as zone:
+        engine = redlock_of([zone.url, *others], ttl=5, node_timeout=budget)
+        healthy = statistics.median(_cycles(engine, "zone", 0.5, mode))
+        silenced = [zone.primary, zone.replica, *zone.sentinels]
+        for server in silenced:
+            server.pause()
+        try:
+            took = _cycles(engine, "zone", window, mode)
+        finally:
+            for server in silenced:
+                server.resume()
+    slow = [t for t in took if t > healthy + budget / 2]
+    # A cycle pays at most one budget for the member (before: 3 Sentinels x 2 rounds = 1.2 s),
+    # and only now and then: once per SKIP_SILENT_FOR at most (before: every cycle, once its
+    # stalled connection was dropped).
+    assert max(took) < healthy + budget + 0.3, took
+    assert len(slow) <= 1 + window / SKIP_SILENT_FOR, slow
+    assert sum(slow) < (1 + window / SKIP_SILENT_FOR) * (budget + 0.1), slow

@@ -340,7 +340,7 @@ class HostMaster(LocalMaster):
         return [
             *self.network.exec_prefix(self.host),
             *super().command(),
-            "--bind", f"{self.address} 127.0.0.1",
+            "--bind", self.address, "127.0.0.1",  # (two arguments: Redis 6.2 and 7 alike)
             "--protected-mode", "no",  # reached from other hosts; a private range, in namespaces
             "--unixsocket", str(self.socket),
             "--unixsocketperm", "700",

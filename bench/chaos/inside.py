@@ -14,6 +14,9 @@ over stdin/stdout, one line per command and per answer.
         {"op": "acquire", "resource": r, "ttl": s, "wait": s} / {"op": "extend"} /
         {"op": "release"}: timed -> {"seconds": s, "error": "LockLost: ..." or null,
             "validity": s}
+        {"op": "cycles", "resource": r, "seconds": s}: acquire+release cycles for ``s``
+            seconds -> {"seconds": [each cycle's], "errors": n}
+        {"op": "close"}: close the engine
         {"op": "ping", "url": u, "timeout": s, "size": n}: a fresh connection's PING (or ECHO
             of n bytes) -> {"seconds": s, "error": "TimeoutError: ..." or null}: to show that
             a fault is silent, or slow
@@ -99,6 +102,23 @@ class Probe:
         seconds = time.monotonic() - started
         return {"seconds": seconds, "error": error, "validity": lock.validity}
 
+    async def cycles(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Acquire and release ``resource`` over and over for ``seconds``, each cycle timed."""
+        assert self.engine is not None
+        took: list[float] = []
+        errors = 0
+        end = time.monotonic() + command["seconds"]
+        while time.monotonic() < end:
+            lock = self.engine.lock(command["resource"], ttl=5)
+            started = time.monotonic()
+            try:
+                await self.call(lock.acquire, lock.aacquire)
+                await self.call(lock.release, lock.arelease)
+            except RedlockError:
+                errors += 1
+            took.append(time.monotonic() - started)
+        return {"seconds": took, "errors": errors}
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
@@ -135,6 +155,11 @@ async def probe() -> None:
             answer = state.engine_of(command)
         elif op == "warm":
             answer = await state.warm()
+        elif op == "cycles":
+            answer = await state.cycles(command)
+        elif op == "close":
+            state.close()
+            answer = {}
         elif op == "ping":
             answer = ping(command["url"], command["timeout"], command.get("size", 0))
         else:

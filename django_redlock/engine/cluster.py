@@ -6,9 +6,11 @@ tells it and ``MOVED`` redirections correct it. ``shards`` makes the member of i
 
 Why one request goes to one shard: a cluster runs a script only if all its keys hash to one slot
 (else ``CROSSSLOT``), and a lock's keys for one resource differ by kind (``lock:``, ``queue:``,
-``fence:``). So on a Redlock with a Cluster member, every request's keys must share one slot:
-``Redlock`` refuses a resource name without a hash tag (``{invoice:42}``) before any network call
-(see ``check_hash_tags``). The member is still ONE vote: its answer is the owning shard's.
+``fence:``, ``readers:``, a permit slot's ``#i``). So on a Redlock with a Cluster member the
+engine spells each name in its keys with a hash tag (``tagged``: ``invoice:42`` is keyed as
+``{invoice:42}``, on every member), and a lock over several resources needs them in one slot
+(one shared tag: ``check_hash_tags``, before any network call). The member is still ONE vote:
+its answer is the owning shard's.
 """
 
 from __future__ import annotations
@@ -116,23 +118,26 @@ def hash_tag(name: str) -> str | None:
     return name[start + 1 : end] if end > start + 1 else None
 
 
+def tagged(resource: str) -> str:
+    """``resource`` as a Redlock with a Cluster member spells it in its keys: as written if it
+    names a hash tag (the user chose its slot), else within braces, ``{invoice:42}``, so that
+    every key of one lock (kinds differ before the name, suffixes after it: never inside the
+    tag) hashes to one slot, on whatever shard. So ``name`` and ``{name}`` are one lock there,
+    as a user who tagged by hand would expect. (Without a Cluster member names are used as
+    written: keys do not change for a Redlock of plain masters.)"""
+    return resource if hash_tag(resource) is not None else f"{{{resource}}}"
+
+
 def check_hash_tags(key_prefix: str, resources: Sequence[str]) -> None:
     """``ValueError`` unless every key a request about ``resources`` touches hashes to one slot:
-    each resource names a hash tag, the same for all of them, and the key prefix has none (it
-    would come first, and put every lock of the Redlock in one slot)."""
+    their keys' hash tags (``tagged``) are one, and the key prefix has none (it would come
+    first, and put every lock of the Redlock in one slot)."""
     if hash_tag(key_prefix) is not None or "{" in key_prefix:
         raise ValueError(
             f"key_prefix {key_prefix!r} must not contain '{{' with a Redis Cluster member: its "
             f"hash tag would put every lock in one slot"
         )
-    tags = {r: hash_tag(r) for r in resources if isinstance(r, str)}  # (others: check_resource)
-    untagged = [r for r, tag in tags.items() if tag is None]
-    if untagged:
-        raise ValueError(
-            f"resource {untagged[0]!r} has no hash tag: with a Redis Cluster member, a lock's keys "
-            f"(lock, queue, fence) must share one hash slot; name it like '{{{untagged[0]}}}' or "
-            f"'{{order:1}}:payment'"
-        )
+    tags = {r: hash_tag(tagged(r)) for r in resources if isinstance(r, str)}  # (check_resource)
     if len(set(tags.values())) > 1:
         shown = ", ".join(f"{r!r} ({{{t}}})" for r, t in tags.items())
         raise ValueError(
@@ -140,17 +145,6 @@ def check_hash_tags(key_prefix: str, resources: Sequence[str]) -> None:
             f"resources must share one, so that the member grants all of them or none in one "
             f"script (e.g. '{{order:1}}:a', '{{order:1}}:b')"
         )
-
-
-def refuse_semaphore(limit: object) -> None:
-    """``ValueError``: a semaphore's scripts touch all ``limit`` permit keys without declaring
-    them, which a cluster routes by (a script with no key goes to any shard: "non local key")
-    and guards during a migration by (a permit key already moved could be granted twice)."""
-    raise ValueError(
-        f"limit={limit!r}: no semaphore on a Redlock with a Redis Cluster member: its scripts "
-        f"touch all {limit} permit keys without declaring them, which a cluster can neither "
-        f"route nor guard during a slot migration (see docs/deployment.md)"
-    )
 
 
 # --- the slot map ---------------------------------------------------------------------------------

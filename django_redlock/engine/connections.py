@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -43,7 +43,8 @@ class NodeSpec:
 
     label: str
     connection_class: type[redis.connection.AbstractConnection]
-    connection_kwargs: Mapping[str, Any]
+    #: (Not in its repr: it holds the password.)
+    connection_kwargs: Mapping[str, Any] = field(repr=False)
     #: A Sentinel-managed primary: its connections find it through Sentinel (see ``sentinel``).
     service: sentinel.Service | None = None
     #: A Redis Cluster: the nodes its URL names (see ``cluster`` and ``shards``).

@@ -75,17 +75,18 @@ class Handle(WithOptions):
     ) -> Self:
         """A handle on ``resources`` (checked here: ``ValueError`` naming a bad one) whose
         ``ttl``, ``wait`` and ``options`` were checked beforehand for this ``redlock``, as
-        ``__init__`` checks them, and whose keys are ``key_prefix`` (``redlock.lock_key("")``)
-        + each resource: for a caller that checks one set of options once for many handles
-        (the Django layer's ``redlock()``). ``options`` may be shared: a handle whose option is
-        set gets a record of its own (``options.option``). For a plain lock, or a subclass
-        whose ``__init__`` makes nothing more (not a permit or a reader)."""
+        ``__init__`` checks them, and whose keys are ``key_prefix`` (``redlock.lock_prefix``)
+        + each resource as its keys spell it (``redlock.spelled``): for a caller that checks
+        one set of options once for many handles (the Django layer's ``redlock()``).
+        ``options`` may be shared: a handle whose option is set gets a record of its own
+        (``options.option``). For a plain lock, or a subclass whose ``__init__`` makes nothing
+        more (not a permit or a reader)."""
         if redlock.clustered:  # (as ``__init__``; the member's rule for the keys' hash tags)
             redlock.check_resources(resources)
         lock = object.__new__(cls)
         if len(resources) != 1:
             resources = protocol.check_resources(resources)
-            keys = tuple(key_prefix + r for r in resources)
+            keys = tuple(key_prefix + redlock.spelled(r) for r in resources)
             lock._assemble(redlock, resources, keys, ttl, wait, options)
             return lock
         # One resource, the usual lock: ``_assemble`` written out (a call less per lock; a test
@@ -94,7 +95,7 @@ class Handle(WithOptions):
         lock._redlock = redlock
         lock.resources = (resource,)
         lock.resource = resource
-        lock.key = key = key_prefix + resource
+        lock.key = key = key_prefix + (redlock.spelled(resource) if redlock.clustered else resource)
         lock.keys = (key,)
         lock._options = options
         lock.ttl = ttl

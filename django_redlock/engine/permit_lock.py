@@ -8,7 +8,6 @@ import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from . import cluster
 from .granting import granted
 from .group_lock import GroupLock
 from .leases import Lease, Owner, current_owner
@@ -61,8 +60,6 @@ class PermitLock(GroupLock):
     key_suffix = "#permits"
 
     def __init__(self, redlock: Redlock, *resources: str, limit: int, **options: Any) -> None:
-        if redlock.clustered:
-            cluster.refuse_semaphore(limit)
         limit = check_limit(limit)
         super().__init__(redlock, *resources, option=f"limit={limit}", **options)
         self.limit = limit
@@ -72,7 +69,7 @@ class PermitLock(GroupLock):
             redlock.lock_key(self.resource),
             redlock.queue_key(self.resource),
             self._marker,
-            redlock.lock_key(f"{self.resource}#"),
+            redlock.key("lock", self.resource, "#"),
             limit,
         )
 
@@ -92,7 +89,7 @@ class PermitLock(GroupLock):
             PermitWant,
             limit=self.limit,
             marker_key=redlock.lock_key(self.resource),
-            slot_prefix=redlock.lock_key(f"{self.resource}#"),
+            slot_prefix=redlock.key("lock", self.resource, "#"),
             queue_key=redlock.queue_key(self.resource),
             marker=self._marker,
         )

@@ -202,7 +202,8 @@ def attempt(
     try:
         replies: list[Reply] = yield Round(command, PERMIT_ACQUIRE)
     except BaseException:
-        undo = PERMIT_UNDO.evalsha((), (want.value, want.slot_prefix, want.limit))
+        # (The marker key: unused by the script, it routes it to the name's shard on a Cluster.)
+        undo = PERMIT_UNDO.evalsha((want.marker_key,), (want.value, want.slot_prefix, want.limit))
         yield Round(undo, PERMIT_UNDO, cleanup=True)
         raise
     taken = Counter(r - 1 for r in replies if isinstance(r, int) and r >= 1)

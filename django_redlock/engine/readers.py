@@ -73,13 +73,12 @@ class ReaderKeys:
 
 def reader_keys(redlock: Redlock, name: str, reader_key: str) -> ReaderKeys:
     """The keys of the reader ``reader_key`` of the readers/writer lock ``name``."""
-    prefix = redlock.key_prefix
     return ReaderKeys(
         reader=reader_key,
         name=redlock.lock_key(name),
         queue=redlock.queue_key(name),
-        readers=f"{prefix}readers:{name}",
-        queued_readers=f"{prefix}readwait:{name}",
+        readers=redlock.key("readers", name),
+        queued_readers=redlock.key("readwait", name),
         inbox_prefix=redlock.inbox_prefix,
     )
 
@@ -207,7 +206,7 @@ class ReaderLock(GroupLock):
     def _keys(self) -> ReaderKeys:
         name = self.resource
         return reader_keys(
-            self._redlock, name, self._redlock.lock_key(f"{name}@reader:{secrets.token_hex(6)}")
+            self._redlock, name, self._redlock.key("lock", name, f"@reader:{secrets.token_hex(6)}")
         )
 
     def _want(self, owner: Owner) -> ReaderWant:

@@ -14,6 +14,7 @@ from .connections import Node, NodeSpec
 from .drivers import arun, run
 from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
 from .events import NullObserver, Observer
+from .keyspace import KeySpace
 from .leases import current_owner, describe
 from .local_queues import LocalQueues
 from .lock import Lock
@@ -124,7 +125,7 @@ def duplicate_masters(specs: Sequence[NodeSpec]) -> list[str]:
     return found + [d for d in protocol.duplicate_servers(named) if d not in found]
 
 
-class Redlock:
+class Redlock(KeySpace):
     """Locks over N independent Redis masters. Django-free: give it URLs or ``NodeSpec``s.
 
     >>> locks = Redlock(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
@@ -183,9 +184,10 @@ class Redlock:
             )
             for spec in specs
         )
-        #: A Redis Cluster member routes each request by its keys' hash slot: every resource
-        #: must name a hash tag (``check_resources``).
+        #: A Redis Cluster member routes each request by its keys' hash slot: names are spelled
+        #: with a hash tag in every key (``spelled``), one per lock (``check_resources``).
         self.clustered = any(spec.seeds is not None for spec in specs)
+        self.lock_prefix, self.fence_prefix = f"{key_prefix}lock:", f"{key_prefix}fence:"
         if self.clustered:
             cluster.check_hash_tags(key_prefix, ())
         self.quorum = protocol.quorum(len(self.nodes))
@@ -299,11 +301,11 @@ class Redlock:
         if held is None or held.mode == "lock":
             return held
         if held.mode == "permits" and held.limit is not None:
-            names = [f"{resource}#{i}" for i in range(held.limit)]
+            names = [f"{self.spelled(resource)}#{i}" for i in range(held.limit)]
         else:  # the readers set on every master, each key read once
-            listed = yield Round(("ZRANGE", f"{self.key_prefix}readers:{resource}", 0, -1))
+            listed = yield Round(("ZRANGE", self.key("readers", resource), 0, -1))
             keys = {k.decode() for r in listed if isinstance(r, list) for k in r}
-            names = sorted(k.removeprefix(self.lock_key("")) for k in keys)
+            names = sorted(k.removeprefix(self.lock_prefix) for k in keys)
         if not names:
             return replace(held, holders=())
         values = yield Round(("MGET", *map(self.lock_key, names)))
@@ -326,7 +328,8 @@ class Redlock:
 
     def check_resources(self, resources: Sequence[str]) -> None:
         """With a Redis Cluster member: ``ValueError`` unless the keys of ``resources`` share one
-        hash slot (``cluster.check_hash_tags``: a script runs on one shard). Why not fan out per
+        hash slot (``cluster.check_hash_tags``: a script runs on one shard; one resource always
+        does, its name being tagged in its keys: ``spelled``). Why not fan out per
         slot instead: the member's vote must be all of its resources or none, as a plain
         member's one script gives; granted per slot, a shard failing between two scripts would
         leave partial grants to undo, and two lockers could each hold part of a set and both
@@ -338,16 +341,6 @@ class Redlock:
         self.check_resources((resource,))
         key = self.lock_key(protocol.check_resource(resource))
         return scripts.PEEK.evalsha((key,), (MAX_VALUE_BYTES,))
-
-    def lock_key(self, resource: str) -> str:
-        return f"{self.key_prefix}lock:{resource}"
-
-    def fence_key(self, resource: str) -> str:
-        return f"{self.key_prefix}fence:{resource}"
-
-    def queue_key(self, resource: str) -> str:
-        """The sorted set of waiters for ``resource`` on each master (see ``scripts``)."""
-        return f"{self.key_prefix}queue:{resource}"
 
     def release_command(
         self,

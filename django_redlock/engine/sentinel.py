@@ -8,14 +8,19 @@ answers) each time it opens a socket. Every way a failover shows ends in a new c
 old primary's connections are closed (Sentinel kills its clients when it reconfigures it; a
 connection loss), or it answers ``READONLY`` (the round closes that pipe), or a Sentinel
 announces ``+switch-master`` (``follow_switches``: we close our connections to the old primary at
-once). So the member stays one pipelined connection per process, as any other, and never asks a
-Sentinel on a round's path.
+once). So the member stays one pipelined connection per process, as any other: a round asks no
+Sentinel, but one that must open that connection waits for them, all asked at once and within
+the member's one budget, finding the primary and reaching it (``primary_address``). A zone that
+does not answer (Sentinels and primary cut off) is a silent member, set aside for a while as any
+silent master (``rounds.SKIP_SILENT_FOR``): it costs a round one budget now and then, not every
+round one budget per Sentinel.
 The Sentinels themselves are asked over plain TCP without a password (Sentinel's default).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import threading
 import time
@@ -80,29 +85,75 @@ def _host_port(entry: str, masked: str) -> tuple[str, int]:
 
 
 def primary_address(service: Service, timeout: float) -> tuple[str, int]:
-    """Where ``service``'s primary is now, as the first Sentinel that answers says (each asked
-    within ``timeout``); ``redis.ConnectionError`` if none can tell."""
-    problems = []
+    """Where ``service``'s primary is now, as the first Sentinel that answers says. Every
+    Sentinel is asked at once, each on a short-lived thread of its own (``_ask``), and this
+    waits ``timeout`` for them all, not ``timeout`` for each in turn: a Sentinel that does not
+    answer costs the member one budget however many are listed. ``redis.TimeoutError`` if none
+    named it within ``timeout`` and one of them stayed silent (the member is then silent, and
+    set aside as any silent master), else ``redis.ConnectionError`` (all refused, or did not
+    know the service)."""
+    deadline = time.monotonic() + timeout
+    answers: queue.SimpleQueue[_Answer] = queue.SimpleQueue()
     for host, port in service.sentinels:
-        conn = redis.Connection(
-            host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0), protocol=2,
-        )  # fmt: skip
+        threading.Thread(
+            target=_ask,
+            args=(service, host, port, timeout, answers),
+            name=f"redlock-sentinel-ask {host}:{port}",
+            daemon=True,
+        ).start()
+    problems: list[str] = []
+    silent = False
+    while len(problems) < len(service.sentinels):
         try:
-            conn.send_command("SENTINEL", "get-master-addr-by-name", service.name)
-            reply = conn.read_response()
-        except (redis.RedisError, OSError) as exc:
-            problems.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
-            continue
-        finally:
-            conn.disconnect()
-        if isinstance(reply, list) and len(reply) == 2:
-            address, found_port = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
-            return address, int(found_port)
-        problems.append(f"{host}:{port}: does not know {service.name!r}")
-    raise redis.ConnectionError(
-        f"no Sentinel named the primary of {service.name!r}: {'; '.join(problems)}"
-    )
+            answer = answers.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            silent = True
+            break
+        if isinstance(answer, tuple):
+            return answer
+        silent = silent or isinstance(answer, _Silent)
+        problems.append(str(answer))
+    unanswered = len(service.sentinels) - len(problems)
+    told = "; ".join(problems + ([f"{unanswered} did not answer"] if unanswered else []))
+    error = redis.TimeoutError if silent else redis.ConnectionError
+    raise error(f"no Sentinel named the primary of {service.name!r} within {timeout} s: {told}")
+
+
+class _Silent(str):
+    """A Sentinel's problem that is silence (no answer within the budget), not a refusal."""
+
+
+_Answer = tuple[str, int] | str
+
+
+def _ask(
+    service: Service, host: str, port: int, timeout: float, answers: queue.SimpleQueue[_Answer]
+) -> None:
+    """Ask one Sentinel where ``service``'s primary is; put the address, or what went wrong,
+    in ``answers``."""
+    conn = redis.Connection(
+        host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+        retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0), protocol=2,
+    )  # fmt: skip
+    try:
+        conn.send_command("SENTINEL", "get-master-addr-by-name", service.name)
+        reply = conn.read_response()
+    except (redis.RedisError, OSError) as exc:
+        kind = _Silent if isinstance(exc, redis.TimeoutError | TimeoutError) else str
+        answers.put(kind(f"{host}:{port}: {type(exc).__name__}: {exc}"))
+        return
+    finally:
+        conn.disconnect()
+    if isinstance(reply, list) and len(reply) == 2:
+        address, found_port = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
+        answers.put((address, int(found_port)))
+    else:
+        answers.put(f"{host}:{port}: does not know {service.name!r}")
+
+
+#: The least time left to reach the primary once a Sentinel named it (a budget the asking used
+#: up to the last millisecond still tries the primary, briefly).
+MIN_CONNECT = 0.001
 
 
 def sentinel_connection(
@@ -112,9 +163,15 @@ def sentinel_connection(
     Sentinel each time it opens a socket."""
 
     def _connect(self: Any) -> socket.socket:
+        # One budget for the whole connect: finding the primary, then reaching it.
         timeout = self.socket_connect_timeout or self.socket_timeout or 1.0
+        began = time.monotonic()
         self.host, self.port = primary_address(service, timeout)
-        return base._connect(self)  # type: ignore[no-any-return]
+        self.socket_connect_timeout = max(timeout - (time.monotonic() - began), MIN_CONNECT)
+        try:
+            return base._connect(self)  # type: ignore[no-any-return]
+        finally:
+            self.socket_connect_timeout = timeout
 
     return type(f"Sentinel{base.__name__}", (base,), {"_connect": _connect, "service": service})
 

@@ -4,40 +4,49 @@ service it names (two entries naming one must not vote twice)."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 
 from . import acks, cluster, protocol, sentinel
+from .masking import RESERVED_IN_CREDENTIALS, mask_url, scrub, split_credentials
+
+__all__ = ["check_url", "cluster_identity", "mask_url", "sentinel_identity"]
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SCHEMES, *cluster.SCHEMES)
 SCHEMES_TEXT = "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
 
 
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs, errors, status output)."""
-    # Several hosts: urlsplit cannot parse its port.
-    if sentinel.is_sentinel_url(url) or cluster.is_cluster_url(url):
-        scheme, _, rest = url.partition("://")
-        netloc, slash, path = rest.partition("/")
-        userinfo, at, hosts = netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        return f"{scheme}://{user}{':***' if colon else ''}{at}{hosts}{slash}{path}"
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-
-
 def check_url(url: object) -> str:
-    """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked)."""
+    """``url`` if it is a Redis URL we can use, else ``ValueError`` naming it (masked: no
+    password, no secret option, nor any piece of one, whether or not the URL parses)."""
     if not isinstance(url, str) or not url:
-        raise ValueError(f"a node must be {SCHEMES_TEXT}, got {url!r}")
+        raise ValueError(f"a node must be {SCHEMES_TEXT}, got {_shown(url)}")
+    _check_credentials(url)
+    try:
+        return _checked(url)
+    except ValueError as exc:
+        raise ValueError(scrub(str(exc), url)) from None
+
+
+def _check_credentials(url: str) -> None:
+    """A ``/``, ``?`` or ``#`` before the URL's last ``@``: a password (or user) that was not
+    percent-encoded, which every parser would cut in two (the rest read as host, path or query,
+    and shown as such); or a ``@`` in a path or an option, which the masking cannot tell from
+    one. Either way, one encoding fixes it."""
+    _head, user, password, _rest = split_credentials(url)
+    written = user + (password or "")
+    # (A "#" anywhere starts a fragment, which a Redis URL has no use for: the end of a password
+    # or a query option's secret value, cut off and sent as the whole.)
+    if "#" in url or any(char in written for char in RESERVED_IN_CREDENTIALS):
+        raise ValueError(
+            f"node {mask_url(url)!r} holds an unescaped '#', or a '/' or '?' before its last "
+            f"'@' (in the user or password): percent-encode them in a password or option "
+            f"(%23, %2F, %3F), and a '@' anywhere after the host (%40)"
+        )
+
+
+def _checked(url: str) -> str:
     checked = url
     url, ack = acks.parse(url, mask_url(url))  # our options (the rest is redis-py's)
     if sentinel.is_sentinel_url(url):
@@ -64,6 +73,16 @@ def check_url(url: object) -> str:
     except ValueError as exc:
         raise ValueError(f"node {mask_url(url)!r} is not a valid Redis URL: {exc}") from None
     return checked
+
+
+def _shown(value: object) -> str:
+    """A node entry that is not a ``str``, for an error: text in it is masked as a URL would
+    be (bytes); a container shows its type only (it may hold URLs)."""
+    if isinstance(value, bytes):
+        return f"bytes {mask_url(value.decode(errors='replace'))!r}"
+    if value is None or isinstance(value, int | float | bool | str):
+        return repr(value)
+    return f"a {type(value).__name__}"
 
 
 def sentinel_identity(service: sentinel.Service) -> tuple[str, ...]:
