@@ -26,7 +26,7 @@ from .cache_nodes import cache_node_spec
 from .engine import Redlock, cluster, protocol
 from .engine.connections import NodeSpec
 from .engine.redlock import duplicate_masters
-from .engine.urls import check_url
+from .engine.urls import check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],
