@@ -3,10 +3,17 @@
 A lock cannot stop a holder that paused past its lease (GC, SIGSTOP, a slow disk) from waking up
 and writing, nor recall a query already sent when the lease ran out. The fencing token can: the
 row keeps the token of the last accepted write, and a write is accepted only with a higher one,
-checked by the database in the same statement (``UPDATE ... SET ..., fence = %s WHERE pk = %s
-AND fence <= %s``), never read-then-write. (``<=``: a holder may write its rows twice under its
-one token; any other holder's token is different, and only an older one is refused.) Tokens
-come from ``lock.fence``, which strictly increases per resource across all holders.
+checked by the database in the statement that writes the row (``UPDATE ... SET ..., fence = %s
+WHERE pk = %s AND fence <= %s``), never read-then-write. (``<=``: a holder may write its rows
+twice under its one token; any other holder's token is different, and only an older one is
+refused.) Tokens come from ``lock.fence``, which strictly increases per resource across all
+holders.
+
+Whatever the queryset, the comparison is in the *outer* WHERE of the UPDATE that writes the
+table holding the fence, the only part PostgreSQL checks again on a row it had to wait for: a
+filter across a relation becomes ``WHERE pk IN (SELECT ...) AND fence <= t``, and a multi-table
+child writes that table first, then its other tables in the same transaction where the fence
+is now ours (``_write``). Shapes that cannot carry it are refused before any query.
 
     class Account(FencedModel):             # adds ``fence`` and a fenced queryset
         balance = models.IntegerField()
@@ -19,7 +26,8 @@ come from ``lock.fence``, which strictly increases per resource across all holde
 
 ``fence=`` takes the held ``Lock`` (its ``fence`` is read) or the token itself (an int >= 1; in
 async code, ``await lock.afence()``). Without ``fence=``, ``save()`` and ``update()`` are Django's
-own, unfenced. A model of your own can carry a ``FenceField`` instead of inheriting
+own, unfenced, except that ``save()`` leaves the fence column alone: a row's fence never goes
+backwards. A model of your own can carry a ``FenceField`` instead of inheriting
 ``FencedModel``, and write through ``fenced_update(queryset, lock, **changes)``.
 """
 
