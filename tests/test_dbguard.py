@@ -4,25 +4,24 @@ open atomic blocks are marked for rollback. Real masters, real SQLite, real requ
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import contextvars
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 from django.db.models import F
 from django.test import Client
 
-from django_redlock import LockLost, LockNotAcquired, locked, redlock
+from django_redlock import LockLost, locked, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.dbguard import refuse_stale_queries
+from tests import guard_checks
 from tests.conftest import ROOT
 from tests.fencedapp.models import Ledger
 
@@ -302,130 +301,34 @@ def test_with_no_database_configured_the_guard_is_a_no_op(masters):
 
 
 # --- the guard follows the caller: an acquisition run in a child task guards its caller ------
+# (tests/guard_checks.py: written once, run here on SQLite and in a child on PostgreSQL)
 
 
-async def acquire_through(form: str, lock: Any) -> None:
-    """``lock.aacquire()`` run the way ``form`` runs it: each but ``timeout`` in a child task,
-    whose copy of the context is thrown away when it ends."""
-    if form == "wait_for":
-        await asyncio.wait_for(lock.aacquire(), 5)
-    elif form == "gather":
-        await asyncio.gather(lock.aacquire())
-    elif form == "create_task":
-        await asyncio.create_task(lock.aacquire())
-    elif form == "shield":
-        await asyncio.shield(lock.aacquire())
-    else:
-        async with asyncio.timeout(5):
-            await lock.aacquire()
+@pytest.mark.parametrize("check", guard_checks.CHECKS, ids=lambda c: c.__name__)
+def test_on_sqlite(check, redlock_settings):
+    check()
 
 
-FORMS = ["wait_for", "gather", "create_task", "shield", "timeout"]
-
-
-@pytest.mark.parametrize("form", FORMS)
-def test_an_acquisition_in_a_child_task_guards_the_task_that_awaits_it(form, redlock_settings):
-    """The lease is the caller's (the engine binds the owner when ``aacquire()`` is called): so
-    is the guard. Its stale UPDATE through sync_to_async is refused."""
-    Ledger.objects.create(name="row")
-
-    async def stale_write() -> None:
-        lock = redlock("ledger:row", ttl=TTL)
-        await acquire_through(form, lock)
-        try:
-            await asyncio.sleep(PAUSE)  # paused past the lease
-            await Ledger.objects.filter(name="row").aupdate(value=9)
-        finally:
-            with contextlib.suppress(LockLost):
-                await lock.arelease()
-
-    with pytest.raises(LockLost, match="refused before it reached the database"):
-        async_to_sync(stale_write)()
-    assert value() == 0
-
-
-@pytest.mark.parametrize("form", FORMS)
-def test_a_holder_through_a_child_task_writes_and_leaves_no_entry_behind(form, redlock_settings):
-    Ledger.objects.create(name="row")
-
-    async def write() -> tuple[int, int, int]:
-        before = len(dbguard_entries())
-        lock = redlock("ledger:row", ttl=5)
-        await acquire_through(form, lock)
-        held = len(dbguard_entries())
-        await Ledger.objects.filter(name="row").aupdate(value=F("value") + 1)
-        await lock.arelease()
-        return before, held, len(dbguard_entries())
-
-    before, held, after = async_to_sync(write)()
-    assert (held, after) == (before + 1, before)
-    assert value() == 1
-
-
-def test_failed_acquisitions_in_child_tasks_leave_no_entries_behind(redlock_settings):
-    """Each ``aacquire()`` call puts an entry in its caller's context when it is called; one
-    whose acquisition ended without a lease is dropped at the next call, so a task that keeps
-    trying through ``wait_for`` does not pile them up."""
-
-    async def keep_trying() -> tuple[int, int]:
-        before = len(dbguard_entries())
-        async with redlock("ledger:busy", ttl=5):
-            for _ in range(20):
-                with contextlib.suppress(LockNotAcquired):
-                    await asyncio.wait_for(redlock("ledger:busy", wait=0).aacquire(), 5)
-        return before, len(dbguard_entries())
-
-    before, after = async_to_sync(keep_trying)()
-    assert after <= before + 1  # at most the last failed attempt's entry, guarding nothing
-
-
-def test_a_child_task_that_acquires_for_itself_guards_only_itself(redlock_settings):
-    """``async with lock`` inside a task created with ``create_task``: the task is the owner,
-    the guard is its own; its caller's queries are not guarded by it."""
-    Ledger.objects.create(name="row")
-
-    async def parent() -> None:
-        held = asyncio.Event()
-
-        async def child() -> None:
-            async with redlock("ledger:row", ttl=TTL):
-                held.set()
-                await asyncio.sleep(PAUSE)
-
-        task = asyncio.create_task(child())
-        await held.wait()
-        await asyncio.sleep(PAUSE)  # the child's lease ran out; the parent holds nothing
-        await Ledger.objects.filter(name="row").aupdate(value=5)
-        with pytest.raises(LockLost):
-            await task
-
-    async_to_sync(parent)()
-    assert value() == 5
-
-
-def test_on_commit_callbacks_after_the_release_are_not_refused(redlock_settings):
-    """A lock acquired and released through child tasks leaves its released lease in the
-    caller's context (the child's unguard cannot reach it); after its validity ran out too,
-    a transaction and its on_commit callbacks still run: a released lease refuses nothing."""
-    Ledger.objects.create(name="row")
-
-    def commit_with_a_callback() -> None:
-        with transaction.atomic():
-            Ledger.objects.filter(name="row").update(value=1)
-            transaction.on_commit(
-                lambda: Ledger.objects.filter(name="row").update(value=F("value") + 1)
-            )
-
-    async def released_then_commit() -> None:
-        lock = redlock("ledger:row", ttl=TTL)
-        await asyncio.wait_for(lock.aacquire(), 5)
-        await asyncio.wait_for(lock.arelease(), 5)
-        await asyncio.sleep(PAUSE)  # the released lease's validity is over as well
-        await sync_to_async(commit_with_a_callback)()
-
-    async_to_sync(released_then_commit)()
-    assert value() == 2
-
-    with redlock("ledger:row", ttl=5), transaction.atomic():
-        transaction.on_commit(lambda: Ledger.objects.filter(name="row").update(value=3))
-    assert value() == 3
+def test_on_postgresql(postgres_port, masters):
+    env = {
+        **os.environ,
+        "REDLOCK_NODES": ",".join(m.url for m in masters),
+        "REDLOCK_TEST_PG": str(postgres_port),
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "tests.guard_checks"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines[0] == "VENDOR postgresql"
+    assert [line for line in lines if line.startswith("OK ")] == [
+        f"OK {check.__name__}" for check in guard_checks.CHECKS
+    ]
+    assert "DONE" in lines
