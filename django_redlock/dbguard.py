@@ -181,7 +181,10 @@ _checked = threading.local()
 def expect(lock: object, owner: object, acquiring: Coroutine[Any, Any, Any]) -> None:
     """Called when ``owner`` calls ``lock.aacquire()`` (``acquiring``), in its context: the
     entry that ``guard()`` fills when the lease is taken, wherever the acquisition runs."""
-    _guarded.set((*_live(_guarded.get()), Pending(lock, owner, acquiring)))
+    entries = _guarded.get()
+    if entries:  # (the usual acquisition has none around it: no scan)
+        entries = _live(entries)
+    _guarded.set((*entries, Pending(lock, owner, acquiring)))
 
 
 def _live(entries: tuple[Lease | Pending, ...]) -> tuple[Lease | Pending, ...]:
