@@ -33,9 +33,12 @@ backwards. A model of your own can carry a ``FenceField`` instead of inheriting
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any, ClassVar, cast
 
+from django.apps import apps
+from django.core import checks
 from django.core.exceptions import FieldDoesNotExist, FieldError
 from django.db import connections, models, router, transaction
 from django.db.models import QuerySet
@@ -359,3 +362,36 @@ class FencedModel(models.Model):
                 f"written it; ours was lost",
             )
         return written  # nothing written and no such row: Django inserts it (with our fence)
+
+
+def unfenced_managers(models_: Iterable[type[models.Model]]) -> list[checks.CheckMessage]:
+    """An error per ``FencedModel`` whose default manager or ``objects`` is not a fenced
+    queryset's: its ``update(..., fence=)`` would be Django's own, writing an int token as the
+    fence with no comparison (the manager of the first base wins: ``class Page(Document,
+    FencedModel)`` gets ``Document``'s)."""
+    errors: list[checks.CheckMessage] = []
+    for model in models_:
+        if not issubclass(model, FencedModel) or model._meta.abstract:
+            continue
+        managers = {model._default_manager, getattr(model, "objects", model._default_manager)}
+        plain = sorted(m.name for m in managers if not isinstance(m.get_queryset(), FencedQuerySet))
+        if plain:
+            errors.append(
+                checks.Error(
+                    f"{model._meta.label}: its manager {plain[0]!r} is not a FencedQuerySet's "
+                    f"(a concrete base's came first), so update(..., fence=) on it is Django's "
+                    f"own update: a token is written as the fence with no comparison",
+                    hint=f"name FencedModel first among {model.__name__}'s bases, or give it "
+                    f"objects = FencedQuerySet.as_manager()",
+                    obj=model,
+                    id="django_redlock.E010",
+                )
+            )
+    return errors
+
+
+@checks.register(checks.Tags.models)
+def check_fenced_managers(
+    app_configs: Iterable[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    return unfenced_managers(apps.get_models())

@@ -10,10 +10,19 @@ import sys
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.apps import apps
 from django.core.exceptions import FieldDoesNotExist, FieldError
+from django.db import models
+from django.test.utils import isolate_apps
 
 from django_redlock import redlock
-from django_redlock.fencing import UnfenceableUpdate, fence_token, fenced_update
+from django_redlock.fencing import (
+    FencedModel,
+    UnfenceableUpdate,
+    fence_token,
+    fenced_update,
+    unfenced_managers,
+)
 from tests import fence_checks
 from tests.conftest import ROOT
 from tests.fencedapp.models import Account, Ledger, Owner
@@ -128,3 +137,26 @@ def test_async_writes_read_the_fence_of_the_task_that_holds_the_lock(redlock_set
     fence = async_to_sync(write)()
     row = Account.objects.get(pk=account.pk)
     assert (row.balance, row.fence) == (5, fence)
+
+
+@isolate_apps("tests.fencedapp")
+def test_a_fenced_model_whose_manager_is_a_plain_bases_is_a_check_error():
+    """``class Page(Document, FencedModel)``: Document's manager is the default, and its
+    ``update(fence=3)`` would write 3 as the fence with no comparison."""
+
+    class Base(models.Model):  # noqa: DJ008
+        class Meta:
+            app_label = "fencedapp"
+
+    class Wrong(Base, FencedModel):  # noqa: DJ008
+        class Meta:
+            app_label = "fencedapp"
+
+    class Right(FencedModel, Base):  # noqa: DJ008
+        class Meta:
+            app_label = "fencedapp"
+
+    errors = unfenced_managers([Base, Wrong, Right])
+    assert [(e.id, e.obj) for e in errors] == [("django_redlock.E010", Wrong)]
+    assert "name FencedModel first among Wrong's bases" in errors[0].hint
+    assert unfenced_managers(apps.get_models()) == []  # the suite's own models are right
