@@ -21,6 +21,7 @@ if __name__ == "__main__":
 
     django.setup()
 
+from django.core.exceptions import FieldError  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
 from django.db.models import F  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
@@ -228,6 +229,29 @@ def check_a_fenced_child_of_a_plain_model_fences_both_tables() -> None:
     assert Page.objects.values_list("words", "fence").get(pk=page.pk) == (3, new)
 
 
+def check_bad_fences_and_unfenceable_shapes_are_refused_before_any_query() -> None:
+    account = Account.objects.create(name="refused", balance=0)
+    rows = Account.objects.filter(pk=account.pk)
+    attempts: list[Callable[[], object]] = [
+        lambda: rows.update(balance=1, fence="3"),  # TypeError: not a lock, a token or an int
+        lambda: account.save(fence=2.0),
+        lambda: rows.update(balance=1, fence=0),  # ValueError: a token is >= 1
+        lambda: rows[:1].update(balance=1, fence=3),  # TypeError: Django's, a slice
+        lambda: rows.union(rows).update(balance=1, fence=3),  # UnfenceableUpdate
+        lambda: fenced_update(Owner.objects.all(), 3, name="x"),  # FieldError: no fence column
+    ]
+    for attempt in attempts:
+        with CaptureQueriesContext(connection) as queries:
+            try:
+                attempt()
+            except (TypeError, ValueError, FieldError):
+                pass
+            else:
+                raise AssertionError("a bad fenced write was not refused")
+        assert queries.captured_queries == [], queries.captured_queries
+    assert Account.objects.values_list("balance", "fence").get(pk=account.pk) == (0, 0)
+
+
 CHECKS: list[Callable[[], None]] = [
     check_save_refuses_an_older_fence,
     check_save_with_the_held_lock,
@@ -241,6 +265,7 @@ CHECKS: list[Callable[[], None]] = [
     check_a_child_with_nothing_of_its_own_to_write_is_saved_by_its_holder,
     check_a_child_saved_with_an_older_fence_writes_no_table,
     check_a_fenced_child_of_a_plain_model_fences_both_tables,
+    check_bad_fences_and_unfenceable_shapes_are_refused_before_any_query,
 ]
 
 
