@@ -216,11 +216,13 @@ def _write(queryset: QuerySet[Any], token: int, fence_field: str | None, changes
     # outer WHERE of the UPDATE that writes the fence, which PostgreSQL checks again on a row
     # it had to wait for.
     with transaction.atomic(using=using, savepoint=False) if tables else nullcontext():
-        keys: Any = queryset.values("pk")
+        keys: Any = queryset.values("pk")  # (a subquery: never evaluated here)
         if tables or not connections[using].features.update_can_self_select:
             keys = list(queryset.using(using).values_list("pk", flat=True))
+            if not keys:
+                return 0
         rows = fence_table._base_manager.using(using).filter(pk__in=keys)
-        written = models.QuerySet.update(rows.filter(**fenced), **own) if keys else 0
+        written = models.QuerySet.update(rows.filter(**fenced), **own)
         if written and tables:
             # The other tables of the same objects, after the fence: only the rows whose fence
             # is now ours (the fenced UPDATE above holds their row locks until the commit, so

@@ -123,11 +123,16 @@ def check_fenced_update_on_a_model_with_its_own_fence_column() -> None:
     assert rows.get().value == 1
 
 
-def updates_made(write: Callable[[], object]) -> list[str]:
-    """The UPDATE statements ``write()`` sent, as the database ran them."""
+def statements_made(write: Callable[[], object]) -> list[str]:
+    """The statements ``write()`` sent, as the database ran them."""
     with CaptureQueriesContext(connection) as queries:
         write()
-    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def updates_made(write: Callable[[], object]) -> list[str]:
+    """The UPDATE statements ``write()`` sent."""
+    return [sql for sql in statements_made(write) if sql.startswith("UPDATE")]
 
 
 def fence_term(model: type[Any], token: int) -> str:
@@ -141,8 +146,8 @@ def check_update_through_a_join_compares_the_fence_in_the_statement_that_writes(
     OwnedAccount.objects.create(owner=owner, balance=0)
     old, new = two_fences("owner:joined")
     rows = OwnedAccount.objects.filter(owner__name="joined")  # a join: WHERE id IN (SELECT ...)
-    statements = updates_made(lambda: rows.update(balance=F("balance") + 1, fence=new))
-    assert len(statements) == 1, statements
+    statements = statements_made(lambda: rows.update(balance=F("balance") + 1, fence=new))
+    assert len(statements) == 1, statements  # one UPDATE, no read before it
     assert fence_term(OwnedAccount, new) in statements[0], statements
     assert rows.update(balance=100, fence=old) == 0
     assert fenced_update(rows, old, balance=100) == 0
