@@ -354,9 +354,45 @@ def check_race_an_older_update_of_a_child_never_overwrites_a_newer_one() -> None
     assert list(rows.values_list("level", "balance", "fence")) == [(7, 7, new)]
 
 
+def check_race_an_older_update_of_a_fenced_child_of_a_plain_model_writes_no_table() -> None:
+    page = Page.objects.create(title="racing", words=0)
+    old, new = two_fences("page:racing")
+    rows = Page.objects.filter(pk=page.pk)
+    written = older_after_newer(
+        lambda: rows.update(title="newer", words=7, fence=new),
+        lambda: rows.update(title="older", words=6, fence=old),
+    )
+    assert written == 0, f"the older token {old} wrote over {new}"
+    assert list(rows.values_list("title", "words", "fence")) == [("newer", 7, new)]
+
+
+def check_race_an_older_save_of_a_child_writes_no_table() -> None:
+    premium = PremiumAccount.objects.create(name="racingsave", balance=0, level=0)
+    old, new = two_fences("account:racingsave")
+    newer, older = (PremiumAccount.objects.get(pk=premium.pk) for _ in range(2))
+    newer.balance, newer.level = 7, 7
+    older.balance, older.level = 6, 6
+    refused: list[StaleWrite] = []
+
+    def save_older() -> int:
+        try:
+            older.save(fence=old)
+        except StaleWrite as error:
+            refused.append(error)
+            return 0
+        return 1
+
+    assert older_after_newer(lambda: newer.save(fence=new), save_older) == 0
+    assert refused, "the older save was accepted"
+    row = PremiumAccount.objects.values_list("balance", "level", "fence").get(pk=premium.pk)
+    assert row == (7, 7, new), row
+
+
 RACES: list[Callable[[], None]] = [
     check_race_an_older_update_through_a_join_never_overwrites_a_newer_one,
     check_race_an_older_update_of_a_child_never_overwrites_a_newer_one,
+    check_race_an_older_update_of_a_fenced_child_of_a_plain_model_writes_no_table,
+    check_race_an_older_save_of_a_child_writes_no_table,
 ]
 
 
