@@ -25,6 +25,13 @@ copied into ``sync_to_async`` (so an async view's ORM calls in the executor thre
 and into ``asyncio.to_thread``; a thread you start yourself (``threading.Thread``, a bare
 ``ThreadPoolExecutor``) does not inherit it and is not guarded.
 
+The guard follows the caller, as the lock's ownership does: ``await asyncio.wait_for(
+lock.aacquire(), 5)``, ``asyncio.gather(lock.aacquire())``, ``create_task`` and ``shield`` run
+the acquisition in a child task, whose copy of the context is thrown away when it ends. So
+``aacquire()`` puts a pending entry (``Pending``) into the *calling* task's context when it is
+called, the way the engine binds the owner then; the child task's copy holds the same entry,
+and taking the lease fills it: the caller's queries are guarded from then on.
+
 Transaction control (``BEGIN``, ``SAVEPOINT``, ``RELEASE SAVEPOINT``, ``ROLLBACK``) is let
 through: it writes nothing by itself, and refusing it would leave Django's transaction state
 half-changed. ``COMMIT`` is not a query
@@ -40,7 +47,8 @@ belongs to the Django layer (``redlock()``, ``@locked``, ``lock_view``, guarded 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from time import monotonic
 from typing import Any
@@ -53,8 +61,34 @@ from django.db.backends.signals import connection_created
 from .engine import LockLost
 from .engine.leases import Lease
 
-#: The leases of the guarded blocks around the running code (innermost last).
-_guarded: ContextVar[tuple[Lease, ...]] = ContextVar("django_redlock_guarded", default=())
+
+class Pending:
+    """A guard entry made when an async acquisition is *called*, in the caller's context, and
+    filled with the lease when it is taken (perhaps in a child task: ``wait_for``, ``gather``,
+    ``create_task``, ``shield``), so that the caller's queries are guarded, as the lease is the
+    caller's. Empty, it refuses nothing."""
+
+    __slots__ = ("acquiring", "lease", "lock", "owner")
+
+    def __init__(self, lock: object, owner: object, acquiring: Coroutine[Any, Any, Any]) -> None:
+        self.lock = lock
+        self.owner = owner
+        self.lease: Lease | None = None
+        #: The acquisition (weakly: a coroutine never awaited must still be collected).
+        self.acquiring = weakref.ref(acquiring)
+
+    def over(self) -> bool:
+        """True once the entry guards nothing any more: its lease was released, or its
+        acquisition ended (failed, cancelled, never awaited) without one."""
+        if self.lease is not None:
+            return self.lease.released
+        acquiring = self.acquiring()  # (a coroutine's frame is None once it ended)
+        return acquiring is None or getattr(acquiring, "cr_frame", True) is None
+
+
+#: The leases of the guarded blocks around the running code (innermost last), each a ``Lease``
+#: or the ``Pending`` entry of an async acquisition.
+_guarded: ContextVar[tuple[Lease | Pending, ...]] = ContextVar("django_redlock_guarded", default=())
 
 #: Transaction control: writes nothing by itself, and refusing it would leave Django's
 #: transaction bookkeeping half-changed (``atomic`` releases a savepoint after rolling back to it).
@@ -71,7 +105,10 @@ def refuse_stale_queries(
     """The execute wrapper: pass the query on, unless a guarded lease around it is over."""
     leases = _guarded.get()
     if leases:
-        for lease in leases:
+        for entry in leases:
+            lease = entry.lease if isinstance(entry, Pending) else entry
+            if lease is None:
+                continue  # an async acquisition not (yet) made: nothing to guard
             if not lease.lost and monotonic() < lease.valid_until:
                 continue  # the fast path: one attribute and one clock read per lease
             # A lease whose handle is gone was abandoned (a stream closed from another thread:
@@ -141,9 +178,38 @@ def install_here() -> None:
 _checked = threading.local()
 
 
-def guard(lease: Lease) -> None:
-    """Guard the current context's queries with ``lease`` until ``unguard(lease)``."""
-    _guarded.set((*_guarded.get(), lease))
+def expect(lock: object, owner: object, acquiring: Coroutine[Any, Any, Any]) -> None:
+    """Called when ``owner`` calls ``lock.aacquire()`` (``acquiring``), in its context: the
+    entry that ``guard()`` fills when the lease is taken, wherever the acquisition runs."""
+    entries = _guarded.get()
+    if entries:  # (the usual acquisition has none around it: no scan)
+        entries = _live(entries)
+    _guarded.set((*entries, Pending(lock, owner, acquiring)))
+
+
+def _live(entries: tuple[Lease | Pending, ...]) -> tuple[Lease | Pending, ...]:
+    """``entries`` less the ``Pending`` ones that are over (so that a task that keeps failing
+    to acquire through ``wait_for`` does not pile them up)."""
+    if not any(isinstance(e, Pending) and e.over() for e in entries):
+        return entries
+    return tuple(e for e in entries if not (isinstance(e, Pending) and e.over()))
+
+
+def guard(lease: Lease, lock: object = None, owner: object = None) -> None:
+    """Guard the current context's queries with ``lease`` (taken by ``lock`` for ``owner``)
+    until ``unguard(lease)``: in the entry ``expect()`` made for it when the acquisition was
+    called (which the caller's context holds too), else in a new one."""
+    leases = _guarded.get()
+    for entry in reversed(leases):
+        if (
+            isinstance(entry, Pending)
+            and entry.lease is None
+            and entry.lock is lock
+            and entry.owner is owner
+        ):
+            entry.lease = lease
+            return
+    _guarded.set((*leases, lease))
 
 
 def unguard(lease: Lease) -> None:
@@ -151,10 +217,14 @@ def unguard(lease: Lease) -> None:
     finished by the server in another thread) it finds nothing to remove: the entry left behind
     is a released lease, which never refuses a query."""
     leases = _guarded.get()
-    if leases and leases[-1] is lease:  # the innermost: the usual block's end
+    if leases and _guards(leases[-1], lease):  # the innermost: the usual block's end
         _guarded.set(leases[:-1])
         return
     for i in range(len(leases) - 1, -1, -1):
-        if leases[i] is lease:
+        if _guards(leases[i], lease):
             _guarded.set(leases[:i] + leases[i + 1 :])
             return
+
+
+def _guards(entry: Lease | Pending, lease: Lease) -> bool:
+    return entry is lease or (isinstance(entry, Pending) and entry.lease is lease)

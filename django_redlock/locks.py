@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import dbguard, otel
 from .conf import get_redlock
 from .engine import Lock
-from .engine.leases import Lease, Owner
+from .engine.leases import Lease, Owner, current_owner
 from .engine.options import WRITING, Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
@@ -92,7 +92,7 @@ class DjangoLock(Lock):
 
     def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
         lease = super()._hold(owner, want, won)
-        self._guard(lease)
+        self._guard(lease, owner)
         return lease
 
     def _reenter(self, owner: Owner) -> bool:
@@ -100,13 +100,13 @@ class DjangoLock(Lock):
             return False
         lease = self._callers.get(owner)
         if lease is not None:
-            self._guard(lease)  # (each entry is guarded, and each exit unguards one)
+            self._guard(lease, owner)  # (each entry is guarded, and each exit unguards one)
         return True
 
-    def _guard(self, lease: Lease) -> None:
+    def _guard(self, lease: Lease, owner: Owner) -> None:
         if self._layer.db_guard:
             dbguard.install_here()
-            dbguard.guard(lease)
+            dbguard.guard(lease, self, owner)
 
     def _left_inner(self, lease: Lease) -> None:
         dbguard.unguard(lease)  # an inner entry: no round, unguarded now
@@ -130,11 +130,17 @@ class DjangoLock(Lock):
         return self
 
     def aacquire(self) -> Coroutine[Any, Any, Lock]:
-        # super().aacquire() binds the calling task as the owner now, as the engine's does.
+        # super().aacquire() binds the calling task as the owner now, as the engine's does; the
+        # guard is bound to it now too (``dbguard.expect``): ``wait_for``, ``gather``,
+        # ``create_task`` and ``shield`` run the acquisition in a child task whose context is
+        # thrown away, and the caller's queries must be the guarded ones.
+        acquiring = super().aacquire()
+        if self._layer.db_guard:
+            dbguard.expect(self, current_owner(), acquiring)
         tracer = otel.tracer()
         if tracer is None:
-            return super().aacquire()
-        return self._traced(tracer, "redlock.acquire", super().aacquire())
+            return acquiring
+        return self._traced(tracer, "redlock.acquire", acquiring)
 
     def extend(self, ttl: float | None = None) -> float:
         tracer = otel.tracer()

@@ -5,6 +5,7 @@ open atomic blocks are marked for rollback. Real masters, real SQLite, real requ
 from __future__ import annotations
 
 import contextvars
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from django.test import Client
 from django_redlock import LockLost, locked, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.dbguard import refuse_stale_queries
+from tests import guard_checks
 from tests.conftest import ROOT
 from tests.fencedapp.models import Ledger
 
@@ -296,3 +298,37 @@ def test_with_no_database_configured_the_guard_is_a_no_op(masters):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "HELD True\n"
+
+
+# --- the guard follows the caller: an acquisition run in a child task guards its caller ------
+# (tests/guard_checks.py: written once, run here on SQLite and in a child on PostgreSQL)
+
+
+@pytest.mark.parametrize("check", guard_checks.CHECKS, ids=lambda c: c.__name__)
+def test_on_sqlite(check, redlock_settings):
+    check()
+
+
+def test_on_postgresql(postgres_port, masters):
+    env = {
+        **os.environ,
+        "REDLOCK_NODES": ",".join(m.url for m in masters),
+        "REDLOCK_TEST_PG": str(postgres_port),
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "tests.guard_checks"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines[0] == "VENDOR postgresql"
+    assert [line for line in lines if line.startswith("OK ")] == [
+        f"OK {check.__name__}" for check in guard_checks.CHECKS
+    ]
+    assert "DONE" in lines
