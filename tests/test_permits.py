@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ import pytest
 from django_redlock.engine import LockContended, LockLost, QuorumUnavailable, Redlock
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import wait_until
 
 
 def test_at_most_limit_permits_each_on_its_own_slot(masters, redlock_of):
@@ -113,6 +116,68 @@ def test_waiters_get_permits_in_arrival_order(masters, redlock_of):
     for thread in threads:
         thread.join(10)
     assert order == [0, 1, 2]
+
+
+#: A child process that asks for a permit of ``sys.argv[1]`` (limit=1) with ``wait=sys.argv[2]``
+#: on the masters ``sys.argv[3:]``, says "in" once it holds it, and leaves when told (a line on
+#: stdin).
+_PERMIT_WAITER = """
+import sys
+from django_redlock.engine import Redlock
+name, wait, urls = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+engine = Redlock(urls)
+with engine.lock(name, limit=1, ttl=30, wait=wait):
+    print("in", flush=True)
+    sys.stdin.readline()
+engine.close()
+"""
+
+
+def test_waiters_of_other_processes_get_permits_in_the_order_they_asked(masters, redlock_of):
+    """limit=1, held. W1 asks with wait=20; once it is queued, W2 asks with wait=10 (so its wait
+    ends first). The release lets W1 in, not W2: first come, first served across processes, not
+    soonest deadline first (before the fix the queue was ordered by deadline: W2, every time)."""
+    engine = redlock_of(masters)
+    name = "fifo-processes"
+    holding = engine.lock(name, limit=1, ttl=30).acquire()
+    queue_key = engine.queue_key(name)
+    urls = [m.url for m in masters]
+
+    def queued(count: int) -> bool:
+        return all(m.call("ZCARD", queue_key) == count for m in masters)
+
+    def holder_pid() -> int | None:
+        held = engine.holder(name)
+        members = () if held is None else held.holders
+        return members[0].owner.pid if len(members) == 1 else None
+
+    with contextlib.ExitStack() as stack:
+
+        def child(wait: float) -> subprocess.Popen[str]:
+            process = stack.enter_context(
+                subprocess.Popen(  # noqa: S603
+                    [sys.executable, "-c", _PERMIT_WAITER, name, str(wait), *urls],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            stack.callback(process.kill)
+            return process
+
+        first = child(20)
+        assert wait_until(lambda: queued(1), 20), "W1 did not queue"
+        second = child(10)
+        assert wait_until(lambda: queued(2), 20), "W2 did not queue"
+        holding.release()
+        assert wait_until(holder_pid, 10), "no one got the permit"
+        assert holder_pid() == first.pid, "the later caller (shorter wait) got in first"
+        assert first.stdin is not None
+        assert second.stdout is not None
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        assert first.wait(10) == 0
+        assert second.stdout.readline() == "in\n"  # then W2
 
 
 def test_permits_survive_a_minority_of_masters_down(masters, redlock_of):
