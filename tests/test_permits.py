@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from django_redlock.engine import LockContended, LockLost, QuorumUnavailable, Redlock
+from django_redlock.engine.permit_scripts import slot_prefix
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import wait_until
@@ -39,6 +40,32 @@ def test_at_most_limit_permits_each_on_its_own_slot(masters, redlock_of):
         permit.release()
 
 
+def test_a_lock_named_like_a_slot_takes_no_permit(masters, redlock_of):
+    """A plain lock named ``ticket#2`` is a name of its own: it does not take slot 2 of the
+    semaphore ``ticket`` (before, the slot's key was that lock's key, and ``ticket`` with
+    limit=3 gave 2 permits while it said "all 3 permits are held")."""
+    engine = redlock_of(masters)
+    with engine.lock("ticket#2", ttl=10), engine.lock("ticket#0", ttl=10):
+        permits = [engine.lock("ticket", limit=3, ttl=10).acquire() for _ in range(3)]
+        assert sorted(p.slot for p in permits) == [0, 1, 2]
+        with pytest.raises(LockContended, match="all 3 permits of 'ticket' are held"):
+            engine.lock("ticket", limit=3).acquire()
+        for permit in permits:
+            permit.release()
+
+
+def test_permits_held_leave_a_lock_named_like_a_slot_free(masters, redlock_of):
+    """Holding every permit of ``seats`` leaves the plain lock ``seats#1`` free (before: "held
+    by another owner"), and taking it costs the semaphore nothing."""
+    engine = redlock_of(masters)
+    permits = [engine.lock("seats", limit=3, ttl=10).acquire() for _ in range(3)]
+    with engine.lock("seats#1", ttl=10) as plain:
+        assert plain.held
+        assert all(p.owned() for p in permits)
+    for permit in permits:
+        permit.release()
+
+
 def test_each_permit_is_an_ordinary_lease(masters, redlock_of):
     engine = redlock_of(masters)
     with engine.lock("partner-api", limit=2, ttl=0.3, auto_extend=True) as renewed:
@@ -58,7 +85,7 @@ def test_a_permit_taken_away_is_lost_and_reported(masters, redlock_of):
     told: list[LockLost] = []
     permit = engine.lock("imports", limit=2, ttl=5, on_lost=lambda lock, error: told.append(error))
     permit.acquire()
-    slot_key = engine.lock_key(f"imports#{permit.slot}")
+    slot_key = f"{slot_prefix(engine.key_prefix, 'imports')}{permit.slot}"
     for m in masters:
         m.call("DEL", slot_key)
     assert not permit.owned()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 
@@ -102,11 +103,12 @@ def test_force_release_of_one_permit_wakes_the_semaphore_waiter(engine):
     thread = threading.Thread(target=waiter)
     thread.start()
     time.sleep(0.4)
-    slot = f"jobs#{holders[0].slot}"
-    shown = inspect(engine, slot)
+    slot = holders[0].slot
+    shown = inspect(engine, "jobs", slot=slot)
     assert shown is not None
+    assert (shown.mode, shown.group, shown.slot, shown.limit) == ("permit", "jobs", slot, 2)
     released_at = time.monotonic()
-    outcome = force_release(engine, slot, shown.fingerprint)
+    outcome = force_release(engine, "jobs", shown.fingerprint, slot=slot)
     thread.join(10)
     assert outcome.released_on == 5
     assert got
@@ -114,6 +116,53 @@ def test_force_release_of_one_permit_wakes_the_semaphore_waiter(engine):
     assert not holders[0].owned()
     assert holders[1].owned()  # the other permit is untouched
     holders[1].release()
+
+
+def test_a_plain_lock_named_like_a_permit_is_listed_apart(engine):
+    """A plain lock ``exports#0`` and permit 0 of ``exports`` are two keys and two rows (before,
+    they were one key, and the lock's holder showed as the semaphore's permit)."""
+    with engine.lock("exports", limit=3) as permit:
+        slot = permit.slot
+        name = f"exports#{slot}"
+        with engine.lock(name, label="plain"):
+            found = list_locks(engine, search="exports")
+            text = io.StringIO()
+            call_command("redlock_status", "--wide", stdout=text)
+    rows = sorted((r.resource, r.mode, r.slot) for r in found.locks)
+    assert rows == [(name, "lock", None), (name, "permit", slot)]
+    plain = next(r for r in found.locks if r.mode == "lock")
+    assert "label 'plain'" in str(plain.owner)
+    assert [g.describe() for g in found.groups] == ["exports: 1 of 3 permits in use"]
+    assert f"{name} (permit of exports, limit 3)" in text.getvalue()
+
+
+def test_a_permit_is_listed_with_its_limit_when_its_marker_is_on_another_page(engine):
+    with engine.lock("aaa", limit=2), engine.lock("aaa", limit=2):
+        found = list_locks(engine, page_size=1, page=2)  # "aaa" (the marker), then its permits
+    assert [(r.mode, r.group, r.limit) for r in found.locks] == [("permit", "aaa", 2)]
+
+
+def test_admin_force_release_of_a_permit_leaves_a_lock_of_the_same_name(admin_client, engine):
+    permit = engine.lock("jobs", limit=2, ttl=30).acquire()
+    plain = engine.lock(f"jobs#{permit.slot}", ttl=30).acquire()
+    listing = admin_client.get(LIST_URL).content.decode()
+    links = [
+        link.replace("&amp;", "&") for link in re.findall(r'href="([^"]*release/\?[^"]*)"', listing)
+    ]
+    assert len(links) == 2
+    [link] = [link for link in links if "slot=" in link]  # the permit's, not the lock's
+    confirm = admin_client.get(link).content.decode()
+    assert f"jobs#{permit.slot}" in confirm
+    form = dict(re.findall(r'name="(ref|slot|fingerprint)" value="([^"]*)"', confirm))
+    assert form["slot"] == str(permit.slot)
+    done = admin_client.post(f"{LIST_URL}release/", form)
+    assert done.status_code == 302, done.content
+    assert not permit.owned()
+    assert plain.owned()
+    plain.release()
+    bad = admin_client.get(link.replace(f"slot={permit.slot}", "slot=x"))
+    assert bad.status_code == 400
+    assert "slot must be" in bad.content.decode()
 
 
 def test_force_release_of_a_reader_lets_the_writer_in(engine):

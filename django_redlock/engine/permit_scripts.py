@@ -10,6 +10,15 @@ from . import scripts
 MAX_LIMIT = 10_000
 
 
+def slot_prefix(key_prefix: str, name: str) -> str:
+    """The keys of the semaphore ``name``'s permits: slot ``i``'s is this followed by ``i`` (the
+    scripts build them so, from this prefix). A key space of their own, apart from every lock's
+    ``lock:<name>``: under ``lock:<name>#<i>``, a plain lock named ``ticket#2`` was slot 2 of
+    ``ticket`` (holding it took a permit away, silently), and permits held made that lock "held
+    by another owner". The one place slot keys are made."""
+    return f"{key_prefix}slot:{name}#"
+
+
 def slot_of(slot_key: str) -> int:
     return int(slot_key.rpartition("#")[2])
 
@@ -119,7 +128,7 @@ end
 # per slot. Else a waiter joins the queue (keeping its place if it is there), the waiters ahead
 # are woken if a slot is free (the release that woke them may have been missed, or a slot expired)
 # and it returns {0, the soonest PTTL of a slot (-1 if none expires)}. The slot keys are built
-# from ARGV[6]: all of them under the name, on a standalone master (no cluster slots to respect).
+# from ARGV[6] (``slot_prefix``), on a standalone master (no cluster slots to respect).
 PERMIT_ACQUIRE = scripts.Script(
     "permit_acquire",
     _AHEAD

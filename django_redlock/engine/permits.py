@@ -5,8 +5,9 @@ valid once a majority admitted it, is not safe: N+1 permits need (N+1) * q admis
 masters hold M * N, so with q = M // 2 + 1 the N+1st permit fits as soon as (N+1) * q <= M * N
 (N=2 on 5 masters: 3 permits, each admitted by a different 3 of the 5). Safe counters need
 q > M*N/(N+1), a quorum that tolerates fewer failed masters the larger N is. Slots keep the lock's
-majority and every failure budget of it: permit ``i`` is the mutex ``<name>#i``, so two permits
-valid at once are on two different slots, and there are only N.
+majority and every failure budget of it: permit ``i`` is a mutex of its own (``slot:<name>#i``,
+a key no lock name reaches: ``permit_scripts.slot_prefix``), so two permits valid at once are on
+two different slots, and there are only N.
 
 Every permit is then an ordinary lease (its own token, TTL, extend, auto-extend, lost notice,
 fence, validity), held by the same procedures as a lock (``holding``). What is new is choosing a
@@ -65,7 +66,7 @@ class PermitWant(Want):
 
     limit: int = 1
     marker_key: str = ""
-    slot_prefix: str = ""  # slot i's lock key is this + str(i)
+    slot_prefix: str = ""  # slot i's key is this + str(i) (``permit_scripts.slot_prefix``)
     queue_key: str = ""
     marker: str = field(default="", repr=False)
 
