@@ -18,7 +18,7 @@ What the copies of one lock say together is ``held``'s; the force release is ``f
 
 Semaphores and readers (``limit=N``, ``shared=True``): each permit (the slot key
 ``slot:<name>#<i>``, shown as ``<name>#<i>``) and each reader (``<name>@reader:<id>``) is a holder
-row of its own, marked with its group; the name's own key holds a marker (``permits:<N>`` or
+row of its own, marked with its group; the name's own key holds a marker (``semaphore:<N>`` or
 ``readers``), which is no holder: it becomes the group's summary (``Inventory.groups``: permits in
 use out of N, readers). A plain lock may have a permit's shown name: another key, another row
 (``HeldLock.slot`` tells a permit), released by name and slot (``force_release``).
@@ -66,7 +66,7 @@ _LENGTH_COMMAND = {
     "zset": "ZCARD",
     "stream": "XLEN",
 }
-#: Longer values are no mode's marker ("permits:10000" is the longest).
+#: Longer values are no mode's marker ("semaphore:10000" is the longest).
 MARKER_BYTES = 16
 #: Longest fencing counter we read as a number (a signed 64-bit integer has 19 digits).
 _MAX_FENCE_DIGITS = 20

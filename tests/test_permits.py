@@ -66,6 +66,20 @@ def test_permits_held_leave_a_lock_named_like_a_slot_free(masters, redlock_of):
         permit.release()
 
 
+def test_an_earlier_versions_semaphore_is_refused_not_shared(masters, redlock_of):
+    """An earlier version kept a semaphore's permits under ``lock:<name>#<i>`` and marked the name
+    ``permits:<N>``: while one of its permits is held (a rolling upgrade), this version refuses
+    the name, naming why, instead of granting N more permits of its own beside them."""
+    engine = redlock_of(masters)
+    for m in masters:  # what an earlier version's permit leaves on every master
+        m.call("SET", "redlock:lock:legacy", "permits:2", "PX", 30_000)
+        m.call("SET", "redlock:lock:legacy#0", f"{'0' * 32}:{{}}", "PX", 30_000)
+    earlier = "a semaphore with limit=2 of an earlier version of django-redlock"
+    for options in ({"limit": 2}, {"shared": True}, {}):
+        with pytest.raises(LockContended, match=earlier):
+            engine.lock("legacy", ttl=5, **options).acquire()
+
+
 def test_each_permit_is_an_ordinary_lease(masters, redlock_of):
     engine = redlock_of(masters)
     with engine.lock("partner-api", limit=2, ttl=0.3, auto_extend=True) as renewed:

@@ -116,7 +116,7 @@ end
 """
 
 # KEYS[1] the name's plain lock key (the marker); KEYS[2] the semaphore's waiter queue. ARGV[1]
-# our full value; ARGV[2] TTL in ms; ARGV[3] the marker ("permits:<N>"); ARGV[4] this waiter's
+# our full value; ARGV[2] TTL in ms; ARGV[3] the marker ("semaphore:<N>"); ARGV[4] this waiter's
 # entry ("<id> <deadline>"), or '' for no waiter; ARGV[5] its score (when it asked); ARGV[6] the
 # slots' key prefix; ARGV[7] N; ARGV[8] the slot to start from; ARGV[9] the client's time (ms);
 # ARGV[10] a notice digest and ARGV[11] the inboxes' prefix (as RELEASE's ARGV[3] and ARGV[4]).
@@ -135,7 +135,9 @@ PERMIT_ACQUIRE = scripts.Script(
     + """
 local mark = redis.call('get', KEYS[1])
 if mark and mark ~= ARGV[3] then
-    if string.match(mark, '^permits:%d+$') or mark == 'readers' then
+    -- another limit, an earlier version's semaphore (permits:<N>: see ``markers``), readers
+    if string.match(mark, '^semaphore:%d+$') or string.match(mark, '^permits:%d+$')
+            or mark == 'readers' then
         return {-1, mark}
     end
     return {-1, 'lock'}

@@ -21,7 +21,7 @@ ahead of it than slots are free (``permit_scripts``). A release wakes as many wa
 are free.
 
 While any permit is held on a master, the name's plain lock key there holds a marker,
-``permits:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
+``semaphore:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
 same name cannot be taken over it (its SET NX finds the key), and a semaphore with another limit,
 or one that finds a plain lock there, refuses with ``LockContended`` naming the mismatch: never a
 silent overlap.

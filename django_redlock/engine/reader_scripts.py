@@ -67,7 +67,7 @@ READER_ACQUIRE = scripts.Script(
     + _WAKE_READERS
     + """
 local mark = redis.call('get', KEYS[2])
-if mark and string.match(mark, '^permits:%d+$') then
+if mark and (string.match(mark, '^semaphore:%d+$') or string.match(mark, '^permits:%d+$')) then
     return {-1, mark}
 end
 local refused = nil
