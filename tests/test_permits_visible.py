@@ -160,9 +160,10 @@ def test_admin_force_release_of_a_permit_leaves_a_lock_of_the_same_name(admin_cl
     assert not permit.owned()
     assert plain.owned()
     plain.release()
-    bad = admin_client.get(link.replace(f"slot={permit.slot}", "slot=x"))
-    assert bad.status_code == 400
-    assert "slot must be" in bad.content.decode()
+    for slot in ("x", "-1", "10000", "%EF%BC%91", ""):  # (%EF%BC%91: a fullwidth "1")
+        bad = admin_client.get(link.replace(f"slot={permit.slot}", f"slot={slot}"))
+        assert bad.status_code == 400, slot
+        assert "slot must be" in bad.content.decode()
 
 
 def test_force_release_of_a_reader_lets_the_writer_in(engine):
