@@ -142,6 +142,18 @@ def test_a_permit_is_listed_with_its_limit_when_its_marker_is_on_another_page(en
     assert [(r.mode, r.group, r.limit) for r in found.locks] == [("permit", "aaa", 2)]
 
 
+def test_a_permit_whose_marker_is_gone_is_still_a_permit(engine, redlock_settings):
+    """Its key says what it is; only the limit is unknown (the marker deleted by hand)."""
+    with engine.lock("orphan", limit=2):
+        for m in redlock_settings:
+            m.call("DEL", "redlock:lock:orphan")
+        found = list_locks(engine)
+        text = io.StringIO()
+        call_command("redlock_status", "--wide", stdout=text)
+    assert [(r.mode, r.group, r.limit) for r in found.locks] == [("permit", "orphan", None)]
+    assert "(permit of orphan)" in text.getvalue()
+
+
 def test_admin_force_release_of_a_permit_leaves_a_lock_of_the_same_name(admin_client, engine):
     permit = engine.lock("jobs", limit=2, ttl=30).acquire()
     plain = engine.lock(f"jobs#{permit.slot}", ttl=30).acquire()
