@@ -160,6 +160,32 @@ def test_a_writer_queued_behind_a_reader_is_woken_when_the_writer_before_it_leav
             thread.join(30)
 
 
+def test_each_refused_attempt_of_a_reader_tells_the_waiting_writer_anew(masters, redlock_of):
+    """A reader refused for a queued writer while the name is free tells the writer each time,
+    with a notice of its own per attempt: a writer woken again by the same reader (a second
+    release woke that reader first again) must not take the word for one it already acted on
+    (``notice_reading.deliver`` acts once per notice)."""
+    engine = redlock_of(masters)
+    name = "told"
+    writer = "0123456789ab.0"  # a writer queued from a process whose inbox we listen to
+    for m in masters:  # (as the writer's script queues it: the queue lasts as its wait)
+        entry = f"{writer} 5000 {'0' * 32}:{{}}"
+        m.call("ZADD", f"redlock:queue:{name}", int(time.time() * 1000) + 60_000, entry)
+        m.call("PEXPIRE", f"redlock:queue:{name}", 60_000)
+    inbox = masters[0].client().pubsub()
+    inbox.subscribe("redlock:wake:0123456789ab")
+    assert wait_until(lambda: inbox.get_message(timeout=0.1), 5)  # (the subscription's)
+    with pytest.raises(LockContended, match="a writer waits"):
+        engine.lock(name, shared=True, wait=1.5).acquire()
+    told = set()
+    while (message := inbox.get_message(timeout=0.5)) is not None:
+        digest, named = message["data"].decode().split(" ")
+        assert named == writer
+        told.add(digest)
+    inbox.close()
+    assert len(told) >= 2, told  # one notice per attempt (at least two attempts in 1.5 s)
+
+
 #: A child process that takes ``sys.argv[2]`` on the masters ``sys.argv[3:]`` as a writer or a
 #: reader (``sys.argv[1]``), says "in" once it holds it, and leaves when told (a line on stdin).
 #: Its polls are put off to 30 s: only a notice can wake it sooner.
