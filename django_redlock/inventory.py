@@ -39,7 +39,7 @@ from .engine import NodeFailure, Redlock, protocol
 from .engine.connections import Node
 from .engine.markers import is_marker, limit_of
 from .engine.modes import reader_of
-from .engine.permit_scripts import MAX_LIMIT
+from .engine.permit_scripts import MAX_LIMIT, SLOT_KIND, slot_prefix
 from .engine.rounds import failure
 from .engine.values import MAX_VALUE_BYTES, UnreadableValue, parse_value
 from .health import admin_client
@@ -224,7 +224,7 @@ def inspect(
 #: The kinds of key that are a holder's (after the key prefix): a lock's (``lock:<name>``, a
 #: reader's too) and a semaphore's permit's (``slot:<name>#<i>``: ``permit_scripts.slot_prefix``).
 LOCK = "lock"
-SLOT = "slot"
+SLOT = SLOT_KIND
 
 
 @dataclass(frozen=True, order=True)
@@ -282,11 +282,16 @@ def _scan(client: redis.Redis, pattern: str, prefix: str, search: str) -> set[Li
     return found
 
 
-_SLOT_NAME = re.compile(r".+#[0-9]{1,5}", re.DOTALL)
+_SLOT_NAME = re.compile(r".+#(0|[1-9][0-9]{0,3})", re.DOTALL)  # as slot_prefix writes them
 
 
 def _raw_key(prefix: str, listed: Listed) -> bytes:
-    return f"{prefix}{listed.kind}:{listed.name}".encode("utf-8", "surrogateescape")
+    permit = listed.slot
+    if permit is not None:  # (made where every slot key is)
+        key = f"{slot_prefix(prefix, permit[0])}{permit[1]}"
+    else:
+        key = f"{prefix}{listed.kind}:{listed.name}"
+    return key.encode("utf-8", "surrogateescape")
 
 
 def _read(

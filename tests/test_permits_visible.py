@@ -142,6 +142,24 @@ def test_a_permit_is_listed_with_its_limit_when_its_marker_is_on_another_page(en
     assert [(r.mode, r.group, r.limit) for r in found.locks] == [("permit", "aaa", 2)]
 
 
+def test_foreign_keys_among_the_slots_are_skipped_or_shown_unreadable(engine, redlock_settings):
+    """Keys of the slot kind that no semaphore wrote: a name without ``#<slot>`` (or with one
+    that is not how a slot is written) is none of ours and not listed; a slot's key holding
+    something else than a lock value is an unreadable key, as under the lock kind."""
+    for m in redlock_settings:
+        m.call("SET", "redlock:slot:junk", "x")
+        m.call("SET", "redlock:slot:pad#007", "x")
+        m.call("SET", "redlock:slot:odd#1", "not a lock value")
+        m.call("HSET", "redlock:slot:hash#2", "a", "b")
+    found = list_locks(engine)
+    assert found.locks == ()
+    assert found.total == 2
+    assert sorted({(u.resource, u.kind) for u in found.unreadable}) == [
+        ("hash#2", "hash"),
+        ("odd#1", "string"),
+    ]
+
+
 def test_a_permit_whose_marker_is_gone_is_still_a_permit(engine, redlock_settings):
     """Its key says what it is; only the limit is unknown (the marker deleted by hand)."""
     with engine.lock("orphan", limit=2):

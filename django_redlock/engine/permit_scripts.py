@@ -10,13 +10,17 @@ from . import scripts
 MAX_LIMIT = 10_000
 
 
+#: The kind of key a permit's slot is, after the key prefix (as ``lock`` is a lock's).
+SLOT_KIND = "slot"
+
+
 def slot_prefix(key_prefix: str, name: str) -> str:
     """The keys of the semaphore ``name``'s permits: slot ``i``'s is this followed by ``i`` (the
     scripts build them so, from this prefix). A key space of their own, apart from every lock's
     ``lock:<name>``: under ``lock:<name>#<i>``, a plain lock named ``ticket#2`` was slot 2 of
     ``ticket`` (holding it took a permit away, silently), and permits held made that lock "held
     by another owner". The one place slot keys are made."""
-    return f"{key_prefix}slot:{name}#"
+    return f"{key_prefix}{SLOT_KIND}:{name}#"
 
 
 def slot_of(slot_key: str) -> int:
