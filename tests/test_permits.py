@@ -175,7 +175,7 @@ engine.close()
 
 
 def test_waiters_of_other_processes_get_permits_in_the_order_they_asked(masters, redlock_of):
-    """limit=1, held. W1 asks with wait=20; once it is queued, W2 asks with wait=10 (so its wait
+    """limit=1, held. W1 asks with wait=40; once it is queued, W2 asks with wait=20 (so its wait
     ends first). The release lets W1 in, not W2: first come, first served across processes, not
     soonest deadline first (before the fix the queue was ordered by deadline: W2, every time)."""
     engine = redlock_of(masters)
@@ -206,9 +206,9 @@ def test_waiters_of_other_processes_get_permits_in_the_order_they_asked(masters,
             stack.callback(process.kill)
             return process
 
-        first = child(20)
+        first = child(40)
         assert wait_until(lambda: queued(1), 20), "W1 did not queue"
-        second = child(10)
+        second = child(20)
         assert wait_until(lambda: queued(2), 20), "W2 did not queue"
         holding.release()
         assert wait_until(holder_pid, 10), "no one got the permit"

@@ -134,11 +134,11 @@ def test_a_writer_queued_behind_a_reader_is_woken_when_the_writer_before_it_leav
     w2_may_leave = threading.Event()
 
     def reader() -> None:
-        with engine.lock(name, shared=True, ttl=10, wait=20):
+        with engine.lock(name, shared=True, ttl=10, wait=40):
             r_in.set()
 
     def writer() -> None:
-        with engine.lock(name, ttl=10, wait=40):
+        with engine.lock(name, ttl=10, wait=60):
             w2_in.set()
             w2_may_leave.wait(10)
 
@@ -157,7 +157,7 @@ def test_a_writer_queued_behind_a_reader_is_woken_when_the_writer_before_it_leav
     finally:
         w2_may_leave.set()
         for thread in threads:
-            thread.join(30)
+            thread.join(60)
 
 
 def test_each_refused_attempt_of_a_reader_tells_the_waiting_writer_anew(masters, redlock_of):
@@ -196,9 +196,9 @@ procedures.SAFETY_POLL = procedures.UNHEARD_POLL = 30.0
 kind, name, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
 engine = Redlock(urls)
 if kind == "reader":
-    lock = engine.lock(name, shared=True, ttl=10, wait=20)
+    lock = engine.lock(name, shared=True, ttl=10, wait=40)
 else:
-    lock = engine.lock(name, ttl=10, wait=40)
+    lock = engine.lock(name, ttl=10, wait=60)
 with lock:
     print("in", flush=True)
     sys.stdin.readline()
