@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 #: Rows: what each measures (the contenders of ``bench.cycle`` and ``bench.django_layer``).
@@ -36,6 +37,8 @@ KINDS = {
     "afloor": "floor (asyncio)",
     "async": "ours (async, aacquire/arelease)",
     "adjango": "ours, `async with redlock(r):` (Django)",
+    "permit": "ours, `with redlock.lock(r, limit=4):` (a semaphore's permit)",
+    "reader": "ours, `with redlock.lock(r, shared=True):` (a reader)",
 }
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,11 +132,36 @@ def _child(kind: str, cycles: int, urls: list[str]) -> None:
         "async": lambda: cycle.OursAsync(urls, "bench:instructions:async"),
         "adjango": lambda: django_layer.OursDjangoAsync(urls, "bench:instructions:adjango"),
     }
-    contender = make[kind]()
+    contender: Any = make[kind]() if kind in make else _Mode(urls, kind)
     contender.run(50)  # warm: connections, scripts, caches
     batch = operator.call(contender.run, cycles)
     print("errors", len(batch.errors), batch.errors[:3])
     contender.close()
+
+
+class _Mode:
+    """A permit (``limit=4``) or a reader (``shared=True``) taken and given back with ``with``, a
+    new handle every cycle (as ``cycle.OursWith``), on a name of its own. Built on the engine's
+    public API only, so that ``--baseline`` measures an older tree's the same way."""
+
+    def __init__(self, urls: list[str], kind: str) -> None:
+        from django_redlock.engine import Redlock
+
+        self.redlock = Redlock(urls, node_timeout=BUDGET)
+        self._resource = f"bench:instructions:{kind}"
+        self._options: dict[str, object] = {"limit": 4} if kind == "permit" else {"shared": True}
+
+    def _cycle(self) -> None:
+        with self.redlock.lock(self._resource, ttl=10.0, **self._options):  # type: ignore[arg-type]
+            pass
+
+    def run(self, cycles: int) -> Any:
+        from bench.cycle import timed
+
+        return timed(self._cycle, cycles)
+
+    def close(self) -> None:
+        self.redlock.close()
 
 
 def _print(

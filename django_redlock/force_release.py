@@ -10,8 +10,9 @@ from .engine import NodeFailure, Redlock, protocol
 from .engine.drivers import fan_out
 from .engine.markers import limit_of
 from .engine.modes import release_command
+from .engine.permit_scripts import slot_prefix
 from .engine.values import FINGERPRINT_LENGTH, Owner, UnreadableValue, parse_value
-from .inventory import INVENTORY_TIMEOUT, MARKER_BYTES
+from .inventory import INVENTORY_TIMEOUT, MARKER_BYTES, check_slot
 
 __all__ = ["ForceRelease", "ReleaseOutcome", "check_fingerprint", "force_release"]
 
@@ -34,14 +35,23 @@ class ForceRelease:
     fingerprint: str
     owner: Owner | None
     outcomes: tuple[ReleaseOutcome, ...]
+    #: The permit released, if ``resource`` is a semaphore.
+    slot: int | None = None
 
     @property
     def released_on(self) -> int:
         return sum(o.released for o in self.outcomes)
 
+    @property
+    def what(self) -> str:
+        """The lock released, for humans: its name, or which permit of which semaphore."""
+        if self.slot is None:
+            return repr(self.resource)
+        return f"permit {self.slot} of semaphore {self.resource!r}"
+
     def describe(self) -> str:
         """One line for humans and the admin log (no token in it)."""
-        head = f"force release of {self.resource!r} holder {self.fingerprint}"
+        head = f"force release of {self.what} holder {self.fingerprint}"
         if self.owner is None:
             return f"{head}: not held by that holder on any master, nothing released"
         per_node = "; ".join(f"{o.node}: {o.detail}" for o in self.outcomes)
@@ -60,19 +70,30 @@ def check_fingerprint(value: object) -> str:
 
 
 def force_release(
-    redlock: Redlock, resource: str, fingerprint_: str, *, timeout: float = INVENTORY_TIMEOUT
+    redlock: Redlock,
+    resource: str,
+    fingerprint_: str,
+    *,
+    slot: int | None = None,
+    timeout: float = INVENTORY_TIMEOUT,
 ) -> ForceRelease:
-    """Delete the copies of ``resource`` held by the holder with this token fingerprint, and only
-    those: the current values are re-read, and the exact value whose token matches is removed
-    with the engine's compare-and-delete script on every master. A new holder that took the lock
-    since the fingerprint was shown keeps it."""
+    """Delete the copies of ``resource`` (or of permit ``slot`` of the semaphore ``resource``)
+    held by the holder with this token fingerprint, and only those: the current values are
+    re-read, and the exact value whose token matches is removed with the engine's
+    compare-and-delete script on every master. A new holder that took the lock since the
+    fingerprint was shown keeps it."""
     protocol.check_resource(resource)
     check_fingerprint(fingerprint_)
-    key = redlock.lock_key(resource)
+    if slot is not None:
+        check_slot(slot)
     nodes = redlock.nodes
+    if slot is None:
+        key = redlock.lock_key(resource)
+        limit = 0
+    else:
+        key = f"{slot_prefix(redlock.key_prefix, redlock.spelled(resource))}{slot}"
+        limit = _limit_of(fan_out(nodes, ("GET", redlock.lock_key(resource)), timeout))
     current = fan_out(nodes, ("GET", key), timeout)
-    base = redlock.lock_key(resource.rpartition("#")[0]) if "#" in resource else None
-    marker = _marker_of(fan_out(nodes, ("GET", base), timeout)) if base else None
     values: list[bytes] = []
     owner = None
     for reply in current:
@@ -92,7 +113,7 @@ def force_release(
     for value in values:  # one, unless a foreign writer reused the token with another owner
         # The script of the mode the key belongs to: a permit wakes its semaphore's waiter, a
         # reader leaves the readers set (and may let the writer in).
-        command, script = release_command(redlock, resource, value, marker)
+        command, script = release_command(redlock, resource, value, slot=slot, limit=limit)
         replies = fan_out(nodes, command, timeout, script)
         for i, reply in enumerate(replies):
             if isinstance(reply, int) and reply >= 1:  # 1 + waiters woken; 0: not this holder
@@ -103,14 +124,15 @@ def force_release(
     outcomes = tuple(
         ReleaseOutcome(node.label, released[i], details[i]) for i, node in enumerate(nodes)
     )
-    return ForceRelease(resource, fingerprint_, owner, outcomes)
+    return ForceRelease(resource, fingerprint_, owner, outcomes, slot)
 
 
-def _marker_of(replies: list[object]) -> str | None:
-    """The semaphore marker a master holds under a slot's base name, if any does."""
+def _limit_of(replies: list[object]) -> int:
+    """The limit of the semaphore whose marker a master holds, if any does; else 0 (unknown:
+    then the release wakes one waiter)."""
     for reply in replies:
         if isinstance(reply, bytes) and len(reply) < MARKER_BYTES:
-            text = reply.decode("ascii", "replace")
-            if limit_of(text) is not None:
-                return text
-    return None
+            limit = limit_of(reply.decode("ascii", "replace"))
+            if limit is not None:
+                return limit
+    return 0

@@ -72,10 +72,13 @@ class HeldLock:
     #: lock over one resource.
     resources: tuple[str, ...] = ()
     #: "permit" (one of a semaphore's), "reader", or "lock"; ``group`` the semaphore's or the
-    #: readers/writer lock's name, ``limit`` the semaphore's N.
+    #: readers/writer lock's name, ``limit`` the semaphore's N (None if its marker is gone),
+    #: ``slot`` a permit's slot. A permit's ``resource`` is ``<group>#<slot>``, as it is shown;
+    #: a plain lock may have that very name (they are different keys): ``slot`` tells them apart.
     mode: str = "lock"
     group: str = ""
     limit: int | None = None
+    slot: int | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

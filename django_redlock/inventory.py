@@ -16,10 +16,12 @@ may show on fewer masters than it will a moment later.
 Tokens never leave this module: a copy is shown by the fingerprint of its token (a short sha256).
 What the copies of one lock say together is ``held``'s; the force release is ``force_release``'s.
 
-Semaphores and readers (``limit=N``, ``shared=True``): each permit (the slot key ``<name>#<i>``)
-and each reader (``<name>@reader:<id>``) is a holder row of its own, marked with its group; the
-name's own key holds a marker (``permits:<N>`` or ``readers``), which is no holder: it becomes
-the group's summary (``Inventory.groups``: permits in use out of N, readers).
+Semaphores and readers (``limit=N``, ``shared=True``): each permit (the slot key
+``slot:<name>#<i>``, shown as ``<name>#<i>``) and each reader (``<name>@reader:<id>``) is a holder
+row of its own, marked with its group; the name's own key holds a marker (``semaphore:<N>`` or
+``readers``), which is no holder: it becomes the group's summary (``Inventory.groups``: permits in
+use out of N, readers). A plain lock may have a permit's shown name: another key, another row
+(``HeldLock.slot`` tells a permit), released by name and slot (``force_release``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import redis
 from .engine import NodeFailure, Redlock, protocol
 from .engine.connections import Node
 from .engine.markers import is_marker, limit_of
-from .engine.modes import member_of
+from .engine.modes import reader_of
+from .engine.permit_scripts import MAX_LIMIT, SLOT_KIND, slot_prefix
 from .engine.rounds import failure
 from .engine.values import MAX_VALUE_BYTES, UnreadableValue, parse_value
 from .health import admin_client
@@ -63,7 +66,7 @@ _LENGTH_COMMAND = {
     "zset": "ZCARD",
     "stream": "XLEN",
 }
-#: Longer values are no mode's marker ("permits:10000" is the longest).
+#: Longer values are no mode's marker ("semaphore:10000" is the longest).
 MARKER_BYTES = 16
 #: Longest fencing counter we read as a number (a signed 64-bit integer has 19 digits).
 _MAX_FENCE_DIGITS = 20
@@ -136,17 +139,19 @@ def list_locks(
         or not 1 <= page_size <= MAX_PAGE_SIZE
     ):
         raise ValueError(f"page_size must be an int from 1 to {MAX_PAGE_SIZE}, got {page_size!r}")
-    prefix = redlock.lock_prefix
+    prefix = redlock.key_prefix
+    # One SCAN for both kinds of key a holder has (a lock's, a permit's): MATCH filters only
+    # what is sent back, every key is visited either way; the other kinds are dropped here.
     pattern = glob_escape(prefix) + "*" + (glob_escape(search) + "*" if search else "")
-    scanned = _each_node(redlock, lambda client: _scan(client, pattern, prefix), timeout)
-    names: set[str] = set()
+    scanned = _each_node(redlock, lambda client: _scan(client, pattern, prefix, search), timeout)
+    names: set[Listed] = set()
     failures = []
     for result in scanned:
         if isinstance(result, NodeFailure):
             failures.append(result)
         else:
             names |= result
-    ordered = sorted(names)
+    ordered = sorted(names, key=lambda listed: (listed.name, listed.kind))
     pages = max(1, math.ceil(len(ordered) / page_size))
     page = min(page, pages)
     chunk = ordered[(page - 1) * page_size : page * page_size]
@@ -199,12 +204,49 @@ def _one_row_per_holder(locks: Sequence[HeldLock]) -> tuple[HeldLock, ...]:
 
 
 def inspect(
-    redlock: Redlock, resource: str, *, timeout: float = INVENTORY_TIMEOUT
+    redlock: Redlock,
+    resource: str,
+    *,
+    slot: int | None = None,
+    timeout: float = INVENTORY_TIMEOUT,
 ) -> HeldLock | None:
-    """``resource``'s copies on every master now, or None if no master has one."""
+    """``resource``'s copies on every master now (or those of permit ``slot`` of the semaphore
+    ``resource``), or None if no master has one."""
     protocol.check_resource(resource)
-    locks, _, _, _ = _read(redlock, [resource], timeout)
+    spelled = redlock.spelled(resource)  # as its keys spell it (hash-tagged on a Cluster)
+    if slot is None:
+        listed = Listed(LOCK, spelled)
+    else:
+        listed = Listed(SLOT, f"{spelled}#{check_slot(slot)}")
+    locks, _, _, _ = _read(redlock, [listed], timeout)
     return locks[0] if locks else None
+
+
+#: The kinds of key that are a holder's (after the key prefix): a lock's (``lock:<name>``, a
+#: reader's too) and a semaphore's permit's (``slot:<name>#<i>``: ``permit_scripts.slot_prefix``).
+LOCK = "lock"
+SLOT = SLOT_KIND
+
+
+@dataclass(frozen=True, order=True)
+class Listed:
+    """A holder's key found by the scan: its kind and the name after it (a permit's is
+    ``<semaphore>#<slot>``, as it is shown)."""
+
+    kind: str
+    name: str
+
+    @property
+    def slot(self) -> tuple[str, int] | None:
+        """A permit's semaphore and slot; None for a lock's key."""
+        group, _, slot = self.name.rpartition("#")
+        return (group, int(slot)) if self.kind == SLOT else None
+
+
+def check_slot(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_LIMIT:
+        raise ValueError(f"slot must be an int from 0 to {MAX_LIMIT - 1}, got {value!r}")
+    return value
 
 
 def _each_node(
@@ -225,67 +267,119 @@ def _each_node(
         return list(pool.map(one, redlock.nodes))
 
 
-def _scan(client: redis.Redis, pattern: str, prefix: str) -> set[str]:
-    """The names after ``prefix``; bytes that are not UTF-8 are kept (as surrogates) so that the
-    key can be read back exactly and shown as unreadable."""
+def _scan(client: redis.Redis, pattern: str, prefix: str, search: str) -> set[Listed]:
+    """The holders' keys after ``prefix`` whose name contains ``search``; bytes that are not
+    UTF-8 are kept (as surrogates) so that the key can be read back exactly and shown as
+    unreadable. A permit's key whose name does not end in ``#<slot>`` is none of ours."""
     skip = len(prefix.encode())
-    return {
-        key[skip:].decode("utf-8", "surrogateescape")
-        for key in client.scan_iter(match=pattern, count=SCAN_COUNT)
-    }
+    found = set()
+    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        kind, colon, name = key[skip:].decode("utf-8", "surrogateescape").partition(":")
+        if not colon or kind not in (LOCK, SLOT) or search not in name:
+            continue
+        if kind == SLOT and not _SLOT_NAME.fullmatch(name):
+            continue
+        found.add(Listed(kind, name))
+    return found
 
 
-def _raw_key(prefix: str, name: str) -> bytes:
-    return prefix.encode() + name.encode("utf-8", "surrogateescape")
+_SLOT_NAME = re.compile(r".+#(0|[1-9][0-9]{0,3})", re.DOTALL)  # as slot_prefix writes them
+
+
+def _raw_key(prefix: str, listed: Listed) -> bytes:
+    permit = listed.slot
+    if permit is not None:  # (made where every slot key is)
+        key = f"{slot_prefix(prefix, permit[0])}{permit[1]}"
+    else:
+        key = f"{prefix}{listed.kind}:{listed.name}"
+    return key.encode("utf-8", "surrogateescape")
 
 
 def _read(
-    redlock: Redlock, resources: Sequence[str], timeout: float
+    redlock: Redlock, listed: Sequence[Listed], timeout: float
 ) -> tuple[list[HeldLock], list[UnreadableKey], list[NodeFailure], dict[str, str]]:
-    """Every master's copy of each resource, grouped into held locks and unreadable keys; and
-    the markers of semaphores and readers/writer locks, by name."""
-    if not resources:
+    """Every master's copy of each listed key, grouped into held locks and unreadable keys; and
+    the markers of semaphores and readers/writer locks, by name. A permit's fencing counter is
+    its semaphore's (one sequence per semaphore)."""
+    if not listed:
         return [], [], [], {}
-    lock_prefix, fence_prefix = redlock.lock_prefix, redlock.fence_prefix
-    spelled = [redlock.spelled(resource) for resource in resources]  # (listed: as they are)
-    keys = [(_raw_key(lock_prefix, name), _raw_key(fence_prefix, name)) for name in spelled]
+    prefix = redlock.key_prefix
+    keys = [(_raw_key(prefix, each), _raw_key(prefix, _fence_of(each))) for each in listed]
     replies = _each_node(redlock, lambda client: _ask_keys(client, keys), timeout)
     failures = [r for r in replies if isinstance(r, NodeFailure)]
-    locks: list[HeldLock] = []
+    held: list[tuple[HeldLock, Listed]] = []
     unreadable: list[UnreadableKey] = []
     markers: dict[str, str] = {}
-    for i, resource in enumerate(resources):
+    for i, each in enumerate(listed):
         copies: list[Copy] = []
         fences: list[int] = []
         for node, reply in zip(redlock.nodes, replies, strict=True):
             if isinstance(reply, NodeFailure):
                 continue
-            found, fence = _copy(node.label, resource, reply[i])
+            found, fence = _copy(node.label, each.name, reply[i])
             if fence is not None:
                 fences.append(fence)
             if isinstance(found, str):
-                markers[resource] = found
+                if each.kind == LOCK:  # (a marker where a permit should be: none of ours)
+                    markers[each.name] = found
             elif isinstance(found, UnreadableKey):
                 unreadable.append(found)
             elif found is not None:
                 copies.append(found)
         if copies:
-            locks.append(
-                summarize(
-                    resource,
-                    copies,
-                    node_count=len(redlock.nodes),
-                    unread=len(failures),
-                    fence=max(fences) if fences else None,
-                    drift_factor=redlock.drift_factor,
-                )
+            lock = summarize(
+                each.name,
+                copies,
+                node_count=len(redlock.nodes),
+                unread=len(failures),
+                fence=max(fences) if fences else None,
+                drift_factor=redlock.drift_factor,
             )
-    for n, lock in enumerate(locks):
-        base = lock.resource.rpartition("#")[0]
-        mode, group, limit = member_of(lock.resource, markers.get(base))
-        if mode != "lock":
-            locks[n] = replace(lock, mode=mode, group=group, limit=limit)
-    return locks, unreadable, failures, markers
+            held.append((lock, each))
+    groups = {permit[0] for _, each in held if (permit := each.slot) is not None}
+    if groups - set(markers):  # semaphores whose permits are on this page but not their markers
+        markers.update(_markers(redlock, sorted(groups - set(markers)), timeout))
+    return [_of_group(lock, each, markers) for lock, each in held], unreadable, failures, markers
+
+
+def _of_group(lock: HeldLock, listed: Listed, markers: dict[str, str]) -> HeldLock:
+    """``lock`` marked as a permit of its semaphore, or a reader of its readers/writer lock."""
+    permit = listed.slot
+    if permit is not None:
+        group, slot = permit
+        limit = limit_of(markers.get(group, ""))
+        return replace(lock, mode="permit", group=group, limit=limit, slot=slot)
+    reader = reader_of(lock.resource)
+    return lock if reader is None else replace(lock, mode="reader", group=reader)
+
+
+def _fence_of(listed: Listed) -> Listed:
+    """The fencing counter's key to read beside a holder's key."""
+    permit = listed.slot
+    return Listed("fence", listed.name if permit is None else permit[0])
+
+
+def _markers(redlock: Redlock, names: Sequence[str], timeout: float) -> dict[str, str]:
+    """The markers (``markers``) under these names' lock keys, as the masters that have one
+    say."""
+    keys = [redlock.lock_key(name) for name in names]
+
+    def ask(client: redis.Redis) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)  # (GET, not MGET: what the ACL's monitor user is granted)
+        return pipe.execute(raise_on_error=False)
+
+    found: dict[str, str] = {}
+    for reply in _each_node(redlock, ask, timeout):
+        if isinstance(reply, NodeFailure):
+            continue
+        for name, value in zip(names, reply, strict=True):
+            if isinstance(value, bytes) and len(value) < MARKER_BYTES:
+                text = value.decode("ascii", "replace")
+                if is_marker(text):
+                    found.setdefault(name, text)
+    return found
 
 
 def _ask_keys(client: redis.Redis, keys: Sequence[tuple[bytes, bytes]]) -> list[list[Any]]:

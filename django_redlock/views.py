@@ -114,10 +114,12 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     data = request.POST if request.method == "POST" else request.GET
     refs = data.getlist("ref")[:MAX_RESOURCES_PER_RELEASE] or [""]
     fingerprint = data.get("fingerprint", "")
+    raw_slot = data.get("slot")
     try:
         # A lock over several resources is released as one: every resource, the same holder.
         resources = [resource_from_ref(ref) for ref in refs]
         force_release.check_fingerprint(fingerprint)
+        slot = None if raw_slot is None else slot_from(raw_slot, resources)
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
     resource = resources[0]
@@ -125,7 +127,7 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
     changelist = reverse(f"{model_admin.admin_site.name}:django_redlock_heldlock_changelist")
     if request.method == "POST":
         for each in resources:
-            result = force_release.force_release(redlock, each, fingerprint)
+            result = force_release.force_release(redlock, each, fingerprint, slot=slot)
             if result.owner is None:
                 messages.warning(request, result.describe())
             else:
@@ -133,15 +135,16 @@ def release(request: HttpRequest, model_admin: HeldLockAdmin) -> HttpResponse:
                 level = messages.SUCCESS if result.released_on else messages.WARNING
                 messages.add_message(request, level, result.describe())
         return HttpResponseRedirect(changelist)
-    lock = inventory.inspect(redlock, resource)
+    lock = inventory.inspect(redlock, resource, slot=slot)
     copies: list[Copy] = [c for c in lock.copies if c.fingerprint == fingerprint] if lock else []
     owner: Owner | None = copies[0].owner if copies else None
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Force release a lock",
         "opts": model_admin.opts,
-        "resource": " + ".join(resources),
+        "resource": " + ".join(resources) if slot is None else f"{resource}#{slot}",
         "refs": refs,
+        "slot": slot,
         "fingerprint": fingerprint,
         "lock": lock,
         "copies": copies,
@@ -198,8 +201,19 @@ def resource_from_ref(ref: str) -> str:
 MAX_RESOURCES_PER_RELEASE = 64
 
 
+def slot_from(raw: str, resources: list[str]) -> int:
+    """The permit slot a release names (``slot=``: one semaphore's permit), or ``ValueError``."""
+    if len(resources) != 1 or not raw.isascii() or not raw.isdigit():
+        raise ValueError(f"slot must be a permit's number, of one semaphore, got {raw[:20]!r}")
+    return inventory.check_slot(int(raw))
+
+
 def _release_url(base: str, lock: HeldLock) -> str:
-    query = [("ref", resource_ref(name)) for name in lock.names]
+    """A permit is named by its semaphore and slot: its shown name may be a plain lock's too."""
+    if lock.slot is not None:
+        query = [("ref", resource_ref(lock.group)), ("slot", str(lock.slot))]
+    else:
+        query = [("ref", resource_ref(name)) for name in lock.names]
     return f"{base}?{urlencode([*query, ('fingerprint', lock.fingerprint)])}"
 
 

@@ -707,7 +707,7 @@ def test_a_permit_moved_by_a_slot_migration_is_never_granted_twice(cluster, redl
     source, target = cluster.shards[1], cluster.shards[2]
     name = next(f"pool{n}" for n in range(1000) if cluster.owner(key(f"{{pool{n}}}")) is source)
     held = engines[0].lock(name, limit=2).acquire()
-    slot_key = key(f"{{{name}}}#{held.slot}")
+    slot_key = f"redlock:slot:{{{name}}}#{held.slot}"
     slot = key_slot(slot_key.encode())
     cluster.start_migration(slot, to=target)
     try:

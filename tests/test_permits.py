@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +16,10 @@ from collections.abc import Callable
 import pytest
 
 from django_redlock.engine import LockContended, LockLost, QuorumUnavailable, Redlock
+from django_redlock.engine.permit_scripts import slot_prefix
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import wait_until
 
 
 def test_at_most_limit_permits_each_on_its_own_slot(masters, redlock_of):
@@ -34,6 +38,46 @@ def test_at_most_limit_permits_each_on_its_own_slot(masters, redlock_of):
         assert again.slot == freed
     for permit in (permits[0], permits[2]):
         permit.release()
+
+
+def test_a_lock_named_like_a_slot_takes_no_permit(masters, redlock_of):
+    """A plain lock named ``ticket#2`` is a name of its own: it does not take slot 2 of the
+    semaphore ``ticket`` (before, the slot's key was that lock's key, and ``ticket`` with
+    limit=3 gave 2 permits while it said "all 3 permits are held")."""
+    engine = redlock_of(masters)
+    with engine.lock("ticket#2", ttl=10), engine.lock("ticket#0", ttl=10):
+        permits = [engine.lock("ticket", limit=3, ttl=10).acquire() for _ in range(3)]
+        assert sorted(p.slot for p in permits) == [0, 1, 2]
+        with pytest.raises(LockContended, match="all 3 permits of 'ticket' are held"):
+            engine.lock("ticket", limit=3).acquire()
+        for permit in permits:
+            permit.release()
+
+
+def test_permits_held_leave_a_lock_named_like_a_slot_free(masters, redlock_of):
+    """Holding every permit of ``seats`` leaves the plain lock ``seats#1`` free (before: "held
+    by another owner"), and taking it costs the semaphore nothing."""
+    engine = redlock_of(masters)
+    permits = [engine.lock("seats", limit=3, ttl=10).acquire() for _ in range(3)]
+    with engine.lock("seats#1", ttl=10) as plain:
+        assert plain.held
+        assert all(p.owned() for p in permits)
+    for permit in permits:
+        permit.release()
+
+
+def test_an_earlier_versions_semaphore_is_refused_not_shared(masters, redlock_of):
+    """An earlier version kept a semaphore's permits under ``lock:<name>#<i>`` and marked the name
+    ``permits:<N>``: while one of its permits is held (a rolling upgrade), this version refuses
+    the name, naming why, instead of granting N more permits of its own beside them."""
+    engine = redlock_of(masters)
+    for m in masters:  # what an earlier version's permit leaves on every master
+        m.call("SET", "redlock:lock:legacy", "permits:2", "PX", 30_000)
+        m.call("SET", "redlock:lock:legacy#0", f"{'0' * 32}:{{}}", "PX", 30_000)
+    earlier = "a semaphore with limit=2 of an earlier version of django-redlock"
+    for options in ({"limit": 2}, {"shared": True}, {}):
+        with pytest.raises(LockContended, match=earlier):
+            engine.lock("legacy", ttl=5, **options).acquire()
 
 
 def test_each_permit_is_an_ordinary_lease(masters, redlock_of):
@@ -55,7 +99,7 @@ def test_a_permit_taken_away_is_lost_and_reported(masters, redlock_of):
     told: list[LockLost] = []
     permit = engine.lock("imports", limit=2, ttl=5, on_lost=lambda lock, error: told.append(error))
     permit.acquire()
-    slot_key = engine.lock_key(f"imports#{permit.slot}")
+    slot_key = f"{slot_prefix(engine.key_prefix, 'imports')}{permit.slot}"
     for m in masters:
         m.call("DEL", slot_key)
     assert not permit.owned()
@@ -113,6 +157,68 @@ def test_waiters_get_permits_in_arrival_order(masters, redlock_of):
     for thread in threads:
         thread.join(10)
     assert order == [0, 1, 2]
+
+
+#: A child process that asks for a permit of ``sys.argv[1]`` (limit=1) with ``wait=sys.argv[2]``
+#: on the masters ``sys.argv[3:]``, says "in" once it holds it, and leaves when told (a line on
+#: stdin).
+_PERMIT_WAITER = """
+import sys
+from django_redlock.engine import Redlock
+name, wait, urls = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+engine = Redlock(urls)
+with engine.lock(name, limit=1, ttl=30, wait=wait):
+    print("in", flush=True)
+    sys.stdin.readline()
+engine.close()
+"""
+
+
+def test_waiters_of_other_processes_get_permits_in_the_order_they_asked(masters, redlock_of):
+    """limit=1, held. W1 asks with wait=40; once it is queued, W2 asks with wait=20 (so its wait
+    ends first). The release lets W1 in, not W2: first come, first served across processes, not
+    soonest deadline first (before the fix the queue was ordered by deadline: W2, every time)."""
+    engine = redlock_of(masters)
+    name = "fifo-processes"
+    holding = engine.lock(name, limit=1, ttl=30).acquire()
+    queue_key = engine.queue_key(name)
+    urls = [m.url for m in masters]
+
+    def queued(count: int) -> bool:
+        return all(m.call("ZCARD", queue_key) == count for m in masters)
+
+    def holder_pid() -> int | None:
+        held = engine.holder(name)
+        members = () if held is None else held.holders
+        return members[0].owner.pid if len(members) == 1 else None
+
+    with contextlib.ExitStack() as stack:
+
+        def child(wait: float) -> subprocess.Popen[str]:
+            process = stack.enter_context(
+                subprocess.Popen(  # noqa: S603
+                    [sys.executable, "-c", _PERMIT_WAITER, name, str(wait), *urls],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            stack.callback(process.kill)
+            return process
+
+        first = child(40)
+        assert wait_until(lambda: queued(1), 20), "W1 did not queue"
+        second = child(20)
+        assert wait_until(lambda: queued(2), 20), "W2 did not queue"
+        holding.release()
+        assert wait_until(holder_pid, 10), "no one got the permit"
+        assert holder_pid() == first.pid, "the later caller (shorter wait) got in first"
+        assert first.stdin is not None
+        assert second.stdout is not None
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        assert first.wait(10) == 0
+        assert second.stdout.readline() == "in\n"  # then W2
 
 
 def test_permits_survive_a_minority_of_masters_down(masters, redlock_of):

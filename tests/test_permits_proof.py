@@ -73,7 +73,7 @@ def valid_permits(clients, design: str, limit: int, acquisitions) -> int:
             else:
                 command = PERMIT_ACQUIRE.evalsha(
                     ("redlock:lock:sem", "redlock:queue:sem"),
-                    (token, 60_000, marker(limit), "", 0, "redlock:lock:sem#", limit, start),
+                    (token, 60_000, marker(limit), "", 0, "redlock:slot:sem#", limit, start),
                 )
                 said[member] = clients[member].evalsha(*command[1:])
         if design == "naive":
@@ -91,7 +91,7 @@ def valid_permits(clients, design: str, limit: int, acquisitions) -> int:
         for member, s in said.items():
             if isinstance(s, int) and s >= 1 and (s != best or not won):
                 release = scripts.RELEASE.evalsha(
-                    (f"redlock:lock:sem#{s - 1}", "redlock:queue:sem"), (token, "", "", "", "")
+                    (f"redlock:slot:sem#{s - 1}", "redlock:queue:sem"), (token, "", "", "", "")
                 )
                 clients[member].evalsha(*release[1:])
     return valid

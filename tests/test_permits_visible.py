@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 
@@ -102,11 +103,12 @@ def test_force_release_of_one_permit_wakes_the_semaphore_waiter(engine):
     thread = threading.Thread(target=waiter)
     thread.start()
     time.sleep(0.4)
-    slot = f"jobs#{holders[0].slot}"
-    shown = inspect(engine, slot)
+    slot = holders[0].slot
+    shown = inspect(engine, "jobs", slot=slot)
     assert shown is not None
+    assert (shown.mode, shown.group, shown.slot, shown.limit) == ("permit", "jobs", slot, 2)
     released_at = time.monotonic()
-    outcome = force_release(engine, slot, shown.fingerprint)
+    outcome = force_release(engine, "jobs", shown.fingerprint, slot=slot)
     thread.join(10)
     assert outcome.released_on == 5
     assert got
@@ -114,6 +116,84 @@ def test_force_release_of_one_permit_wakes_the_semaphore_waiter(engine):
     assert not holders[0].owned()
     assert holders[1].owned()  # the other permit is untouched
     holders[1].release()
+
+
+def test_a_plain_lock_named_like_a_permit_is_listed_apart(engine):
+    """A plain lock ``exports#0`` and permit 0 of ``exports`` are two keys and two rows (before,
+    they were one key, and the lock's holder showed as the semaphore's permit)."""
+    with engine.lock("exports", limit=3) as permit:
+        slot = permit.slot
+        name = f"exports#{slot}"
+        with engine.lock(name, label="plain"):
+            found = list_locks(engine, search="exports")
+            text = io.StringIO()
+            call_command("redlock_status", "--wide", stdout=text)
+    rows = sorted((r.resource, r.mode, r.slot) for r in found.locks)
+    assert rows == [(name, "lock", None), (name, "permit", slot)]
+    plain = next(r for r in found.locks if r.mode == "lock")
+    assert "label 'plain'" in str(plain.owner)
+    assert [g.describe() for g in found.groups] == ["exports: 1 of 3 permits in use"]
+    assert f"{name} (permit of exports, limit 3)" in text.getvalue()
+
+
+def test_a_permit_is_listed_with_its_limit_when_its_marker_is_on_another_page(engine):
+    with engine.lock("aaa", limit=2), engine.lock("aaa", limit=2):
+        found = list_locks(engine, page_size=1, page=2)  # "aaa" (the marker), then its permits
+    assert [(r.mode, r.group, r.limit) for r in found.locks] == [("permit", "aaa", 2)]
+
+
+def test_foreign_keys_among_the_slots_are_skipped_or_shown_unreadable(engine, redlock_settings):
+    """Keys of the slot kind that no semaphore wrote: a name without ``#<slot>`` (or with one
+    that is not how a slot is written) is none of ours and not listed; a slot's key holding
+    something else than a lock value is an unreadable key, as under the lock kind."""
+    for m in redlock_settings:
+        m.call("SET", "redlock:slot:junk", "x")
+        m.call("SET", "redlock:slot:pad#007", "x")
+        m.call("SET", "redlock:slot:odd#1", "not a lock value")
+        m.call("HSET", "redlock:slot:hash#2", "a", "b")
+    found = list_locks(engine)
+    assert found.locks == ()
+    assert found.total == 2
+    assert sorted({(u.resource, u.kind) for u in found.unreadable}) == [
+        ("hash#2", "hash"),
+        ("odd#1", "string"),
+    ]
+
+
+def test_a_permit_whose_marker_is_gone_is_still_a_permit(engine, redlock_settings):
+    """Its key says what it is; only the limit is unknown (the marker deleted by hand)."""
+    with engine.lock("orphan", limit=2):
+        for m in redlock_settings:
+            m.call("DEL", "redlock:lock:orphan")
+        found = list_locks(engine)
+        text = io.StringIO()
+        call_command("redlock_status", "--wide", stdout=text)
+    assert [(r.mode, r.group, r.limit) for r in found.locks] == [("permit", "orphan", None)]
+    assert "(permit of orphan)" in text.getvalue()
+
+
+def test_admin_force_release_of_a_permit_leaves_a_lock_of_the_same_name(admin_client, engine):
+    permit = engine.lock("jobs", limit=2, ttl=30).acquire()
+    plain = engine.lock(f"jobs#{permit.slot}", ttl=30).acquire()
+    listing = admin_client.get(LIST_URL).content.decode()
+    links = [
+        link.replace("&amp;", "&") for link in re.findall(r'href="([^"]*release/\?[^"]*)"', listing)
+    ]
+    assert len(links) == 2
+    [link] = [link for link in links if "slot=" in link]  # the permit's, not the lock's
+    confirm = admin_client.get(link).content.decode()
+    assert f"jobs#{permit.slot}" in confirm
+    form = dict(re.findall(r'name="(ref|slot|fingerprint)" value="([^"]*)"', confirm))
+    assert form["slot"] == str(permit.slot)
+    done = admin_client.post(f"{LIST_URL}release/", form)
+    assert done.status_code == 302, done.content
+    assert not permit.owned()
+    assert plain.owned()
+    plain.release()
+    for slot in ("x", "-1", "10000", "%EF%BC%91", ""):  # (%EF%BC%91: a fullwidth "1")
+        bad = admin_client.get(link.replace(f"slot={permit.slot}", f"slot={slot}"))
+        assert bad.status_code == 400, slot
+        assert "slot must be" in bad.content.decode()
 
 
 def test_force_release_of_a_reader_lets_the_writer_in(engine):

@@ -4,6 +4,8 @@ a waiting writer stops new readers; each reader is an ordinary lease. Real maste
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,8 +18,9 @@ from bench.chaos.permits import (
     partitioned_apart,
     run,
 )
-from django_redlock.engine import LockContended, LockLost, Redlock, protocol
+from django_redlock.engine import LockContended, LockLost, Redlock, procedures, protocol
 from django_redlock.testing.proxy import DelayProxy
+from tests.conftest import wait_until
 
 
 def test_readers_share_and_exclude_the_writer(masters, redlock_of):
@@ -90,6 +93,155 @@ def test_the_last_reader_wakes_the_writer_even_behind_a_queued_reader(masters, r
         thread.join(10)
     assert writer_in
     assert writer_in[0] - left < 0.5
+
+
+def queue_on_every_master(masters, name: str) -> list[tuple[list[str], set[str]]]:
+    """Each master's waiter queue of ``name`` (entries in order) and its queued readers."""
+    found = []
+    for m in masters:
+        queue = [e.decode() for e in m.call("ZRANGE", f"redlock:queue:{name}", 0, -1)]
+        reading = {e.decode() for e in m.call("SMEMBERS", f"redlock:readwait:{name}")}
+        found.append((queue, reading))
+    return found
+
+
+def reader_then_writer_queued(masters, name: str) -> bool:
+    """On every master: a reader first in the queue, then a writer, and the writer's process
+    subscribed to its inbox there (so that a notice to it cannot be missed)."""
+    for m, (queue, reading) in zip(masters, queue_on_every_master(masters, name), strict=True):
+        if len(queue) != 2 or queue[0] not in reading or queue[1] in reading:
+            return False
+        inbox = "redlock:wake:" + queue[1].partition(".")[0]
+        if m.call("PUBSUB", "NUMSUB", inbox)[1] < 1:
+            return False
+    return True
+
+
+def test_a_writer_queued_behind_a_reader_is_woken_when_the_writer_before_it_leaves(
+    masters, redlock_of, monkeypatch
+):
+    """W1 writes; reader R queues, then writer W2. W1's release wakes R, the head of the queue;
+    R is refused (a writer waits), and must pass the wake-up on to W2, which would otherwise
+    sleep until its safety poll with the name free. The writer's polls are put off to 30 s here,
+    so only a notice can let it in within the 10 s allowed (before the fix: at its poll, 30 s)."""
+    monkeypatch.setattr(procedures, "SAFETY_POLL", 30.0)
+    monkeypatch.setattr(procedures, "UNHEARD_POLL", 30.0)
+    engine = redlock_of(masters)
+    name = "relay"
+    w1 = engine.lock(name, ttl=60).acquire()
+    w2_in = threading.Event()
+    r_in = threading.Event()
+    w2_may_leave = threading.Event()
+
+    def reader() -> None:
+        with engine.lock(name, shared=True, ttl=10, wait=40):
+            r_in.set()
+
+    def writer() -> None:
+        with engine.lock(name, ttl=10, wait=60):
+            w2_in.set()
+            w2_may_leave.wait(10)
+
+    threads = [threading.Thread(target=reader)]
+    threads[0].start()
+    assert wait_until(lambda: all(q for q, _ in queue_on_every_master(masters, name)), 10)
+    threads.append(threading.Thread(target=writer))
+    threads[1].start()
+    try:
+        assert wait_until(lambda: reader_then_writer_queued(masters, name), 10)
+        w1.release()
+        assert w2_in.wait(10), "the writer behind the reader was not woken"
+        assert not r_in.is_set()  # the writer went first: the reader still waits
+        w2_may_leave.set()
+        assert r_in.wait(10), "the reader was not let in after the writer"
+    finally:
+        w2_may_leave.set()
+        for thread in threads:
+            thread.join(60)
+
+
+def test_each_refused_attempt_of_a_reader_tells_the_waiting_writer_anew(masters, redlock_of):
+    """A reader refused for a queued writer while the name is free tells the writer each time,
+    with a notice of its own per attempt: a writer woken again by the same reader (a second
+    release woke that reader first again) must not take the word for one it already acted on
+    (``notice_reading.deliver`` acts once per notice)."""
+    engine = redlock_of(masters)
+    name = "told"
+    writer = "0123456789ab.0"  # a writer queued from a process whose inbox we listen to
+    for m in masters:  # (as the writer's script queues it: the queue lasts as its wait)
+        entry = f"{writer} 5000 {'0' * 32}:{{}}"
+        m.call("ZADD", f"redlock:queue:{name}", int(time.time() * 1000) + 60_000, entry)
+        m.call("PEXPIRE", f"redlock:queue:{name}", 60_000)
+    inbox = masters[0].client().pubsub()
+    inbox.subscribe("redlock:wake:0123456789ab")
+    assert wait_until(lambda: inbox.get_message(timeout=0.1), 5)  # (the subscription's)
+    with pytest.raises(LockContended, match="a writer waits"):
+        engine.lock(name, shared=True, wait=1.5).acquire()
+    told = set()
+    while (message := inbox.get_message(timeout=0.5)) is not None:
+        digest, named = message["data"].decode().split(" ")
+        assert named == writer
+        told.add(digest)
+    inbox.close()
+    assert len(told) >= 2, told  # one notice per attempt (at least two attempts in 1.5 s)
+
+
+#: A child process that takes ``sys.argv[2]`` on the masters ``sys.argv[3:]`` as a writer or a
+#: reader (``sys.argv[1]``), says "in" once it holds it, and leaves when told (a line on stdin).
+#: Its polls are put off to 30 s: only a notice can wake it sooner.
+_WAITER = """
+import sys
+from django_redlock.engine import Redlock, procedures
+procedures.SAFETY_POLL = procedures.UNHEARD_POLL = 30.0
+kind, name, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
+engine = Redlock(urls)
+if kind == "reader":
+    lock = engine.lock(name, shared=True, ttl=10, wait=40)
+else:
+    lock = engine.lock(name, ttl=10, wait=60)
+with lock:
+    print("in", flush=True)
+    sys.stdin.readline()
+engine.close()
+"""
+
+
+def test_a_writer_behind_a_reader_is_woken_across_processes(masters, redlock_of):
+    """As above, with W1, R and W2 in three processes: the wake-up is passed on by the masters
+    (the refused reader's script), not by anything its process shares with the writer's."""
+    engine = redlock_of(masters)
+    name = "relay-processes"
+    w1 = engine.lock(name, ttl=60).acquire()
+    urls = [m.url for m in masters]
+
+    def child(kind: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(  # noqa: S603
+            [sys.executable, "-c", _WAITER, kind, name, *urls],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def holds(pid: int) -> bool:
+        values = [m.call("GET", f"redlock:lock:{name}") or b"" for m in masters]
+        return sum(f'"pid":{pid},'.encode() in v for v in values) > len(masters) // 2
+
+    with contextlib.ExitStack() as stack:
+        reader = stack.enter_context(child("reader"))
+        stack.callback(reader.kill)
+        assert wait_until(lambda: all(q for q, _ in queue_on_every_master(masters, name)), 20)
+        writer = stack.enter_context(child("writer"))
+        stack.callback(writer.kill)
+        assert wait_until(lambda: reader_then_writer_queued(masters, name), 20)
+        w1.release()
+        assert wait_until(lambda: holds(writer.pid), 10), "the writer was not woken"
+        assert reader.poll() is None  # still waiting, behind the writer
+        assert writer.stdin is not None
+        assert reader.stdout is not None
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        assert writer.wait(10) == 0
+        assert reader.stdout.readline() == "in\n"  # let in once the writer left
 
 
 def test_a_writer_is_not_starved_by_a_stream_of_readers(masters, redlock_of):

@@ -1,6 +1,12 @@
-"""The markers a mode leaves under a name's plain lock key while it is held (``permits:<N>`` for
-a semaphore, ``readers`` for readers): a plain lock's SET NX finds the key and cannot be taken
-beside them, and a caller with another idea of the resource is told what holds it instead."""
+"""The markers a mode leaves under a name's plain lock key while it is held (``semaphore:<N>``
+for a semaphore, ``readers`` for readers): a plain lock's SET NX finds the key and cannot be taken
+beside them, and a caller with another idea of the resource is told what holds it instead.
+
+``permits:<N>`` is an earlier version's semaphore, whose permits were kept under the name's own
+lock keys (``lock:<name>#<i>``; now ``permit_scripts.slot_prefix``). Its marker is not ours, so
+that during a rolling upgrade the two versions refuse each other's semaphore instead of both
+granting N permits of one name (each master holds one version's marker at a time, and it outlives
+every permit there)."""
 
 from __future__ import annotations
 
@@ -11,17 +17,17 @@ from .rounds import Reply
 from .steps import Procedure, Round
 
 READERS = "readers"
-_PERMITS = re.compile(r"permits:(\d+)")
+_PERMITS = re.compile(r"semaphore:(\d+)|permits:(\d+)")  # (ours | an earlier version's)
 
 
 def permits(limit: int) -> str:
-    return f"permits:{limit}"
+    return f"semaphore:{limit}"
 
 
 def limit_of(value: str) -> int | None:
-    """A semaphore marker's limit; None for anything else."""
+    """A semaphore marker's limit (ours or an earlier version's); None for anything else."""
     match = _PERMITS.fullmatch(value)
-    return None if match is None else int(match[1])
+    return None if match is None else int(match[1] or match[2])
 
 
 def is_marker(value: str) -> bool:
@@ -36,7 +42,14 @@ def described(value: str) -> str | None:
     if value == READERS:
         return "a readers/writer lock's readers (shared=True)"
     match = _PERMITS.fullmatch(value)
-    return None if match is None else f"a semaphore with limit={match[1]}"
+    if match is None:
+        return None
+    if match[2] is not None:
+        return (
+            f"a semaphore with limit={match[2]} of an earlier version of django-redlock (its "
+            f"permits are kept elsewhere: upgrade every process that uses it)"
+        )
+    return f"a semaphore with limit={match[1]}"
 
 
 def explain(lock_key: str, error: LockContended) -> Procedure[LockContended]:

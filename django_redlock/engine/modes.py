@@ -7,50 +7,66 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from . import markers
 from .lock import Lock
 from .packing import Command
 from .permit_lock import PermitLock
-from .permit_scripts import check_limit
+from .permit_scripts import check_limit, slot_prefix
 from .permits import release_slot
 from .readers import ReaderLock, reader_keys
 from .scripts import Script
+from .steps import Procedure, Round
 
 if TYPE_CHECKING:
     from .redlock import Redlock
 
 _READER = re.compile(r"(.+)@reader:[0-9a-f]{12}")
-_SLOT = re.compile(r"(.+)#(\d+)")
 
 
-def member_of(resource: str, marker: str | None) -> tuple[str, str, int | None]:
-    """Whether ``resource`` is a reader's key or a semaphore's slot (``marker``: what its base
-    name's plain lock key holds, if known): (mode "reader"/"permit"/"lock", group, limit)."""
+def reader_of(resource: str) -> str | None:
+    """The readers/writer lock whose reader's key ``resource`` is (``name@reader:<id>``), if it
+    is one. (A semaphore's permits need no such guess: their keys are a kind of their own,
+    ``permit_scripts.slot_prefix``.)"""
     reader = _READER.fullmatch(resource)
-    if reader is not None:
-        return "reader", reader[1], None
-    slot = _SLOT.fullmatch(resource)
-    if slot is not None and marker is not None:
-        limit = markers.limit_of(marker)
-        if limit is not None and int(slot[2]) < limit:
-            return "permit", slot[1], limit
-    return "lock", "", None
+    return None if reader is None else reader[1]
+
+
+def member_keys(
+    redlock: Redlock, name: str, limit: int | None
+) -> Procedure[tuple[list[str], list[str]]]:
+    """The holders of the semaphore ``name`` with ``limit`` permits, or of the readers/writer
+    lock ``name`` (``limit`` None): how each is shown (a permit as ``<name>#<slot>``, a reader
+    by its key's name), and its key. Readers: one round, for the readers set on every master."""
+    if limit is not None:
+        spelled = redlock.spelled(name)  # (with a Cluster member, hash-tagged: ``keyspace``)
+        slots = slot_prefix(redlock.key_prefix, spelled)
+        return [f"{spelled}#{i}" for i in range(limit)], [f"{slots}{i}" for i in range(limit)]
+    listed = yield Round(("ZRANGE", redlock.key("readers", name), 0, -1))
+    keys = sorted({k.decode() for r in listed if isinstance(r, list) for k in r})
+    return [k.removeprefix(redlock.lock_prefix) for k in keys], keys
 
 
 def release_command(
-    redlock: Redlock, resource: str, value: str | bytes, marker: str | None
+    redlock: Redlock, resource: str, value: str | bytes, *, slot: int | None = None, limit: int = 0
 ) -> tuple[Command, Script]:
-    """The compare-and-delete of exactly ``value`` under ``resource``, with the script of the
-    mode the key belongs to (a reader leaves the readers set and may let the writer in; a permit
+    """The compare-and-delete of exactly ``value`` under ``resource``, or under its permit
+    ``slot`` if it is a semaphore (``limit``: its N, 0 if unknown), with the script of the mode
+    the key belongs to (a reader leaves the readers set and may let the writer in; a permit
     wakes its semaphore's queue), for the admin's force release of one holder."""
-    mode, group, _ = member_of(resource, marker)
     text = value.decode() if isinstance(value, bytes) else value
-    if mode == "reader":
+    group = reader_of(resource)
+    if slot is not None:
+        slots = slot_prefix(redlock.key_prefix, redlock.spelled(resource))
+        round_ = release_slot(
+            redlock.inbox_prefix,
+            f"{slots}{slot}",
+            redlock.queue_key(resource),
+            text,
+            slot_prefix=slots,
+            limit=limit,
+        )
+    elif group is not None:
         keys = reader_keys(redlock, group, redlock.lock_key(resource))
         round_ = keys.release_value(text)
-    elif mode == "permit":
-        slot_key, queue = redlock.lock_key(resource), redlock.queue_key(group)
-        round_ = release_slot(redlock.inbox_prefix, slot_key, queue, text)
     else:
         return redlock.release_command((resource,), value)
     assert round_.script is not None  # noqa: S101 (both are scripts)

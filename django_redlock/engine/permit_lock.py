@@ -12,7 +12,7 @@ from .granting import granted
 from .group_lock import GroupLock
 from .leases import Lease, Owner, current_owner
 from .markers import permits as marker
-from .permit_scripts import check_limit, slot_of
+from .permit_scripts import check_limit, slot_of, slot_prefix
 from .permits import PermitCommands, PermitWant, PermitWon, acquire, remember_free
 from .procedures import Want, Won
 from .steps import Procedure
@@ -69,7 +69,7 @@ class PermitLock(GroupLock):
             redlock.lock_key(self.resource),
             redlock.queue_key(self.resource),
             self._marker,
-            redlock.key("lock", self.resource, "#"),
+            slot_prefix(redlock.key_prefix, redlock.spelled(self.resource)),
             limit,
         )
 
@@ -89,7 +89,7 @@ class PermitLock(GroupLock):
             PermitWant,
             limit=self.limit,
             marker_key=redlock.lock_key(self.resource),
-            slot_prefix=redlock.key("lock", self.resource, "#"),
+            slot_prefix=slot_prefix(redlock.key_prefix, redlock.spelled(self.resource)),
             queue_key=redlock.queue_key(self.resource),
             marker=self._marker,
         )

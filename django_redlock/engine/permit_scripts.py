@@ -10,6 +10,19 @@ from . import scripts
 MAX_LIMIT = 10_000
 
 
+#: The kind of key a permit's slot is, after the key prefix (as ``lock`` is a lock's).
+SLOT_KIND = "slot"
+
+
+def slot_prefix(key_prefix: str, name: str) -> str:
+    """The keys of the semaphore ``name``'s permits: slot ``i``'s is this followed by ``i`` (the
+    scripts build them so, from this prefix). A key space of their own, apart from every lock's
+    ``lock:<name>``: under ``lock:<name>#<i>``, a plain lock named ``ticket#2`` was slot 2 of
+    ``ticket`` (holding it took a permit away, silently), and permits held made that lock "held
+    by another owner". The one place slot keys are made."""
+    return f"{key_prefix}{SLOT_KIND}:{name}#"
+
+
 def slot_of(slot_key: str) -> int:
     return int(slot_key.rpartition("#")[2])
 
@@ -20,13 +33,16 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-# The semaphore's waiter queue is first come, first served, as the lock's is (``scripts``): the
-# same sorted set of waiter ids, scored by the waiter's deadline, but in the client's wall-clock
-# milliseconds, so that every master holds the same order (a score from each master's own clock
-# orders two waiters by when their requests happened to reach it, which differs between masters,
-# and a semaphore's admission follows that order: masters in different orders would admit
-# different waiters, and none would win a quorum). An entry whose score is past is a waiter that
-# gave up or died, and is dropped when met. Ties go by id: the same on every master.
+# The semaphore's waiter queue is first come, first served: a sorted set of waiter entries,
+# "<waiter id> <deadline>", scored by when the waiter asked, both in the client's wall-clock
+# milliseconds. By when it asked, not by its deadline: a caller that asked with a long wait would
+# otherwise be overtaken by every later one with a shorter wait. In the client's clock, so that
+# every master holds the same order (a score from each master's own clock orders two waiters by
+# when their requests happened to reach it, which differs between masters, and a semaphore's
+# admission follows that order: masters in different orders would admit different waiters, and
+# none would win a quorum). An entry whose deadline is past is a waiter that gave up or died, and
+# is dropped when met. Ties go by entry: the same on every master. An entry of another form (a
+# plain lock's waiter on the same name, queued as ``scripts`` says) is alive until its score.
 #
 # Admission: a caller may take a free slot only if fewer live waiters are ahead of it than slots
 # are free (a caller not queued has every live waiter ahead). Without this, a slot freed by a
@@ -35,6 +51,10 @@ def check_limit(limit: object) -> int:
 # and puts them back (ZPOPMIN and ZADD: what the ACL user of the lock path is granted), at most as
 # many as slots are free.
 _AHEAD = """
+local function alive(entry, score, now_ms)
+    return tonumber(string.match(entry, '^%S+ (%d+)$') or score) > now_ms
+end
+
 local function ahead_of(queue, me, now_ms, most)
     local ahead = {}
     local popped = {}
@@ -48,7 +68,7 @@ local function ahead_of(queue, me, now_ms, most)
             popped[#popped + 1] = head
             break
         end
-        if tonumber(head[2]) > now_ms then  -- else: gave up or died, dropped
+        if alive(head[1], head[2], now_ms) then  -- else: gave up or died, dropped
             popped[#popped + 1] = head
             ahead[#ahead + 1] = head[1]
         end
@@ -73,9 +93,9 @@ local function wake_first(queue, most, now_ms, notice, inboxes)
         if head[1] == nil then
             break
         end
-        if tonumber(head[2]) > now_ms then
+        if alive(head[1], head[2], now_ms) then
             local inbox = inboxes .. string.match(head[1], '^[^.]*')
-            local id = string.match(head[1], '^%S+')  -- never a value (see scripts' queues)
+            local id = string.match(head[1], '^%S+')  -- the id alone (see scripts' queues)
             if redis.call('publish', inbox, notice .. ' ' .. id) > 0 then
                 woken[#woken + 1] = head
             end
@@ -92,7 +112,7 @@ end
 
 local function queue_up(queue, me, score, now_ms)
     redis.call('zadd', queue, 'NX', score, me)
-    local wait_ms = tonumber(score) - now_ms
+    local wait_ms = tonumber(string.match(me, '^%S+ (%d+)$') or score) - now_ms
     if wait_ms > 0 and redis.call('pttl', queue) < wait_ms then
         redis.call('pexpire', queue, wait_ms)
     end
@@ -100,11 +120,11 @@ end
 """
 
 # KEYS[1] the name's plain lock key (the marker); KEYS[2] the semaphore's waiter queue. ARGV[1]
-# our full value; ARGV[2] TTL in ms; ARGV[3] the marker ("permits:<N>"); ARGV[4] this waiter's
-# id, or '' for no waiter; ARGV[5] its score (its deadline, client ms); ARGV[6] the slots' key
-# prefix ("...lock:<name>#"); ARGV[7] N; ARGV[8] the slot to start from; ARGV[9] the client's
-# time (ms); ARGV[10] a notice digest and ARGV[11] the inboxes' prefix (as RELEASE's ARGV[3] and
-# ARGV[4]). If the marker key holds anything else: returns {-1, what it is} ("lock" for a plain
+# our full value; ARGV[2] TTL in ms; ARGV[3] the marker ("semaphore:<N>"); ARGV[4] this waiter's
+# entry ("<id> <deadline>"), or '' for no waiter; ARGV[5] its score (when it asked); ARGV[6] the
+# slots' key prefix; ARGV[7] N; ARGV[8] the slot to start from; ARGV[9] the client's time (ms);
+# ARGV[10] a notice digest and ARGV[11] the inboxes' prefix (as RELEASE's ARGV[3] and ARGV[4]).
+# If the marker key holds anything else: returns {-1, what it is} ("lock" for a plain
 # lock's value: never a token). Else, with k live waiters ahead of it (see above), it takes the
 # k+1-th free slot from ARGV[8] on (in slot order, wrapping), raises the marker's TTL to at least
 # ours, takes the waiter out of the queue, and returns the slot + 1. Every master given the same
@@ -112,14 +132,16 @@ end
 # per slot. Else a waiter joins the queue (keeping its place if it is there), the waiters ahead
 # are woken if a slot is free (the release that woke them may have been missed, or a slot expired)
 # and it returns {0, the soonest PTTL of a slot (-1 if none expires)}. The slot keys are built
-# from ARGV[6]: all of them under the name, on a standalone master (no cluster slots to respect).
+# from ARGV[6] (``slot_prefix``), on a standalone master (no cluster slots to respect).
 PERMIT_ACQUIRE = scripts.Script(
     "permit_acquire",
     _AHEAD
     + """
 local mark = redis.call('get', KEYS[1])
 if mark and mark ~= ARGV[3] then
-    if string.match(mark, '^permits:%d+$') or mark == 'readers' then
+    -- another limit, an earlier version's semaphore (permits:<N>: see ``markers``), readers
+    if string.match(mark, '^semaphore:%d+$') or string.match(mark, '^permits:%d+$')
+            or mark == 'readers' then
         return {-1, mark}
     end
     return {-1, 'lock'}
@@ -173,13 +195,14 @@ return {0, soonest}
 
 # KEYS[1] the slot's lock key; KEYS[2] the semaphore's waiter queue. ARGV[1] our full value;
 # ARGV[2] '1' to wake waiters, or ''; ARGV[3] the notice (a digest of the lease); ARGV[4] the
-# inboxes' prefix; ARGV[5] the id the holder had queued under, or '' (removed first); ARGV[6] a
-# waiter id to put back in the queue (an attempt undoing a slot it took but did not win: it keeps
-# its place), or '', with ARGV[7] its score; ARGV[8] the client's time (ms); ARGV[9] the slots' key
-# prefix and ARGV[10] N (0 if unknown: then only the first waiter is woken). Compare-and-delete;
-# then wakes as many live waiters, first first, as slots are free, leaving them in the queue (a
-# woken waiter keeps its place until it has a permit, so no one asking meanwhile takes the slot
-# meant for it). Returns 0 if the slot was not ours, else 1 + the number of waiters woken.
+# inboxes' prefix; ARGV[5] the entry the holder had queued under, or '' (removed first); ARGV[6] a
+# waiter entry to put back in the queue (an attempt undoing a slot it took but did not win: it
+# keeps its place), or '', with ARGV[7] its score; ARGV[8] the client's time (ms); ARGV[9] the
+# slots' key prefix and ARGV[10] N (0 if unknown: then only the first waiter is woken).
+# Compare-and-delete; then wakes as many live waiters, first first, as slots are free, leaving
+# them in the queue (a woken waiter keeps its place until it has a permit, so no one asking
+# meanwhile takes the slot meant for it). Returns 0 if the slot was not ours, else 1 + the
+# number of waiters woken.
 PERMIT_RELEASE = scripts.Script(
     "permit_release",
     _AHEAD

@@ -5,8 +5,9 @@ valid once a majority admitted it, is not safe: N+1 permits need (N+1) * q admis
 masters hold M * N, so with q = M // 2 + 1 the N+1st permit fits as soon as (N+1) * q <= M * N
 (N=2 on 5 masters: 3 permits, each admitted by a different 3 of the 5). Safe counters need
 q > M*N/(N+1), a quorum that tolerates fewer failed masters the larger N is. Slots keep the lock's
-majority and every failure budget of it: permit ``i`` is the mutex ``<name>#i``, so two permits
-valid at once are on two different slots, and there are only N.
+majority and every failure budget of it: permit ``i`` is a mutex of its own (``slot:<name>#i``,
+a key no lock name reaches: ``permit_scripts.slot_prefix``), so two permits valid at once are on
+two different slots, and there are only N.
 
 Every permit is then an ordinary lease (its own token, TTL, extend, auto-extend, lost notice,
 fence, validity), held by the same procedures as a lock (``holding``). What is new is choosing a
@@ -14,12 +15,13 @@ slot: each master takes the first free slot from a start the acquirer names (the
 process released last, else a random one), so masters that agree on what is free take the same
 slot in one round; the acquirer counts the votes per slot, and wins iff a quorum took one slot
 (slots taken by a minority are undone; when masters disagree, it tries again from another start).
-Waiters queue FIFO on the semaphore's one waiter queue (not one per slot), and each master admits
-in that order: a caller takes a free slot only if fewer live waiters are ahead of it than slots
-are free (``permit_scripts``). A release wakes as many waiters as slots are free.
+Waiters queue FIFO, by when they asked, on the semaphore's one waiter queue (not one per slot),
+and each master admits in that order: a caller takes a free slot only if fewer live waiters are
+ahead of it than slots are free (``permit_scripts``). A release wakes as many waiters as slots
+are free.
 
 While any permit is held on a master, the name's plain lock key there holds a marker,
-``permits:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
+``semaphore:<N>``, that outlives every permit on that master (renewals push it). A plain lock on the
 same name cannot be taken over it (its SET NX finds the key), and a semaphore with another limit,
 or one that finds a plain lock there, refuses with ``LockContended`` naming the mismatch: never a
 silent overlap.
@@ -64,7 +66,7 @@ class PermitWant(Want):
 
     limit: int = 1
     marker_key: str = ""
-    slot_prefix: str = ""  # slot i's lock key is this + str(i)
+    slot_prefix: str = ""  # slot i's key is this + str(i) (``permit_scripts.slot_prefix``)
     queue_key: str = ""
     marker: str = field(default="", repr=False)
 
@@ -125,17 +127,17 @@ def release_slot(
     """Compare-and-delete one slot, then wake as many of the semaphore's waiters, first first,
     as slots are free (all ``limit`` slots under ``slot_prefix`` are counted; with ``limit=0``,
     the first waiter only). Woken waiters keep their place in the queue until they have a permit
-    (``permit_scripts``). ``requeue``: (waiter id, score) of an attempt undoing a slot it did not
-    win, put back in the queue where it was. The marker is left to expire (it outlives the
+    (``permit_scripts``). ``requeue``: (waiter entry, score) of an attempt undoing a slot it did
+    not win, put back in the queue where it was. The marker is left to expire (it outlives the
     permits; deleting it would need every slot read)."""
-    waiter, score = requeue if requeue is not None else ("", 0)
+    entry, score = requeue if requeue is not None else ("", 0)
     args = (
         value,
         "1" if notify else "",
         protocol.notice_digest(value) if notify else "",
         inbox_prefix,
         queued_as,
-        waiter,
+        entry,
         score,
         now_ms(),
         slot_prefix,
@@ -173,14 +175,21 @@ class PermitGranted(Granted):
     slot: int = 0
 
 
+def queue_entry(waiter: Waiter, deadline_ms: int) -> str:
+    """How a waiter stands in a semaphore's queue on the masters: its id (what a release names)
+    and when it stops waiting (client ms), after which they drop it (``permit_scripts``)."""
+    return f"{waiter.id} {deadline_ms}"
+
+
 def attempt(
-    masters: Masters, want: PermitWant, start_slot: int, waiter: Waiter | None, score: int
+    masters: Masters, want: PermitWant, start_slot: int, entry: str, score: int
 ) -> Procedure[PermitGranted | Lost]:
     """The lock's five steps (``procedures.attempt``) for a permit: every master takes a free
     slot from ``start_slot`` on, if fewer waiters are queued ahead of it than slots are free
     (``permit_scripts``); won iff a quorum took the same slot, within validity. The slots taken
     elsewhere (a minority, when masters disagree on which are free) are undone, and a waiter
-    keeps its place in the queue there. ``score``: the waiter's place (its deadline, client ms)."""
+    keeps its place in the queue there. ``entry``: the waiter's ``queue_entry`` ('' if it does
+    not wait); ``score``: its place in the queue, when it asked (client ms)."""
     start = time.monotonic()
     now = now_ms()
     command = PERMIT_ACQUIRE.evalsha(
@@ -189,7 +198,7 @@ def attempt(
             want.value,
             int(want.ttl * 1000),
             want.marker,
-            "" if waiter is None else waiter.id,
+            entry,
             score,
             want.slot_prefix,
             want.limit,
@@ -217,7 +226,7 @@ def attempt(
     for other in taken:
         if other != slot or not won:
             key = want.slot_key(other)
-            requeue = None if waiter is None else (waiter.id, score)
+            requeue = (entry, score) if entry else None
             yield release_slot(
                 masters.inbox_prefix,
                 key,
@@ -227,10 +236,10 @@ def attempt(
                 slot_prefix=want.slot_prefix,
                 limit=want.limit,
             )
-    if won and waiter is not None and any(r != slot + 1 for r in replies):
+    if won and entry and any(r != slot + 1 for r in replies):
         # Masters that did not give it this slot may still queue it (a refusal, a reply lost):
         # a live entry there would hold back every later caller on that master until it expired.
-        yield Round(("ZREM", want.queue_key, waiter.id))
+        yield Round(("ZREM", want.queue_key, entry))
     if won:
         valid_until = start + want.ttl - protocol.drift(want.ttl, masters.drift_factor)
         found = failures(masters, as_votes) if result.failed else []
@@ -251,12 +260,13 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
     """A permit: like ``procedures.acquire``, with a slot chosen from what the masters said.
     One waiter queue for the semaphore, locally and on the masters, in arrival order."""
     began = time.monotonic()
+    asked_ms = now_ms()  # the waiter's place in the masters' queue: when it asked (client ms)
     deadline = began + want.wait
     attempts = switches = 0
     start_slot = first_slot(want)
     turn: Turn | None = None
     waiter: Waiter | None = None
-    score = 0  # the waiter's place in the masters' queue: its deadline, client ms
+    entry = ""  # the waiter's ``queue_entry``
     lost: Lost | None = None
     split_retried = False
     try:
@@ -272,17 +282,16 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
                     raise permit_not_acquired(masters, want, lost, attempts)
                 if waiter is None and lost is not None:
                     waiter = yield Listen()
-                    score = now_ms() + max(int((deadline - time.monotonic()) * 1000), 1)
+                    left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+                    entry = queue_entry(waiter, now_ms() + left_ms)
             attempts += 1
             # A waiter starts from slot 0, as every waiter does: waiters admitted together (one
             # per free slot) then take different slots, by their places in the queue.
             first_slot_ = start_slot if waiter is None else 0
-            outcome = yield from attempt(masters, want, first_slot_, waiter, score)
+            outcome = yield from attempt(masters, want, first_slot_, entry, asked_ms)
             if isinstance(outcome, PermitGranted):
-                queued_as = "" if waiter is None else waiter.id
-                slot = outcome.slot
                 return PermitWon(
-                    outcome.valid_until, attempts, began, queued_as, outcome.failures, slot
+                    outcome.valid_until, attempts, began, entry, outcome.failures, outcome.slot
                 )
             lost = outcome
             found = mismatch(lost.replies)
@@ -319,9 +328,9 @@ def acquire(masters: Masters, want: PermitWant) -> Procedure[PermitWon]:
                 raise permit_not_acquired(masters, want, lost, attempts)
             yield Pause(delay)
     except BaseException as exc:
-        if waiter is not None and not isinstance(exc, GeneratorExit):
+        if entry and not isinstance(exc, GeneratorExit):
             # Leave the queue, also on timing out: a live entry holds back every later caller.
-            yield Round(("ZREM", want.queue_key, waiter.id), cleanup=True)
+            yield Round(("ZREM", want.queue_key, entry), cleanup=True)
         raise
     finally:
         if turn is not None:

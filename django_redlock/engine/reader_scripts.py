@@ -18,8 +18,18 @@ local now = redis.call('time')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 """
 
+# Tell the waiter queued as ``entry`` that its turn may have come: PUBLISH "<notice> <its id>" to
+# its process's inbox (never its value, which follows the id in a writer's entry). ARGV[5] notice
+# digest, ARGV[6] inbox prefix (as in scripts._WAKE).
+_TELL = """
+local function tell(entry)
+    local inbox = ARGV[6] .. string.match(entry, '^[^.]*')
+    return redis.call('publish', inbox, ARGV[5] .. ' ' .. string.match(entry, '^%S+'))
+end
+"""
+
 # Wake the readers at the head of the queue (KEYS[3]), up to the first writer; skip entries past
-# their deadline. ARGV[5] notice digest, ARGV[6] inbox prefix (as in scripts._WAKE).
+# their deadline.
 _WAKE_READERS = """
 local function wake_readers(queue, reading)
     while true do
@@ -33,8 +43,7 @@ local function wake_readers(queue, reading)
         redis.call('zrem', queue, head[1])
         redis.call('srem', reading, head[1])
         if tonumber(head[2]) > now_ms then
-            local inbox = ARGV[6] .. string.match(head[1], '^[^.]*')
-            redis.call('publish', inbox, ARGV[5] .. ' ' .. string.match(head[1], '^%S+'))
+            tell(head[1])
         end
     end
 end
@@ -45,16 +54,20 @@ end
 # ARGV[3] this waiter's id or ''; ARGV[4] how many more ms it waits; ARGV[5] notice digest;
 # ARGV[6] inbox prefix. A semaphore's marker there: {-1, it}. A writer there, or a live queued
 # writer (a queue entry not among the queued readers): refused, and a waiter queues (as a reader)
-# {0, the plain key's PTTL (-1 for a queued writer)}. Else: set our key, enter the readers set,
-# raise the marker's TTL to at least ours, leave the queue, wake the readers queued next (they
-# may share), and return 1.
+# {0, the plain key's PTTL (-1 for a queued writer)}. Refused by a queued writer while the name is
+# free here (no writer, no reader), it tells that writer, as a release would have: the release
+# that woke this reader (the head of the queue, ahead of the writer) woke no one else, and the
+# writer, which readers step aside for, would sleep until its safety poll while the name stays
+# free. Else: set our key, enter the readers set, raise the marker's TTL to at least ours, leave
+# the queue, wake the readers queued next (they may share), and return 1.
 READER_ACQUIRE = scripts.Script(
     "reader_acquire",
     _NOW
+    + _TELL
     + _WAKE_READERS
     + """
 local mark = redis.call('get', KEYS[2])
-if mark and string.match(mark, '^permits:%d+$') then
+if mark and (string.match(mark, '^semaphore:%d+$') or string.match(mark, '^permits:%d+$')) then
     return {-1, mark}
 end
 local refused = nil
@@ -64,6 +77,9 @@ else
     for _, w in ipairs(redis.call('zrangebyscore', KEYS[3], now_ms + 1, '+inf')) do
         if w ~= ARGV[3] and redis.call('sismember', KEYS[5], w) == 0 then
             refused = -1
+            if not mark then
+                tell(w)  -- pass the wake-up on (left queued: readers keep out until it wins)
+            end
             break
         end
     end
@@ -140,6 +156,7 @@ return 1
 READER_RELEASE = scripts.Script(
     "reader_release",
     _NOW
+    + _TELL
     + _WAKE_READERS
     + """
 if ARGV[3] ~= '' then
@@ -164,8 +181,7 @@ end
 for _, w in ipairs(redis.call('zrangebyscore', KEYS[3], now_ms + 1, '+inf')) do
     if redis.call('sismember', KEYS[5], w) == 0 then
         -- Woken, and left in the queue: until it wins, new readers still step aside for it.
-        local inbox = ARGV[6] .. string.match(w, '^[^.]*')
-        redis.call('publish', inbox, ARGV[5] .. ' ' .. string.match(w, '^%S+'))  -- not its value
+        tell(w)
         return 1
     end
 end

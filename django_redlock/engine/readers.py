@@ -9,12 +9,14 @@ fails while the ``readers`` marker does (its TTL outlives every reader's there, 
 Each reader is an ordinary lease: a key of its own (``<name>@reader:<id>``) with its token and
 TTL, so extend, auto-extend, ``owned()``, lost notices and validity are the lock's. No writer
 starvation: a writer that waits queues on the name's waiter queue, and a reader refuses to enter
-while a live writer is queued; the last reader out wakes it. Readers that queued behind a writer
-are woken together when it releases (the first wakes the next).
+while a live writer is queued; the last reader out wakes it, and so does a reader refused for it
+while the name is free (a release woke that reader, queued ahead of it). Readers that queued
+behind a writer are woken together when it releases (the first wakes the next).
 """
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import time
 from dataclasses import dataclass
@@ -51,7 +53,10 @@ class ReaderKeys:
 
     def acquire(self, value: str, ttl_ms: int, waiter: str, wait_ms: int) -> Round:
         keys = (self.reader, self.name, self.queue, self.readers, self.queued_readers)
-        digest = protocol.notice_digest(value)
+        # One notice per attempt, not per reader: a writer told twice (two refused attempts of
+        # one reader, see ``READER_ACQUIRE``) hears the second too (``notice_reading.deliver``
+        # acts once per notice). (A counter: formatting a clock's float cost twice as much.)
+        digest = protocol.notice_digest(f"{value}@{next(_ATTEMPTS)}")
         args = (value, ttl_ms, waiter, wait_ms, digest, self.inbox_prefix)
         return Round(READER_ACQUIRE.evalsha(keys, args), READER_ACQUIRE)
 
@@ -69,6 +74,10 @@ class ReaderKeys:
         digest = protocol.notice_digest(value)
         args = (value, "1" if notify else "", queued_as, "", digest, self.inbox_prefix)
         return Round(READER_RELEASE.evalsha(keys, args), READER_RELEASE, cleanup)
+
+
+#: Numbers a reader's attempts (see ``ReaderKeys.acquire``).
+_ATTEMPTS = itertools.count()
 
 
 def reader_keys(redlock: Redlock, name: str, reader_key: str) -> ReaderKeys:

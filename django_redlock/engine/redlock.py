@@ -20,7 +20,7 @@ from .local_queues import LocalQueues
 from .lock import Lock
 from .locking import locking
 from .markers import is_marker, limit_of
-from .modes import check_mode
+from .modes import check_mode, member_keys
 from .notices import ReleaseNotices
 from .packing import Command
 from .reentry import Holders
@@ -300,15 +300,10 @@ class Redlock(KeySpace):
         held = holder_of(self, resource, replies)
         if held is None or held.mode == "lock":
             return held
-        if held.mode == "permits" and held.limit is not None:
-            names = [f"{self.spelled(resource)}#{i}" for i in range(held.limit)]
-        else:  # the readers set on every master, each key read once
-            listed = yield Round(("ZRANGE", self.key("readers", resource), 0, -1))
-            keys = {k.decode() for r in listed if isinstance(r, list) for k in r}
-            names = sorted(k.removeprefix(self.lock_prefix) for k in keys)
+        names, keys = yield from member_keys(self, resource, held.limit)
         if not names:
             return replace(held, holders=())
-        values = yield Round(("MGET", *map(self.lock_key, names)))
+        values = yield Round(("MGET", *keys))
         members = []
         for i, name in enumerate(names):
             peeked = [_as_peek(r[i]) if isinstance(r, list) else r for r in values]

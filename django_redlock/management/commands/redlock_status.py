@@ -248,8 +248,9 @@ def _lock_row(lock: HeldLock) -> list[str]:
 
 def _member(lock: HeldLock) -> str:
     """What a semaphore's permit or a reader is a member of (empty for a lock)."""
-    if lock.mode == "permit":
-        return f" (permit of {lock.group}, limit {lock.limit})"
+    if lock.mode == "permit":  # (the limit is unknown once the semaphore's marker is gone)
+        limit = "" if lock.limit is None else f", limit {lock.limit}"
+        return f" (permit of {lock.group}{limit})"
     if lock.mode == "reader":
         return f" (reader of {lock.group})"
     return ""
