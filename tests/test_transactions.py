@@ -104,3 +104,33 @@ def test_the_opt_out_is_a_layer_option_of_its_own(settings) -> None:
     lock.release_before_commit = True
     assert (lock.release_before_commit, lock.template) == (True, "opt:{x}")
     assert redlock("opt:out").release_before_commit is False  # the shared defaults untouched
+
+
+@pytest.mark.django_db  # Django's TestCase transaction: never committed, so nothing to wait for
+def test_inside_a_testcase_transaction_the_lock_is_released_at_its_blocks_end(
+    redlock_settings,
+) -> None:
+    from django.db import connection
+
+    from django_redlock import is_locked
+    from django_redlock import transactions as waiting
+
+    assert connection.in_atomic_block
+    with redlock("testcase:txn"):
+        pass
+    assert not is_locked("testcase:txn")
+    assert not waiting.holds
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_cycle_outside_any_transaction_waits_for_nothing(redlock_settings) -> None:
+    from django_redlock import is_locked
+    from django_redlock import transactions as waiting
+    from tests.fencedapp.models import Ledger
+
+    Ledger.objects.create(name="outside")  # the database is in use: locks look at it
+    assert waiting.databases_used
+    with redlock("outside:txn"):
+        Ledger.objects.filter(name="outside").update(value=1)
+    assert not is_locked("outside:txn")
+    assert not waiting.holds

@@ -180,6 +180,23 @@ def check_only_the_outermost_transaction_counts() -> None:
     assert not waiting.holds
 
 
+def check_every_connection_inside_a_transaction_is_waited_for() -> None:
+    other = dict(connections.settings["default"])
+    if connection.vendor == "sqlite":
+        other["NAME"] = f"{other['NAME']}-other"
+    connections.settings["other"] = other
+    try:
+        with transaction.atomic(using="other"):
+            with transaction.atomic():
+                with redlock("txn:two"):
+                    pass
+            assert held_elsewhere("txn:two"), "released when only one of its transactions ended"
+        assert not held_elsewhere("txn:two"), "still held after both transactions ended"
+        assert not waiting.holds
+    finally:
+        connections["other"].close()
+
+
 def check_release_before_commit_restores_the_old_hazard() -> None:
     Ledger.objects.create(name="early")
     with transaction.atomic():
@@ -300,6 +317,7 @@ CHECKS: list[Callable[[], None]] = [
     check_the_lock_is_held_until_the_commit_then_released,
     check_a_rollback_frees_the_lock,
     check_only_the_outermost_transaction_counts,
+    check_every_connection_inside_a_transaction_is_waited_for,
     check_release_before_commit_restores_the_old_hazard,
     check_a_commit_after_the_lease_ran_out_is_refused,
     check_a_waiting_auto_extended_lease_is_renewed_and_its_loss_refuses_the_commit,
