@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Coroutine
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from . import dbguard, otel, transactions
 from .conf import get_redlock
@@ -96,6 +96,10 @@ class DjangoLock(Lock):
         lambda lock, value: lock._own_layer("release_before_commit", value),
     )
 
+    #: Taken inside a transaction, released when it ends (``transactions.py``): a writer's
+    #: update must be committed before the next holder reads. Not a reader's (below).
+    waits_for_transaction: ClassVar[bool] = True
+
     def _own_layer(self, name: str, value: object) -> None:
         """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
         ``plain()`` shares a record between the locks made with the same options), checked as
@@ -118,7 +122,11 @@ class DjangoLock(Lock):
     def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
         lease = super()._hold(owner, want, won)
         self._guard(lease)
-        if transactions.databases_used is not False and not self._layer.release_before_commit:
+        if (
+            transactions.databases_used is not False
+            and self.waits_for_transaction
+            and not self._layer.release_before_commit
+        ):
             transactions.taken(self, owner, lease)
         return lease
 
@@ -306,7 +314,11 @@ class DjangoPermitLock(DjangoLock, PermitLock):
 
 
 class DjangoReaderLock(DjangoLock, ReaderLock):
-    """A reader (``shared=True``), guarded and traced as a ``DjangoLock``."""
+    """A reader (``shared=True``), guarded and traced as a ``DjangoLock``. Released at its
+    block's end even inside a transaction: it protects reads, which are done by then, and the
+    same thread may then take the writer of the same name in that transaction."""
+
+    waits_for_transaction = False
 
 
 def django_lock_class(mode: type[Lock]) -> type[DjangoLock]:

@@ -74,7 +74,7 @@ class DjangoLock(Protocol):
 
     _callers: Callers
     resource: str
-    keys: tuple[str, ...]
+    resources: tuple[str, ...]
 
     @property
     def _layer(self) -> _Layer: ...
@@ -187,7 +187,7 @@ def adopt(lock: DjangoLock, owner: Owner) -> bool:
         if (
             hold.waiting
             and hold.owner is owner
-            and lease.keys == lock.keys
+            and lease.resources == lock.resources
             and type(hold.lock) is type(lock)
             and not lease.released
             and not lease.check_lost()

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 if __name__ == "__main__":
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -30,7 +31,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
 from django.test import Client  # noqa: E402
 
-from django_redlock import LockLost, is_locked, locked, redlock  # noqa: E402
+from django_redlock import LockLost, LockNotAcquired, is_locked, locked, redlock  # noqa: E402
 from django_redlock import transactions as waiting  # noqa: E402
 from django_redlock.commands import guard_command  # noqa: E402
 from django_redlock.transactions import CommitRefused  # noqa: E402
@@ -197,6 +198,48 @@ def check_every_connection_inside_a_transaction_is_waited_for() -> None:
         connections["other"].close()
 
 
+def check_the_same_thread_takes_its_waiting_locks_again_without_waiting_for_itself() -> None:
+    lock = redlock("txn:again", wait=0)
+    with transaction.atomic():
+        lock.acquire()
+        lock.release()  # waits for the transaction, as the end of a block does
+        lock.acquire()  # the same handle: the waiting lease, held again (no round, no wait)
+        lock.release()
+        with redlock("txn:again", wait=0):  # another handle
+            pass
+        with redlock("txn:permit", limit=1, wait=0):
+            pass
+        with redlock("txn:permit", limit=1, wait=0):  # its only permit: the waiting one
+            pass
+        with redlock("txn:rw", shared=True, wait=0):  # a reader: released at its block's end
+            pass
+        with redlock("txn:rw", wait=0):  # so its writer is free for the same thread
+            pass
+        assert held_elsewhere("txn:again")
+        assert len(waiting.waiting()) == 3, waiting.waiting()  # "again", the permit, "rw"
+    assert not waiting.holds
+    assert not held_elsewhere("txn:again")
+    assert not held_elsewhere("txn:rw")
+    assert taken_elsewhere("txn:permit", limit=1), "the permit is still taken"
+
+
+def taken_elsewhere(resource: str, **options: Any) -> bool:
+    """Whether another thread can take ``resource`` at once."""
+    taken: list[bool] = []
+
+    def take() -> None:
+        try:
+            with redlock(resource, wait=0, **options):
+                taken.append(True)
+        except LockNotAcquired:
+            taken.append(False)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(30)
+    return taken[0]
+
+
 def check_release_before_commit_restores_the_old_hazard() -> None:
     Ledger.objects.create(name="early")
     with transaction.atomic():
@@ -318,6 +361,7 @@ CHECKS: list[Callable[[], None]] = [
     check_a_rollback_frees_the_lock,
     check_only_the_outermost_transaction_counts,
     check_every_connection_inside_a_transaction_is_waited_for,
+    check_the_same_thread_takes_its_waiting_locks_again_without_waiting_for_itself,
     check_release_before_commit_restores_the_old_hazard,
     check_a_commit_after_the_lease_ran_out_is_refused,
     check_a_waiting_auto_extended_lease_is_renewed_and_its_loss_refuses_the_commit,
