@@ -6,6 +6,7 @@ OpenTelemetry spans around its operations (``otel.py``, when installed). The eng
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -18,6 +19,7 @@ from .engine.options import WRITING, Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
+from .engine.values import transaction_value
 from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:
@@ -118,6 +120,19 @@ class DjangoLock(Lock):
     # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per
     # operation, and two lookups of the caller's lease, cost an async cycle more than the guard.)
+
+    def _want(self, owner: Owner) -> Any:  # (a mode's own Want: PermitWant, ReaderWant)
+        want = super()._want(owner)
+        if (
+            transactions.databases_used is not False
+            and self.waits_for_transaction
+            and not self._layer.release_before_commit
+            and transactions.inside()
+        ):
+            # Said in its value, for the admin and ``redlock_status`` (no round of its own).
+            value, parts = transaction_value(want.value)
+            return replace(want, value=value, parts=parts)
+        return want
 
     def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
         lease = super()._hold(owner, want, won)

@@ -135,22 +135,28 @@ def install() -> None:
         databases_used = False
 
 
-def taken(lock: DjangoLock, owner: Owner, lease: Lease) -> None:
-    """``lease`` was just taken: if a connection of this thread is inside a transaction (not a
-    ``TestCase``'s, which never commits), it will wait for its end."""
+def inside() -> list[BaseDatabaseWrapper]:
+    """The connections of this thread inside a transaction (not a ``TestCase``'s, which never
+    commits)."""
     if databases_used is None:
         install()  # the app is not in INSTALLED_APPS: its ready() did not
         if not databases_used:
-            return
-    inside = [
+            return []
+    return [
         c
         for c in connections.all(initialized_only=True)
         if c.in_atomic_block and not getattr(c.atomic_blocks[0], "_from_testcase", False)
     ]
-    if not inside:
+
+
+def taken(lock: DjangoLock, owner: Owner, lease: Lease) -> None:
+    """``lease`` was just taken: if a connection of this thread is inside a transaction, it
+    will wait for its end."""
+    inside_now = inside()
+    if not inside_now:
         return
-    hold = Hold(lock, owner, lease, len(inside))
-    for connection in inside:
+    hold = Hold(lock, owner, lease, len(inside_now))
+    for connection in inside_now:
         _waiting_on(connection).append(hold)
     holds[lease] = hold
 

@@ -240,6 +240,40 @@ def taken_elsewhere(resource: str, **options: Any) -> bool:
     return taken[0]
 
 
+def check_the_status_command_and_the_admin_show_a_lock_held_until_its_transaction_ends() -> None:
+    from io import StringIO
+
+    from django.contrib.auth.models import User
+
+    admin = User.objects.create_superuser("txn-admin", password="pw")
+    client = Client()
+    client.force_login(admin)
+    with transaction.atomic():
+        with redlock("txn:shown", label="shown here"):
+            pass
+        shown: list[str] = []
+
+        def look() -> None:  # from another thread, as another process would: the masters' word
+            out = StringIO()
+            call_command("redlock_status", stdout=out)
+            shown.append(out.getvalue())
+            shown.append(client.get("/admin/django_redlock/heldlock/").content.decode())
+            connection.close()
+
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join(60)
+    status, page = (" ".join(text.split()) for text in shown)  # (the status wraps lines)
+    assert "label 'shown here' (held until its transaction ends)" in status, status
+    assert "label &#x27;shown here&#x27; (held until its transaction ends)" in page, page
+    with redlock("txn:shown", label="outside"):  # outside a transaction: not said
+        out = StringIO()
+        call_command("redlock_status", stdout=out)
+    status = " ".join(out.getvalue().split())
+    assert "label 'outside' since" in status, status
+    User.objects.filter(pk=admin.pk).delete()
+
+
 def check_release_before_commit_restores_the_old_hazard() -> None:
     Ledger.objects.create(name="early")
     with transaction.atomic():
@@ -362,6 +396,7 @@ CHECKS: list[Callable[[], None]] = [
     check_only_the_outermost_transaction_counts,
     check_every_connection_inside_a_transaction_is_waited_for,
     check_the_same_thread_takes_its_waiting_locks_again_without_waiting_for_itself,
+    check_the_status_command_and_the_admin_show_a_lock_held_until_its_transaction_ends,
     check_release_before_commit_restores_the_old_hazard,
     check_a_commit_after_the_lease_ran_out_is_refused,
     check_a_waiting_auto_extended_lease_is_renewed_and_its_loss_refuses_the_commit,

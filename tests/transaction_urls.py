@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -34,6 +35,7 @@ def count_early(request: HttpRequest, name: str) -> HttpResponse:
 
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("count/<str:name>/", count),
     path("count-early/<str:name>/", count_early),
 ]
