@@ -42,6 +42,11 @@ Not covered, and why:
   see. Lock inside the synchronous function instead (or ``lock_view(atomic=True)``).
 - Autocommit turned off by hand (``transaction.set_autocommit(False)``) with no ``atomic`` block
   open when the lock is taken.
+- Readers (``shared=True``): released at their block's end; their reads are done by then, and
+  the same thread may then take the writer of the same name.
+
+Shown: the lock's value says ``"txn":true`` (``values.transaction_value``, written by the
+acquisition), so the admin page and ``redlock_status`` show "held until its transaction ends".
 
 ``release_before_commit=True`` (on ``redlock()``, ``@locked``, ``lock_view``, guarded commands
 and ``RedlockTask``) turns this off: the lock is released at its block's end, before the
