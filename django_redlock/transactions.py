@@ -56,6 +56,7 @@ enclosing transaction commits, as it was before.
 from __future__ import annotations
 
 import logging
+import os
 from types import MethodType
 from typing import Any, Protocol
 
@@ -64,7 +65,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from . import dbguard
-from .engine import LockLost
+from .engine import LockLost, process
 from .engine.callers import Callers
 from .engine.leases import Lease, Owner
 
@@ -120,6 +121,10 @@ class Hold:
 #: The holds, by lease. Empty in a process that never took a lock inside a transaction, and
 #: between such locks: releasing looks here only when it is not.
 holds: dict[Lease, Hold] = {}
+
+# A forked child holds none of its parent's locks (``engine.process``): it must neither take
+# one of them again nor release it when an inherited connection's transaction ends.
+os.register_at_fork(after_in_child=holds.clear)
 
 
 def _on_connection_created(sender: object, connection: BaseDatabaseWrapper, **_: Any) -> None:
@@ -288,8 +293,8 @@ def _ended(connection: BaseDatabaseWrapper, *, committed: bool) -> None:
             continue
         if holds.get(hold.lease) is hold:
             del holds[hold.lease]
-        if not hold.waiting or hold.lease.released:
-            continue  # its block is still running: released when it ends
+        if not hold.waiting or hold.lease.released or hold.lease.pid != process.pid:
+            continue  # its block is still running (released when it ends), or our parent's
         try:
             hold.lock._release_waited(hold.owner, hold.lease)
         except LockLost as error:
