@@ -1,6 +1,8 @@
 """The lock the Django layer hands out (``redlock()``, ``@locked``, ``lock_view``, guarded
-commands): the engine's ``Lock``, plus the DB guard while it is held (``dbguard.py``) and
-OpenTelemetry spans around its operations (``otel.py``, when installed). The engine's own
+commands, ``RedlockTask``'s run lock): the engine's ``Lock``, plus the DB guard while it is held
+(``dbguard.py``), the wait for the transaction it was taken in (``transactions.py``: released
+when that transaction ends, not before its ``COMMIT``) and OpenTelemetry spans around its
+operations (``otel.py``, when installed). The engine's own
 ``Lock`` (``Redlock(...).lock()``) has neither: the engine stays Django-free."""
 
 from __future__ import annotations
