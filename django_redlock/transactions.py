@@ -60,6 +60,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from types import MethodType
 from typing import Any, Protocol
 
@@ -192,15 +193,54 @@ def taken(lock: DjangoLock, owner: Owner, lease: Lease) -> None:
     holds[lease] = hold
 
 
+class _Waiting:
+    """What waits for one connection's current transaction (kept in its ``__dict__``; apart
+    from the connection, so that its finalizer can see it once the connection is gone)."""
+
+    __slots__ = ("holds",)
+
+    def __init__(self) -> None:
+        self.holds: list[Hold] | None = None
+
+
+def _waiting_of(connection: BaseDatabaseWrapper) -> list[Hold] | None:
+    box: _Waiting | None = connection.__dict__.get(_WAITING)
+    return None if box is None else box.holds
+
+
 def _waiting_on(connection: BaseDatabaseWrapper) -> list[Hold]:
-    waiting: list[Hold] | None = connection.__dict__.get(_WAITING)
-    if waiting is None:
-        if "commit" not in connection.__dict__:  # once per connection object
-            connection.commit = MethodType(_commit, connection)  # type: ignore[method-assign]
-            connection.rollback = MethodType(_rollback, connection)  # type: ignore[method-assign]
-            connection.close = MethodType(_close, connection)  # type: ignore[method-assign]
-        waiting = connection.__dict__[_WAITING] = []
-    return waiting
+    box: _Waiting | None = connection.__dict__.get(_WAITING)
+    if box is None:  # once per connection object
+        box = connection.__dict__[_WAITING] = _Waiting()
+        connection.commit = MethodType(_commit, connection)  # type: ignore[method-assign]
+        connection.rollback = MethodType(_rollback, connection)  # type: ignore[method-assign]
+        connection.close = MethodType(_close, connection)  # type: ignore[method-assign]
+        weakref.finalize(connection, _abandoned, box)
+    if box.holds is None:
+        box.holds = []
+    return box.holds
+
+
+def _abandoned(box: _Waiting) -> None:
+    """A connection was dropped with a transaction open that locks wait for (its thread ended
+    without leaving its ``atomic`` block): the database rolls it back as the socket closes, and
+    nothing will call its commit or rollback. Its waiting locks are no longer renewed: they
+    expire within their lease, and the log says so (no round from a finalizer)."""
+    waiting, box.holds = box.holds, None
+    for hold in waiting or ():
+        hold.open -= 1
+        if hold.open > 0:
+            continue
+        if holds.get(hold.lease) is hold:
+            del holds[hold.lease]
+        if hold.waiting and not hold.lease.released:
+            hold.lease.auto_extend = False
+            logger.error(
+                "lock %r waited for a transaction whose connection was dropped without COMMIT "
+                "or ROLLBACK (its thread ended inside an atomic block?): no longer renewed, it "
+                "expires within its lease",
+                hold.lease.resource,
+            )
 
 
 def block_ended(lock: DjangoLock, owner: Owner, lease: Lease) -> bool:
@@ -257,7 +297,7 @@ def waiting() -> list[Lease]:
 
 
 def _commit(connection: BaseDatabaseWrapper) -> None:
-    waiting: list[Hold] | None = connection.__dict__.get(_WAITING)
+    waiting = _waiting_of(connection)
     if waiting:
         lost = next((h.lease for h in waiting if _lost(h.lease)), None)
         if lost is not None:
@@ -295,7 +335,7 @@ def _close(connection: BaseDatabaseWrapper) -> None:
     try:
         type(connection).close(connection)
     finally:
-        if connection.__dict__.get(_WAITING) is not None:
+        if _waiting_of(connection) is not None:
             _ended(connection, committed=False)  # the server rolls an open transaction back
 
 
@@ -304,7 +344,10 @@ def _ended(connection: BaseDatabaseWrapper, *, committed: bool) -> None:
     other still open). After a commit, a lease found lost by its release is raised (the commit
     happened: the caller must know that the lock did not cover it), once every lease is
     released; after a rollback nothing was written, and it is only logged."""
-    waiting: list[Hold] | None = connection.__dict__.pop(_WAITING, None)
+    box: _Waiting | None = connection.__dict__.get(_WAITING)
+    if box is None:
+        return
+    waiting, box.holds = box.holds, None
     if not waiting:
         return
     first: LockLost | None = None

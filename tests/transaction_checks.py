@@ -274,6 +274,28 @@ def check_the_status_command_and_the_admin_show_a_lock_held_until_its_transactio
     User.objects.filter(pk=admin.pk).delete()
 
 
+def check_a_transaction_left_open_by_a_thread_that_ended_is_bounded_by_the_lease() -> None:
+    import gc
+
+    leases = []
+
+    def leaves_its_transaction_open() -> None:
+        transaction.atomic().__enter__()  # never left: the thread ends inside it
+        with redlock("txn:abandoned", ttl=1.0, auto_extend=True):
+            pass
+        leases.extend(waiting.waiting())
+
+    thread = threading.Thread(target=leaves_its_transaction_open)
+    thread.start()
+    thread.join(30)
+    (lease,) = leases
+    del thread
+    assert lease in waiting.holds
+    wait_for(lambda: gc.collect() is not None and lease not in waiting.holds, "the finalizer")
+    assert lease.auto_extend is False, "still renewed after its connection was dropped"
+    wait_for(lambda: not held_elsewhere("txn:abandoned"), "the lease to run out")
+
+
 def check_release_before_commit_restores_the_old_hazard() -> None:
     Ledger.objects.create(name="early")
     with transaction.atomic():
@@ -397,6 +419,7 @@ CHECKS: list[Callable[[], None]] = [
     check_every_connection_inside_a_transaction_is_waited_for,
     check_the_same_thread_takes_its_waiting_locks_again_without_waiting_for_itself,
     check_the_status_command_and_the_admin_show_a_lock_held_until_its_transaction_ends,
+    check_a_transaction_left_open_by_a_thread_that_ended_is_bounded_by_the_lease,
     check_release_before_commit_restores_the_old_hazard,
     check_a_commit_after_the_lease_ran_out_is_refused,
     check_a_waiting_auto_extended_lease_is_renewed_and_its_loss_refuses_the_commit,
