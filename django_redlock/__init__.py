@@ -37,8 +37,10 @@ if TYPE_CHECKING:
     from .fencing import fenced_update
     from .leadership import leader
     from .locks import DjangoLock
+    from .transactions import CommitRefused
 
 __all__ = [
+    "CommitRefused",
     "ExtensionLimit",
     "GuardedCommandMixin",
     "LockContended",
@@ -68,6 +70,7 @@ _LAZY = {
     "guard_command": "commands",
     "fenced_update": "fencing",
     "leader": "leadership",
+    "CommitRefused": "transactions",
 }
 
 
