@@ -177,7 +177,8 @@ def inside() -> list[BaseDatabaseWrapper]:
     return [
         c
         for c in known
-        if c.in_atomic_block and not getattr(c.atomic_blocks[0], "_from_testcase", False)
+        if c.in_atomic_block
+        and not (c.atomic_blocks and getattr(c.atomic_blocks[0], "_from_testcase", False))
     ]
 
 
