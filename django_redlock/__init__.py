@@ -37,8 +37,10 @@ if TYPE_CHECKING:
     from .fencing import fenced_update
     from .leadership import leader
     from .locks import DjangoLock
+    from .transactions import CommitRefused
 
 __all__ = [
+    "CommitRefused",
     "ExtensionLimit",
     "GuardedCommandMixin",
     "LockContended",
@@ -68,6 +70,7 @@ _LAZY = {
     "guard_command": "commands",
     "fenced_update": "fencing",
     "leader": "leadership",
+    "CommitRefused": "transactions",
 }
 
 
@@ -98,6 +101,7 @@ def redlock(
     shared: bool = False,
     db_guard: bool = True,
     template: str | None = None,
+    release_before_commit: bool = False,
 ) -> Lock:
     """A lock on ``resources`` over the masters of ``settings.REDLOCK``: one resource, or
     several (all of them or none, on each master: no deadlock whatever the order).
@@ -123,6 +127,13 @@ def redlock(
     next database query raises ``LockLost`` before it reaches the database, and open ``atomic``
     blocks are marked for rollback (see ``django_redlock.dbguard``).
 
+    Inside a transaction (an ``atomic`` block open when the lock is taken: ``ATOMIC_REQUESTS``,
+    a caller's ``atomic``), leaving the block does not release the lock yet: it is released when
+    that transaction ends, after its ``COMMIT`` or ``ROLLBACK``, and a commit after the lease
+    was lost is refused (rolled back, ``CommitRefused``); see ``django_redlock.transactions``.
+    ``release_before_commit=True`` releases it at the block's end instead: the next holder may
+    then read the data as it was before our commit.
+
     ``template``: the resource as written before formatting (``"invoice:{id}"``), the label of
     the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
     ``lock_view`` pass their templates, guarded commands their command's lock.
@@ -138,11 +149,13 @@ def redlock(
         and at_least is None
         and at_most is None
     ):  # (every such option at its default, as it is for most locks)
-        return (_plain or _import_plain())(resources, ttl, wait, label, db_guard, template)
+        return (_plain or _import_plain())(
+            resources, ttl, wait, label, db_guard, template, release_before_commit
+        )
     get_redlock, check_mode, check_bounds_for, django_lock_class, layer = _layer()
     mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
     check_bounds_for(mode, at_least, at_most)
-    own = layer(db_guard, template)
+    own = layer(db_guard, template, release_before_commit)
     engine = get_redlock()
     lock = django_lock_class(mode)(
         engine,
@@ -184,7 +197,7 @@ def _layer() -> tuple[
     Callable[[object, object, object], type[Lock]],
     Callable[[type[Lock], object, object], None],
     Callable[[type[Lock]], type[DjangoLock]],
-    Callable[[object, object], Any],
+    Callable[[object, object, object], Any],
 ]:
     """What ``redlock()`` needs of the Django layer for a lock with other options than
     ``plain()``'s, imported on its first call and kept."""

@@ -48,6 +48,7 @@ from .engine.drivers import fan_out
 from .engine.locking import resources_of
 from .engine.values import UnreadableValue, parse_value
 from .keys import bounded_resource
+from .locks import DjangoLock, layer
 
 __all__ = ["AlreadyQueued", "RedlockTask"]
 
@@ -86,6 +87,10 @@ class RedlockTask(Task):  # type: ignore[misc]
     lock_unique: ClassVar[bool] = True
     lock_raise_on_duplicate: ClassVar[bool] = False
     lock_queue_timeout: ClassVar[float] = 3600.0
+    #: True: a task called inside a transaction (``task()`` in an ``atomic`` block) releases its
+    #: run lock when it returns, before that transaction commits. By default the lock is held
+    #: until the transaction ends (``django_redlock.transactions``).
+    lock_release_before_commit: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -104,6 +109,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         protocol.check_seconds("lock_wait", cls.lock_wait, allow_zero=True)
         protocol.check_seconds("lock_retry_countdown", cls.lock_retry_countdown, allow_zero=True)
         protocol.check_seconds("lock_queue_timeout", cls.lock_queue_timeout, allow_zero=False)
+        layer(False, None, cls.lock_release_before_commit)  # ValueError naming a non-bool
         bound = not isinstance(run, staticmethod)  # bind=True: the task is the first argument
         signature = inspect.signature(func)
         if bound:
@@ -192,13 +198,17 @@ class RedlockTask(Task):  # type: ignore[misc]
         engine = get_redlock()
         key = self.lock_resource(args, kwargs)
         task_id = self.request.id or self.name
-        lock = engine.lock(
+        # The Django layer's handle (unguarded, as the task always ran): called inside a
+        # transaction, its run lock waits for that transaction's end (``transactions.py``).
+        lock = DjangoLock(
+            engine,
             key,
             ttl=self.lock_ttl,
             wait=self.lock_wait if self.lock_busy == "wait" else 0.0,
             label=_label(task_id, False),
             auto_extend=True,
         )
+        lock._layer = layer(False, None, self.lock_release_before_commit)
         try:
             lock.acquire()
         except LockContended:

@@ -83,13 +83,16 @@ def guard_command(
     at_least: float | None = None,
     at_most: float | None = None,
     limit: int | None = None,
+    release_before_commit: bool = False,
 ) -> Iterator[Lock]:
     """Hold the lock of command ``name`` (``key``, default ``command:<name>``; a tuple of names
     locks all of them, as one lock) around the block; see the module docstring for the errors
     and exit statuses. ``at_least`` (seconds): a run that ends sooner keeps the lock, unrenewed,
     until then, so that the same cron line on a host whose clock is late skips (75);
     ``at_most``: renewal stops then, the lock is free, and the run is told (70). ``limit=N``:
-    one of N permits instead (at most N runs at once; not re-entrant)."""
+    one of N permits instead (at most N runs at once; not re-entrant). Run inside a transaction
+    (``call_command`` in an ``atomic`` block), the lock is held until that transaction ends
+    unless ``release_before_commit=True`` (``django_redlock.transactions``)."""
     resources: tuple[str, ...]
     if key is None:
         resources = (command_resource(name),)
@@ -125,6 +128,7 @@ def guard_command(
         at_most=at_most,
         limit=limit,
         template=resource,  # bounded: one per command (or per key the command names)
+        release_before_commit=release_before_commit,
     )
     try:
         with contextlib.ExitStack() as held:
@@ -202,7 +206,9 @@ class GuardedCommandMixin(_CommandBase):
     lock), ``lock_ttl`` (default ``REDLOCK["TTL"]``,
     auto-extended), ``lock_wait`` (default 0: skip at once when another process runs it),
     ``lock_limit`` (at most that many runs at once: a semaphore; default one) and
-    ``lock_at_least`` / ``lock_at_most`` (seconds; see ``guard_command``).
+    ``lock_at_least`` / ``lock_at_most`` (seconds; see ``guard_command``), and
+    ``lock_release_before_commit`` (default False: run inside a transaction, the lock is held
+    until it ends).
     Defines no ``check()``: that would shadow Django's system checks.
     """
 
@@ -213,6 +219,8 @@ class GuardedCommandMixin(_CommandBase):
     lock_at_most: float | None = None
     #: At most this many runs at once (a semaphore's permits) instead of one; None: one.
     lock_limit: int | None = None
+    #: True: release the lock when the command ends even inside a transaction, before it commits.
+    lock_release_before_commit: bool = False
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         name = type(self).__module__.rpartition(".")[2]
@@ -232,5 +240,6 @@ class GuardedCommandMixin(_CommandBase):
             at_least=self.lock_at_least,
             at_most=self.lock_at_most,
             limit=self.lock_limit,
+            release_before_commit=self.lock_release_before_commit,
         ):
             return super().execute(*args, **options)

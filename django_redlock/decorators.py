@@ -26,9 +26,12 @@ Choices, and why:
   ``lock_lost`` signal and an ERROR log fire when it is noticed, and the request fails with
   ``LockLost`` (a 500) instead of a success the lock did not protect. With ``atomic=True`` (or a
   database alias) the view runs in ``transaction.atomic`` *inside* the lock and the lease is
-  checked before the commit, so a lost lease rolls the view's writes back. Prefer that to
-  ``ATOMIC_REQUESTS`` or an ``atomic`` outside ``lock_view``: those commit after the lock is
-  released, and a second request that gets the lock in between reads data from before our commit.
+  checked before the commit, so a lost lease rolls the view's writes back.
+- **``ATOMIC_REQUESTS``** (or an ``atomic`` block around the decorated view): the lock is held
+  until that transaction ends, released right after its ``COMMIT`` (or ``ROLLBACK``), so the
+  next request reads our committed write; a commit after the lease was lost is refused (rolled
+  back, ``CommitRefused``, a 500). ``release_before_commit=True`` releases it when the view
+  returns instead, before the commit (see ``django_redlock.transactions``).
   If the lease is lost during a stream, the stream raises ``LockLost`` after its last chunk; the
   server then cuts the response short, so the client sees an incomplete body rather than a
   complete-looking one. A stream closed outside the thread or task that took the lock (an ASGI
@@ -66,6 +69,7 @@ from .keys import (
     format_key,
     template_fields,
 )
+from .locks import check_release_before_commit
 from .streaming import hand_over_to_stream
 
 __all__ = ["CONTENDED_RETRY_AFTER", "UNAVAILABLE_RETRY_AFTER", "lock_view", "retry_after"]
@@ -98,6 +102,7 @@ def lock_view(
     atomic: bool | str = False,
     limit: int | None = None,
     shared: bool = False,
+    release_before_commit: bool = False,
 ) -> Callable[[V], V]:
     """Run the view while holding a Redlock on ``keys`` (see the module docstring for choices).
 
@@ -115,6 +120,10 @@ def lock_view(
     ``limit=N``: up to N requests at once (a semaphore's permits); when all are taken the
     answer is ``429 Too Many Requests`` with ``Retry-After`` (unless ``status`` is given).
     ``shared=True``: a reader; readers share, the same key without it is their writer.
+    ``release_before_commit=True``: under ``ATOMIC_REQUESTS`` (or inside any ``atomic`` block
+    around the view), release the lock when the view returns, before the transaction commits
+    (the next request may read data from before our commit). By default it is held until that
+    transaction commits or rolls back (``django_redlock.transactions``).
     """
     if not keys:
         raise KeyTemplateError("lock_view needs at least one key: lock_view('order:{order_id}')")
@@ -129,6 +138,7 @@ def lock_view(
         atomic=_check_atomic(atomic),
         limit=limit,
         shared=shared,
+        release_before_commit=check_release_before_commit(release_before_commit),
         template=" + ".join(k if isinstance(k, str) else _callable_name(k) for k in keys),
     )
     check_mode(limit, shared, reentrant=False)  # bad combinations fail at import, not per request
@@ -164,6 +174,7 @@ class _Options:
     atomic: str | bool
     limit: int | None = None
     shared: bool = False
+    release_before_commit: bool = False
     template: str = ""  # the keys as written: the metrics' label (bounded, unlike resources)
 
     def guard(self, view: object) -> _ViewLock:
@@ -310,6 +321,7 @@ class _ViewLock:
             limit=o.limit,
             shared=o.shared,
             template=o.template,
+            release_before_commit=o.release_before_commit,
         )
 
     def run_sync(

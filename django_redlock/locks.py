@@ -1,22 +1,27 @@
 """The lock the Django layer hands out (``redlock()``, ``@locked``, ``lock_view``, guarded
-commands): the engine's ``Lock``, plus the DB guard while it is held (``dbguard.py``) and
-OpenTelemetry spans around its operations (``otel.py``, when installed). The engine's own
+commands, ``RedlockTask``'s run lock): the engine's ``Lock``, plus the DB guard while it is held
+(``dbguard.py``), the wait for the transaction it was taken in (``transactions.py``: released
+when that transaction ends, not before its ``COMMIT``) and OpenTelemetry spans around its
+operations (``otel.py``, when installed). The engine's own
 ``Lock`` (``Redlock(...).lock()``) has neither: the engine stays Django-free."""
 
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from dataclasses import replace
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from . import dbguard, otel
+from . import dbguard, otel, transactions
 from .conf import get_redlock
-from .engine import Lock
+from .engine import Lock, holding
+from .engine.drivers import run
 from .engine.leases import Lease, Owner, current_owner
 from .engine.options import WRITING, Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
+from .engine.values import transaction_value
 from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:
@@ -26,26 +31,41 @@ if TYPE_CHECKING:
 class _Layer:
     """A ``DjangoLock``'s own options."""
 
-    __slots__ = ("db_guard", "template")
+    __slots__ = ("db_guard", "release_before_commit", "template")
 
-    def __init__(self, db_guard: bool, template: str | None) -> None:
+    def __init__(
+        self, db_guard: bool, template: str | None, release_before_commit: bool = False
+    ) -> None:
         self.db_guard = db_guard
         self.template = template or UNTEMPLATED
+        self.release_before_commit = release_before_commit
 
 
 _DEFAULTS = _Layer(True, None)
 
 
-def layer(db_guard: object, template: object) -> _Layer:
+def layer(db_guard: object, template: object, release_before_commit: object = False) -> _Layer:
     """The Django layer's options of a lock (``ValueError`` naming a bad one): the record
     shared by every lock that keeps the defaults, or one of its own."""
-    if db_guard is True and template is None:
+    if db_guard is True and template is None and release_before_commit is False:
         return _DEFAULTS
     if not isinstance(db_guard, bool):
         raise ValueError(f"db_guard must be True or False, got {db_guard!r}")
     if template is not None and (not isinstance(template, str) or not template):
         raise ValueError(f"template must be a non-empty str or None, got {template!r}")
-    return _Layer(db_guard, template)
+    check_release_before_commit(release_before_commit)
+    return _Layer(db_guard, template, release_before_commit)  # type: ignore[arg-type]
+
+
+def check_release_before_commit(value: object) -> bool:
+    """``release_before_commit`` as given, if it is a bool; else ``ValueError`` naming it."""
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"release_before_commit must be True or False, got {value!r} (True releases the "
+            f"lock before the enclosing transaction commits: the next holder may read data "
+            f"from before our commit)"
+        )
+    return value
 
 
 class DjangoLock(Lock):
@@ -73,6 +93,16 @@ class DjangoLock(Lock):
     template: str = property(  # type: ignore[assignment]
         attrgetter("_layer.template"), lambda lock, value: lock._own_layer("template", value)
     )
+    #: True: released when its block ends even inside a transaction, before that commits (the
+    #: hazard ``transactions.py`` exists for). False (the default): held until it ends.
+    release_before_commit: bool = property(  # type: ignore[assignment]
+        attrgetter("_layer.release_before_commit"),
+        lambda lock, value: lock._own_layer("release_before_commit", value),
+    )
+
+    #: Taken inside a transaction, released when it ends (``transactions.py``): a writer's
+    #: update must be committed before the next holder reads. Not a reader's (below).
+    waits_for_transaction: ClassVar[bool] = True
 
     def _own_layer(self, name: str, value: object) -> None:
         """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
@@ -81,21 +111,45 @@ class DjangoLock(Lock):
         template as a metric label, unchecked)."""
         with WRITING:  # (as the engine's options: two threads at once would lose one)
             current = self._layer
-            if name == "db_guard":
-                self._layer = layer(value, current.template)
-            else:
-                self._layer = layer(current.db_guard, value)
+            options = {
+                "db_guard": current.db_guard,
+                "template": current.template,
+                "release_before_commit": current.release_before_commit,
+                name: value,
+            }
+            self._layer = layer(**options)
 
     # --- the guard: hooked where the engine takes and lets go of a lease, sync and async alike --
     # (Not around ``acquire``/``aacquire`` and the releases: a wrapping coroutine per
     # operation, and two lookups of the caller's lease, cost an async cycle more than the guard.)
 
+    def _want(self, owner: Owner) -> Any:  # (a mode's own Want: PermitWant, ReaderWant)
+        want = super()._want(owner)
+        if (
+            transactions.databases_used is not False
+            and self.waits_for_transaction
+            and not self._layer.release_before_commit
+            and transactions.inside()
+        ):
+            # Said in its value, for the admin and ``redlock_status`` (no round of its own).
+            value, parts = transaction_value(want.value)
+            return replace(want, value=value, parts=parts)
+        return want
+
     def _hold(self, owner: Owner, want: Want, won: Won) -> Lease:
         lease = super()._hold(owner, want, won)
         self._guard(lease, owner)
+        if (
+            transactions.databases_used is not False
+            and self.waits_for_transaction
+            and not self._layer.release_before_commit
+        ):
+            transactions.taken(self, owner, lease)
         return lease
 
     def _reenter(self, owner: Owner) -> bool:
+        if transactions.holds and transactions.adopt(self, owner):
+            return True
         if not super()._reenter(owner):
             return False
         lease = self._callers.get(owner)
@@ -117,6 +171,26 @@ class DjangoLock(Lock):
             super()._released(owner, lease)
         finally:
             dbguard.unguard(lease)
+            if transactions.holds:
+                transactions.forget(lease)
+
+    # --- held until the transaction ends (``transactions.py``) --------------------------------
+
+    def _release_waited(self, owner: Owner, lease: Lease) -> None:
+        """Release ``lease``, whose block ended before the transaction it waited for, now that
+        the transaction ended (``_release`` without the letting go of the block's entry, done
+        when the block ended)."""
+        lease.released = True
+        self._redlock.holders.remove(lease)
+        tracer = otel.tracer()
+        try:
+            if tracer is None:
+                run(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
+            else:
+                with otel.operation(tracer, "redlock.release", self):
+                    run(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
+        finally:
+            self._released(owner, lease)
 
     # --- traced, when OpenTelemetry records spans ---------------------------------------------
 
@@ -160,6 +234,10 @@ class DjangoLock(Lock):
             return await operation
 
     def _release(self, owner: Owner) -> None:
+        if transactions.holds:  # (empty unless a lock was taken inside a transaction)
+            lease = self._callers.get(owner)
+            if lease is not None and transactions.block_ended(self, owner, lease):
+                return  # released when its transaction ends
         tracer = otel.tracer()
         if tracer is None:
             super()._release(owner)
@@ -202,8 +280,10 @@ def plain(
     label: str | None,
     db_guard: bool,
     template: str | None,
+    release_before_commit: bool = False,
 ) -> DjangoLock:
-    """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=)`` with every other
+    """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=,
+    release_before_commit=)`` with every other
     option left at its default: the usual lock, made on every ``with redlock(r):``.
 
     Its options are checked once per engine and set of values (a ``ValueError`` names a bad
@@ -216,14 +296,14 @@ def plain(
     owner, table = _presets
     key = (
         ttl, type(ttl), wait, type(wait), label, type(label), db_guard, type(db_guard),
-        template, type(template),
+        template, type(template), release_before_commit, type(release_before_commit),
     )  # fmt: skip
     try:
         preset = table.get(key) if owner is engine else None
     except TypeError:  # an unhashable value: refused by DjangoLock below, not kept
         preset = None
     if preset is None:
-        own = layer(db_guard, template)
+        own = layer(db_guard, template, release_before_commit)
         lock = DjangoLock(
             engine,
             *resources,
@@ -257,7 +337,11 @@ class DjangoPermitLock(DjangoLock, PermitLock):
 
 
 class DjangoReaderLock(DjangoLock, ReaderLock):
-    """A reader (``shared=True``), guarded and traced as a ``DjangoLock``."""
+    """A reader (``shared=True``), guarded and traced as a ``DjangoLock``. Released at its
+    block's end even inside a transaction: it protects reads, which are done by then, and the
+    same thread may then take the writer of the same name in that transaction."""
+
+    waits_for_transaction = False
 
 
 def django_lock_class(mode: type[Lock]) -> type[DjangoLock]:

@@ -7,6 +7,8 @@ byte of it is kept by the client per held lock and on every master.
 
 A lock whose body ended before its ``at_least`` is kept under the same token with one more field,
 ``"until":<unix>`` (``finished_value``): it is finished, and held until then by nobody's renewal.
+A lock taken inside a database transaction (the Django layer's, released when that transaction
+ends) says so with ``"txn":true`` (``transaction_value``).
 
 The token (16 bytes from the OS's CSPRNG: ``os.urandom``, what ``secrets`` gives) is what
 compare-and-delete and compare-and-extend check; the JSON after it is for humans (the admin page,
@@ -123,6 +125,14 @@ def expand_value(stamp: bytes, owner: str) -> str:
     return f"{token.hex()}:{owner}{_SINCE}{since // 1000}.{_MILLIS[since % 1000]}}}"
 
 
+def transaction_value(value: str) -> tuple[str, tuple[bytes, str]]:
+    """``value`` (as ``new_value`` made it) marked as taken inside a database transaction, for
+    display (held until that transaction ends), and its parts (``compact_value``'s)."""
+    cut = value.rindex(_SINCE)
+    marked = f'{value[:cut]},"txn":true{value[cut:]}'
+    return marked, compact_value(marked)
+
+
 def finished_value(value: str, until: float) -> str:
     """``value`` (ours, as ``make_value`` wrote it) marked finished: kept, unrenewed, until the
     unix wall-clock time ``until`` (for display: the masters' expiry is what frees it)."""
@@ -156,6 +166,9 @@ class Owner:
     #: Set when the holder's body ended before its ``at_least``: unix seconds until which the
     #: masters keep the lock, unrenewed (``finished_value``).
     until: float | None = None
+    #: Taken inside a database transaction: held until that transaction ends, not only until the
+    #: holder's block does (``transaction_value``).
+    transaction: bool = False
 
     def __str__(self) -> str:
         parts = [self.host or "?", f"pid {self.pid if self.pid is not None else '?'}"]
@@ -167,6 +180,8 @@ class Owner:
             parts.append(f"label {self.label!r}")
         if self.until is not None:
             parts.append(f"(finished, held until {_utc(self.until)})")
+        if self.transaction:
+            parts.append("(held until its transaction ends)")
         return " ".join(parts)
 
 
@@ -201,6 +216,7 @@ def parse_value(value: bytes, *, size: int | None = None) -> tuple[str, Owner]:
         since=_number(data.get("since")),
         ttl=_number(data.get("ttl")),
         until=_number(data.get("until")),
+        transaction=data.get("txn") is True,
     )
     return fingerprint(token), owner
 
