@@ -88,7 +88,7 @@ def test_each_rule_trips_on_its_own_violation() -> None:
     ids=["masters", "clients"],
 )
 def test_a_fixed_seed_run_under_faults_has_no_violation(seed: int, mix: tuple[str, ...]) -> None:
-    outcome = run(Options(seconds=20, seed=seed, faults=mix))
+    outcome = run(Options(seconds=15, seed=seed, faults=mix))
     verdict = outcome.verdict
     assert not outcome.stderr, outcome.stderr
     assert verdict.ok, "\n".join([verdict.summary(), *map(str, verdict.violations[:20])])
@@ -105,6 +105,29 @@ def test_a_fixed_seed_run_under_faults_has_no_violation(seed: int, mix: tuple[st
 def test_the_checker_trips_on_a_broken_lock(
     broken: str, faults: tuple[str, ...], expected: str
 ) -> None:
-    outcome = run(Options(seconds=8, seed=3, faults=faults, broken=broken))
+    outcome = run(Options(seconds=6, seed=3, faults=faults, broken=broken))
     found = {v.rule for v in outcome.verdict.violations}
     assert expected in found, outcome.verdict.summary()
+
+
+def test_the_django_workload_loses_no_update_and_lets_no_older_token_win() -> None:
+    """lock_view under ATOMIC_REQUESTS, redlock() inside atomic and fenced updates through a
+    join, on PostgreSQL, single-caller processes stopping between their lock's block and their
+    COMMIT (and between the token and the fenced update) past their lease, some killed."""
+    outcome = run(
+        Options(seconds=12, seed=21, faults=("stop", "kill"), processes=0, solo=1, django=3)
+    )
+    verdict = outcome.verdict
+    assert not outcome.stderr, outcome.stderr
+    assert verdict.ok, "\n".join([verdict.summary(), *map(str, verdict.violations[:20])])
+    assert all(verdict.by_kind[f"django-{k}"] >= 10 for k in ("view", "with", "fenced"))
+
+
+def test_the_django_workload_trips_when_locks_are_released_before_commit() -> None:
+    outcome = run(
+        Options(
+            seconds=8, seed=22, faults=(), processes=0, solo=0, django=3,
+            broken="release-before-commit",
+        )
+    )  # fmt: skip
+    assert "counter" in {v.rule for v in outcome.verdict.violations}, outcome.verdict.summary()

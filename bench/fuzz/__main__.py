@@ -32,6 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--broken", choices=BROKEN, help="a known-broken lock: the checker's test")
     parser.add_argument("--engine-tree", type=Path, help="run the clients on another checkout")
+    parser.add_argument(
+        "--django",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N processes of the Django workload on a throwaway PostgreSQL",
+    )
     args = parser.parse_args(argv)
     failed = 0
     for seed in range(args.seed, args.seed + args.seeds):
@@ -44,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ttl=args.ttl,
             broken=args.broken,
             engine_tree=args.engine_tree,
+            django=args.django,
         )
         started = time.monotonic()
         outcome = run(options)

@@ -281,8 +281,14 @@ class Client:
             taken.append(key)
         acquired = time.monotonic()
 
+        ttl = self.plan["ttl"]
+
         class Naive:
             held = True  # it cannot know otherwise
+
+            @property
+            def validity(self) -> float:  # what its one SET PX gave it, as it believes
+                return max(0.0, acquired + ttl * 0.99 - time.monotonic())
 
         record = {
             "caller": caller,

@@ -239,3 +239,60 @@ def _interval(s: Section) -> Interval:
 def _stretch(s: Section) -> Stretch:
     released = s.valid_until if s.released is None else s.released
     return Stretch(kind=s.kind, acquired=s.acquired, valid_until=s.valid_until, released=released)
+
+
+# --- the Django workload (``django_client``) ------------------------------------------------
+
+
+def check_django(
+    records: Sequence[Mapping[str, Any]],
+    ledger: Mapping[str, int],
+    accounts: Mapping[str, tuple[int, int]],
+) -> list[Violation]:
+    """Judge the Django workload's records against the rows as they ended: ``ledger`` (row name
+    to value) and ``accounts`` (owner to balance and fence).
+
+    - **counter**: each ledger row ends equal to the increments that committed (a 200 from the
+      ``lock_view``, an ``atomic`` that committed: a ``CommitRefused`` did not);
+    - **fences**: each account's balance equals the fenced updates that wrote it (``F()``: the
+      count is exact), its fence is the highest token that wrote it (it never went back), and no
+      update was written with a token lower than one already committed before it started."""
+    violations: list[Violation] = []
+    for row, value in sorted(ledger.items()):
+        counted = sum(
+            1 for r in records if r.get("row") == row and r["kind"] != "fenced" and r["counted"]
+        )
+        if counted != value:
+            violations.append(
+                Violation(
+                    "counter", f"ledger {row}: {counted} increments committed, it ends at {value}"
+                )
+            )
+    for owner, (balance, fence) in sorted(accounts.items()):
+        wrote = [
+            r for r in records if r["kind"] == "fenced" and r.get("owner") == owner and r["counted"]
+        ]
+        if balance != len(wrote):
+            violations.append(
+                Violation(
+                    "fences", f"account {owner}: {len(wrote)} fenced writes, balance {balance}"
+                )
+            )
+        highest = max((r["token"] for r in wrote), default=0)
+        if fence != highest:
+            violations.append(
+                Violation(
+                    "fences", f"account {owner}: fence {fence}, highest token written {highest}"
+                )
+            )
+        for late in wrote:
+            for early in wrote:
+                if early["committed"] < late["started"] and early["token"] > late["token"]:
+                    violations.append(
+                        Violation(
+                            "fences",
+                            f"account {owner}: token {late['token']} wrote after token "
+                            f"{early['token']} had committed",
+                        )
+                    )
+    return violations

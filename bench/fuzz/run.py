@@ -41,7 +41,7 @@ from django_redlock.testing.masters import LocalMaster, local_masters
 from django_redlock.testing.proxy import DelayProxy
 
 from . import client as client_module
-from .history import Verdict, Violation, check, killed_holders, read_journals
+from .history import Verdict, Violation, check, check_django, killed_holders, read_journals
 
 FAULTS = (
     "master-pause",
@@ -60,7 +60,7 @@ MIXES = {
     "all": FAULTS[:-1],
     "none": (),
 }
-BROKEN = ("quorum1", "setnx-one")
+BROKEN = ("quorum1", "setnx-one", "release-before-commit")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -77,6 +77,9 @@ class Options:
     node_timeout: float = 0.05
     broken: str | None = None
     engine_tree: Path | None = None
+    #: Also the Django workload (``django_client``) on a throwaway PostgreSQL: this many
+    #: processes, the first ``solo`` of which run one caller each (0: none).
+    django: int = 0
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULTS)
@@ -84,8 +87,10 @@ class Options:
             raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
         if self.broken is not None and self.broken not in BROKEN:
             raise ValueError(f"broken={self.broken!r}; known: {', '.join(BROKEN)}")
-        if not 0 <= self.solo <= self.processes:
-            raise ValueError(f"solo={self.solo} must be between 0 and processes={self.processes}")
+        if not 0 <= self.solo <= max(self.processes, self.django):
+            raise ValueError(f"solo={self.solo} must be between 0 and the processes")
+        if self.broken == "release-before-commit" and not self.django:
+            raise ValueError("broken='release-before-commit' needs the Django workload (django=N)")
         if self.engine_tree is not None and not (self.engine_tree / "django_redlock").is_dir():
             raise ValueError(f"engine_tree {self.engine_tree} has no django_redlock package")
 
@@ -102,6 +107,7 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fuzz-")))
         masters = stack.enter_context(local_masters(5, workdir / "masters"))
+        started = time.monotonic()
         store_master = LocalMaster(workdir / "store").start()
         stack.callback(store_master.stop)
         proxy = None
@@ -111,9 +117,11 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
         journal_dir = workdir / "journal"
         journal_dir.mkdir()
         prefix = f"fuzz{options.seed}:"
-        # Fresh masters are younger than MAX_TTL: under quarantine they abstain until then.
-        time.sleep(options.ttl + 0.2)
-        stop_by = time.monotonic() + options.seconds
+        database = None
+        if options.django:
+            from tests.postgres import throwaway_postgres
+
+            database = stack.enter_context(throwaway_postgres())
         plan = {
             "nodes": nodes,
             "store": store_master.url,
@@ -127,14 +135,23 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
             "solo": options.solo,
             "threads": options.threads,
             "tasks": options.tasks,
-            "stop_by": stop_by,
             "broken": options.broken,
+            "database": database,
         }
         plan_path = workdir / "plan.json"
         plan_path.write_text(json.dumps(plan))
+        if database is not None:
+            django_setup(plan_path, options)
+        # Fresh masters are younger than MAX_TTL: under quarantine they abstain until then.
+        time.sleep(max(0.0, options.ttl + 0.2 - (time.monotonic() - started)))
+        stop_by = plan["stop_by"] = time.monotonic() + options.seconds
+        plan_path.write_text(json.dumps(plan))
         burners = stack.enter_context(cpu_burners(2 if "cpu" in options.faults else 0))
         clients = [spawn_client(plan_path, i, options) for i in range(options.processes)]
-        controller = Controller(options, masters, proxy, clients, stop_by)
+        djangos = [spawn_client(plan_path, i, options, "django") for i in range(options.django)]
+        stoppable = clients[: options.solo] + djangos[: options.solo]
+        clients += djangos
+        controller = Controller(options, masters, proxy, clients, stoppable, stop_by)
         controller.start()
         try:
             stderr = wait_for_clients(clients, stop_by + options.ttl * 4 + 30)
@@ -161,6 +178,18 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
             accepted=accepted,
             limits={client_module.SEMAPHORE: client_module.SEMAPHORE_LIMIT},
         )
+        if database is not None:
+            ledger, accounts = django_rows(database)
+            django = [r for r in others if r["type"] == "django"]
+            verdict.violations += check_django(django, ledger, accounts)
+            verdict.by_kind.update(
+                {
+                    f"django-{k}": sum(r["kind"] == k for r in django)
+                    for k in ("view", "with", "fenced")
+                }
+            )
+            verdict.sections += len(django)
+            leftover += keys_left(masters, "redlock:", options.ttl)
         verdict.violations += [Violation("leftover", k) for k in leftover]
         verdict.violations += [
             Violation("crash", f"{r['pid']}: {r['error']}") for r in others if r["type"] == "crash"
@@ -168,19 +197,51 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
         return Outcome(verdict, dict(controller.made), stderr)
 
 
-def spawn_client(plan_path: Path, index: int, options: Options) -> subprocess.Popen[str]:
-    """Run ``client.py`` by its path (it imports nothing of ``bench``), with the engine's tree
-    first on the path: this checkout's, or ``engine_tree``."""
+def spawn_client(
+    plan_path: Path, index: int | str, options: Options, kind: str = "engine"
+) -> subprocess.Popen[str]:
+    """Run a client script by its path (``client.py``, which imports nothing of ``bench``; or
+    ``django_client.py``), with the engine's tree first on the path: this checkout's, or
+    ``engine_tree``."""
     env = dict(os.environ)
     tree = options.engine_tree or REPO
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    script = (
+        client_module.__file__
+        if kind == "engine"
+        else str(Path(__file__).with_name("django_client.py"))
+    )
     return subprocess.Popen(  # noqa: S603 (our own script)
-        [sys.executable, client_module.__file__, str(plan_path), str(index)],
+        [sys.executable, script, str(plan_path), str(index)],
         cwd=tree,
         env=env,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def django_setup(plan_path: Path, options: Options) -> None:
+    """Migrate the throwaway database and make the rows, once, before any client starts."""
+    setup = spawn_client(plan_path, "setup", options, "django")
+    _, err = setup.communicate(timeout=120)
+    if setup.returncode != 0:
+        raise RuntimeError(f"the Django workload's set-up failed: {err[-3000:]}")
+
+
+def django_rows(port: int) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """The ledger rows and the owners' accounts as the run left them."""
+    import psycopg
+
+    with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres") as db:
+        ledger = dict(db.execute("SELECT name, value FROM fencedapp_ledger").fetchall())
+        accounts = {
+            name: (balance, fence)
+            for name, balance, fence in db.execute(
+                "SELECT o.name, a.balance, a.fence FROM fencedapp_ownedaccount a "
+                "JOIN fencedapp_owner o ON o.id = a.owner_id"
+            ).fetchall()
+        }
+    return ledger, accounts
 
 
 def wait_for_clients(clients: Sequence[subprocess.Popen[str]], deadline: float) -> str:
@@ -252,6 +313,7 @@ class Controller(threading.Thread):
         masters: Sequence[LocalMaster],
         proxy: DelayProxy | None,
         clients: Sequence[subprocess.Popen[str]],
+        stoppable: Sequence[subprocess.Popen[str]],
         stop_by: float,
     ) -> None:
         super().__init__(name="fuzz-faults", daemon=True)
@@ -260,6 +322,7 @@ class Controller(threading.Thread):
         self.masters = masters
         self.proxy = proxy
         self.clients = clients
+        self.stoppable = stoppable  # the single-caller processes, which may stop themselves
         self.rng = random.Random(f"faults/{options.seed}")
         self.done = threading.Event()
         self.made: dict[str, int] = {}
@@ -321,7 +384,7 @@ class Controller(threading.Thread):
     def resume_stopped_clients(self) -> None:
         """A solo client that stopped itself holding a lock is resumed once its lease ran out
         (or killed, under ``kill``), so that the next holder's section overlaps its stale one."""
-        for proc in self.clients[: self.options.solo]:
+        for proc in self.stoppable:
             if proc.poll() is not None or not stopped(proc.pid):
                 continue
             since = self.stopped_since.setdefault(proc.pid, time.monotonic())
