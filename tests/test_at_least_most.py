@@ -114,6 +114,8 @@ def test_at_most_below_the_ttl_cuts_the_first_lease(masters, redlock_of) -> None
         ({"at_least": 400 * 24 * 3600}, "at_least must be at most 31536000 seconds"),
         ({"at_most": float("nan")}, "at_most must be finite, got nan"),
         ({"at_least": "5"}, "at_least must be a number of seconds, got '5'"),
+        # It caps the lease: shorter than the shortest lease, it named the TTL, not itself.
+        ({"at_most": 0.001}, "at_most must be at least 0.01 seconds (a lease), got 0.001"),
     ],
 )
 def test_bad_bounds_fail_before_any_network_call(options, message) -> None:
@@ -216,6 +218,7 @@ def test_a_cron_copy_on_a_host_whose_clock_is_late_skips_with_at_least(cron) -> 
         (["--at-least", "5", "--at-most", "2", "--", "check"], r"--at-least \(5\) must not exceed"),
         (["--at-least", "-1", "--", "check"], "--at-least must be > 0 seconds"),
         (["--at-most", "1e9", "--", "check"], "--at-most must be at most"),
+        (["--at-most", "0.001", "--", "check"], "--at-most must be at least 0.01 seconds"),
         (["--at-least", "--", "check"], "--at-least: expected one argument"),
     ],
 )
@@ -364,3 +367,12 @@ def test_bounds_are_for_an_exclusive_lock_only(redlock_settings) -> None:
         redlock("job", shared=True, at_most=5)
     with pytest.raises(CommandError, match="--limit takes no --at-least"):
         call_command("redlock_run", "--limit", "2", "--at-least", "5", "--", "check")
+
+
+def test_redlock_run_at_most_too_short_is_a_usage_error_not_a_traceback() -> None:
+    from tests.conftest import manage_py
+
+    result = manage_py("redlock_run", "--at-most", "0.001", "--", "check", env={})
+    assert result.returncode == 2, result.stderr
+    assert "--at-most must be at least 0.01 seconds" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -195,6 +195,13 @@ def test_a_failing_command_releases_its_lock(redlock_settings: list) -> None:
         (["--ttl", "0", "--", "check"], "ttl"),
         (["--wait", "-1", "--", "check"], "wait"),
         (["--ttl", "nan", "--", "check"], "ttl"),
+        # What the settings check refuses as REDLOCK['TTL']: one slow master eats the lease.
+        (["--ttl", "0.05", "--", "check"], r"--ttl: REDLOCK\['NODE_TIMEOUT'\] \(0.05s\) is not"),
+        (["--ttl", "0.05", "--leader", "--", "check"], "--ttl: REDLOCK"),
+        # Once ignored in silence: a standby waits until it leads; an empty key named nothing.
+        (["--leader", "--wait", "3", "--", "check"], "--leader takes no --wait"),
+        (["--key", "", "--", "check"], "--key must not be empty"),
+        (["--leader", "--key", "", "--", "check"], "--key must not be empty"),
     ],
 )
 def test_redlock_run_bad_arguments(redlock_settings: list, args: list[str], message: str) -> None:
