@@ -376,3 +376,43 @@ def test_redlock_run_at_most_too_short_is_a_usage_error_not_a_traceback() -> Non
     assert result.returncode == 2, result.stderr
     assert "--at-most must be at least 0.01 seconds" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_extend_never_reaches_past_at_most(masters, redlock_of) -> None:
+    """The holder's own ``extend()`` keeps ``at_most`` as the watchdog does: a renewal is cut
+    to end at the cap (``extend(ttl=30)`` too), the key lapses on every master there, and an
+    extend at the cap says the lease is lost. (It renewed for the full TTL each time: the key
+    was still on 3/3 masters past the cap, and ``extend(ttl=30)`` gave a 30 s lease.)"""
+    engine = redlock_of(masters)
+    lock = engine.lock("capped", ttl=2, at_most=3)
+    lock.acquire()
+    cap = time.monotonic() + 3  # (at most: the lease was taken a little before)
+    assert lock.extend(ttl=30) <= 3
+    assert all(0 < t <= 3000 for t in pttls(masters, engine, "capped"))
+    time.sleep(max(0.0, cap - 0.5 - time.monotonic()))
+    validity = lock.extend()  # within the cap: cut to end there, not 2 s later
+    assert validity <= 0.5
+    assert all(t <= 500 for t in pttls(masters, engine, "capped"))
+    time.sleep(max(0.0, cap - time.monotonic()))
+    with pytest.raises(LockLost):
+        lock.extend(ttl=30)  # the lease ended at the cap, as at_most says
+    assert pttls(masters, engine, "capped") == [-2] * len(masters)  # lapsed: free for others
+    with pytest.raises(LockLost):
+        lock.release()
+
+
+def test_extend_at_the_cap_is_refused_naming_it(masters, redlock_of) -> None:
+    """A lease still valid whose cap is reached (``max_hold`` shorter than what is left of
+    the lease cannot happen through ``at_most``, whose first lease ends by the cap: here the
+    cap is moved as a re-entry with a tighter ``at_most`` moves it) is not renewed:
+    ``ExtensionLimit`` names the cap, and nothing is sent."""
+    from django_redlock.engine import ExtensionLimit
+
+    engine = redlock_of(masters)
+    with engine.lock("capped", ttl=5) as lock:
+        lease = engine.holders[lock.key]
+        lease.max_hold = time.monotonic() - lease.acquired_at  # reached now
+        with pytest.raises(ExtensionLimit, match=r"reached its cap \(at_most/max_hold="):
+            lock.extend()
+        assert lease.extensions == 0
+        assert all(t > 3000 for t in pttls(masters, engine, "capped"))  # not renewed, not cut

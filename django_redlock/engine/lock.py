@@ -140,7 +140,8 @@ class Lock(Handle):
         """Renew the lease on a quorum, for ``ttl`` seconds (the lock's TTL if None; a new one
         becomes the lease's TTL); returns the new validity in seconds. Retries until renewed or
         the lease runs out, then raises ``LockLost``. ``ExtensionLimit`` past ``max_extensions``
-        (manual and automatic extensions count alike)."""
+        (manual and automatic extensions count alike), and once ``at_most``/``max_hold`` is
+        reached: before, a longer TTL is cut to end there."""
         lease, ttl = self._extendable(ttl, current_owner())
         return run(self._redlock, holding.extend(self._redlock, lease, once=False, ttl=ttl))
 
