@@ -22,7 +22,9 @@ Both use ``guard_command``, which:
   stopping arbitrary code halfway is worse than finishing and saying that exclusivity was broken.
 
 The lock is re-entrant for the process that holds it, so ``redlock_run -- nightly_report`` of a
-command that is itself guarded on the same key runs it once, under one lock.
+command that is itself guarded on the same key runs it once, under one lock. The inner guard's
+``at_least``/``at_most`` are kept by that lock (the strictest of both entries: ``engine.bounds``),
+so a command's own ``lock_at_least`` holds under ``redlock_run`` as it does alone.
 
 Why no setting listing commands that are always guarded: Django has no hook that runs around every
 command. It would take monkey-patching ``BaseCommand.execute`` or ``call_command`` (which changes

@@ -416,3 +416,73 @@ def test_extend_at_the_cap_is_refused_naming_it(masters, redlock_of) -> None:
             lock.extend()
         assert lease.extensions == 0
         assert all(t > 3000 for t in pttls(masters, engine, "capped"))  # not renewed, not cut
+
+
+# --- re-entry: an inner entry's bounds are kept too -------------------------------------------
+
+
+def _taken_elsewhere(engine, resource: str) -> bool:
+    """Whether another thread can take ``resource`` now (then it lets it go at once)."""
+    got: list[bool] = []
+
+    def take() -> None:
+        try:
+            with engine.lock(resource, ttl=1):
+                got.append(True)
+        except LockContended:
+            got.append(False)
+
+    import threading
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(10)
+    return got == [True]
+
+
+def test_an_inner_entrys_longer_at_least_keeps_the_lock(masters, redlock_of) -> None:
+    """The outer entry has no ``at_least``, the inner one (re-entering) has 2 s: leaving both
+    keeps the lock until 2 s after the inner entry, finished, as ``at_least`` says."""
+    engine = redlock_of(masters)
+    outer = engine.lock("slot", ttl=5, reentrant=True)
+    inner = engine.lock("slot", ttl=5, reentrant=True, at_least=2)
+    with outer:
+        with inner:
+            assert outer.hold_count == 2
+    left = pttls(masters, engine, "slot")
+    assert all(1500 < t <= 2100 for t in left), left  # kept, finished, until the inner's bound
+    assert not _taken_elsewhere(engine, "slot")
+
+
+def test_an_inner_entrys_shorter_at_most_cuts_the_lease(masters, redlock_of) -> None:
+    """The outer entry is renewed with no cap; an inner one re-enters with ``at_most=1``: the
+    lease is cut at once to end by then, renewals stop there, and the holder is told it lost
+    the lock; another process can take it then."""
+    engine = redlock_of(masters)
+    told: list[float] = []
+    outer = engine.lock(
+        "slot", ttl=10, auto_extend=True, reentrant=True, on_lost=lambda *_: told.append(1.0)
+    )
+    inner = engine.lock("slot", ttl=10, reentrant=True, at_most=1)
+    outer.acquire()
+    inner.acquire()
+    assert all(0 < t <= 1000 for t in pttls(masters, engine, "slot"))  # cut now, not in 10 s
+    deadline = time.monotonic() + 5
+    while not outer.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert outer.lost
+    assert _taken_elsewhere(engine, "slot")
+    inner.release()  # (an inner entry: no round)
+    with pytest.raises(LockLost):
+        outer.release()
+
+
+def test_inner_bounds_that_contradict_the_lease_are_refused(masters, redlock_of) -> None:
+    """Kept at least 5 s (the outer entry) but held at most 1 s (the inner one): a
+    contradiction, refused before anything changes; the outer entry is untouched."""
+    engine = redlock_of(masters)
+    with engine.lock("slot", ttl=5, reentrant=True, at_least=5) as outer:
+        with pytest.raises(ValueError, match=r"at_most=1\b.*kept at least"):
+            engine.lock("slot", ttl=5, reentrant=True, at_most=1).acquire()
+        assert outer.hold_count == 1
+        assert all(t > 4000 for t in pttls(masters, engine, "slot"))
