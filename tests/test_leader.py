@@ -113,12 +113,19 @@ def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) ->
     assert_no_overlap(leaders.log)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [None, ("grandchild_scheduler", "--every", str(TICK), "--ignore-term")],
+    ids=["command", "grandchild-ignoring-sigterm"],
+)
 def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
-    leaders: Any, redlock_settings: list[LocalMaster]
+    leaders: Any, redlock_settings: list[LocalMaster], command: tuple[str, ...] | None
 ) -> None:
+    """Cut off from every master, the leader stops its command before its validity ends: the
+    step-down's SIGTERM, then SIGKILL; a grandchild that ignores SIGTERM is killed in time too."""
     proxies = [DelayProxy(m.port, 0.0).start() for m in redlock_settings]
     try:
-        first = leaders([p.url for p in proxies])
+        first = leaders([p.url for p in proxies], command=command)
         assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), (
             "first leads"
         )
