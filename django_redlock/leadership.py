@@ -20,7 +20,8 @@ command started, not only the command (a wrapper that starts ``celery beat`` as 
 The keeper gets a signal when the leader dies (Linux ``PR_SET_PDEATHSIG``) and kills every
 descendant of the command then, even one that left the group (it is their subreaper): a leader
 killed with ``kill -9`` leaves no orphan working on. It does the same when the command exits
-by itself: the lock is released only once nothing it started runs any more.
+by itself: the lock is released only once nothing it started runs any more. A keeper killed
+itself leaves that to the leader, which SIGKILLs the command's group (the keeper told it).
 """
 
 from __future__ import annotations
@@ -165,8 +166,12 @@ def run_as_leader(
     began = time.monotonic()
     term_at, kill_at = lock.ttl * STEP_DOWN, lock.ttl * KILL
     # Its own session: a terminal's Ctrl-C reaches the command once, through us (``forward``).
-    keeper = [sys.executable, str(KEEPER), str(os.getpid()), *argv]
-    child = subprocess.Popen(keeper, env=env, start_new_session=True)  # noqa: S603
+    report, reported = os.pipe()  # the keeper writes the command's process group there
+    keeper = [sys.executable, str(KEEPER), str(os.getpid()), str(reported), *argv]
+    try:
+        child = subprocess.Popen(keeper, env=env, start_new_session=True, pass_fds=(reported,))  # noqa: S603
+    finally:
+        os.close(reported)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         # Stopping us stops the command (the keeper passes it on to its group): we are its only
@@ -195,6 +200,7 @@ def run_as_leader(
         _restore(previous)
         if child.poll() is None:  # interrupted while waiting: never leave it working
             _kill(child)
+        _kill_group_of(report)
     lost = stepped_down_at is not None
     try:
         lock.release()
@@ -230,6 +236,19 @@ def _kill(keeper: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         keeper.kill()
         keeper.wait()
+
+
+def _kill_group_of(report: int) -> None:
+    """The keeper is gone: SIGKILL the command's process group, which it reported (``report``,
+    closed here). Nothing is left there when the keeper ended as it should; a keeper killed
+    itself (SIGKILL, the OOM killer) left the command's descendants running."""
+    try:
+        group = int(os.read(report, 32) or b"0")
+    finally:
+        os.close(report)
+    if group > 0:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
 
 #: How long the keeper may take to kill and reap the command's processes (it takes

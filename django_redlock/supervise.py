@@ -1,4 +1,4 @@
-"""The led command's keeper: ``python supervise.py <leader pid> <argv...>``, started by
+"""The led command's keeper: ``python supervise.py <leader pid> <fd> <argv...>``, started by
 ``leadership.run_as_leader`` between the leader and the command, so that nothing the command
 started outlives the leader's lease.
 
@@ -14,6 +14,9 @@ then kills everything the command started, at once:
   (``setsid``, a daemon's double fork) becomes the keeper's child once its parent is gone, and
   is killed too. Every descendant is reaped before the keeper exits: when it has exited, none
   of them runs any more.
+
+The keeper writes the command's process group to ``fd`` (a pipe to the leader): a keeper that
+is killed itself (SIGKILL, the OOM killer) cannot take the group down, and the leader then does.
 
 Signals from the leader: ``SIGTERM``/``SIGINT``: passed on to the command's group; ``SIGUSR1``
 (also its death signal): kill every descendant now, and exit. When the command exits by itself,
@@ -97,8 +100,8 @@ def _exit_as(returncode: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    leader = int(argv[0])
-    command = argv[1:]
+    leader, report = int(argv[0]), int(argv[1])  # the leader's pid; where to write the group's
+    command = argv[2:]
 
     def kill_now(signum: int, frame: FrameType | None) -> None:
         raise _KillAll
@@ -121,6 +124,8 @@ def main(argv: list[str]) -> None:
         # Its own group (pgid = its pid); it also dies with us if we are killed (belt and braces:
         # a keeper killed with SIGKILL cannot take the group down).
         child = subprocess.Popen(command, process_group=0, preexec_fn=_die_with_parent)  # noqa: S603, PLW1509
+        os.write(report, f"{child.pid}\n".encode())  # the leader kills the group if we die
+        os.close(report)
         returncode = child.wait()
         kill_all(child.pid)  # what it left running: its leader is about to let the lock go
     except _KillAll:

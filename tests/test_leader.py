@@ -247,6 +247,27 @@ def test_a_leader_killed_with_sigkill_takes_its_commands_grandchild_down(
     assert_no_overlap(leaders.log)
 
 
+def test_a_keeper_killed_with_sigkill_leaves_the_leader_to_take_the_group_down(
+    leaders: Any,
+) -> None:
+    """``kill -9`` of the keeper itself (the OOM killer's choice): the command dies with it, and
+    the leader SIGKILLs the command's process group (the keeper reported it) before it
+    releases the lock: the grandchild never ticks beside the standby's."""
+    command = ("grandchild_scheduler", "--every", str(TICK))
+    first = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    standby = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)
+    (grandchild,) = ticks(leaders.log)
+    (keeper,) = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
+    os.kill(int(keeper), signal.SIGKILL)
+    assert wait_until(lambda: _dead(grandchild), 10), "the grandchild died with its keeper"
+    assert first.wait(30) == 128 + signal.SIGKILL  # its command's keeper was killed so
+    assert wait_until(lambda: leader_pid() == standby.pid, 10), "the standby takes over"
+    assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), "the new leader's ticks"
+    assert_no_overlap(leaders.log)
+
+
 def test_a_led_command_that_exits_leaves_nothing_running_when_the_lock_is_released(
     leaders: Any,
 ) -> None:
