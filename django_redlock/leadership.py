@@ -21,7 +21,9 @@ The keeper gets a signal when the leader dies (Linux ``PR_SET_PDEATHSIG``) and k
 descendant of the command then, even one that left the group (it is their subreaper): a leader
 killed with ``kill -9`` leaves no orphan working on. It does the same when the command exits
 by itself: the lock is released only once nothing it started runs any more. A keeper killed
-itself leaves that to the leader, which SIGKILLs the command's group (the keeper told it).
+itself leaves that to the leader, which SIGKILLs the command's group (the keeper told it). A
+leader paused past its validity (SIGSTOP) cannot stop its command: the keeper holds the
+deadline the leader sends at every renewal, and kills the command's processes at it.
 """
 
 from __future__ import annotations
@@ -167,11 +169,17 @@ def run_as_leader(
     term_at, kill_at = lock.ttl * STEP_DOWN, lock.ttl * KILL
     # Its own session: a terminal's Ctrl-C reaches the command once, through us (``forward``).
     report, reported = os.pipe()  # the keeper writes the command's process group there
-    keeper = [sys.executable, str(KEEPER), str(os.getpid()), str(reported), *argv]
+    told, tell = os.pipe()  # we write our deadlines there (see ``supervise``)
+    os.set_blocking(tell, False)  # (a keeper that stopped reading never blocks the leader)
+    keeper = [sys.executable, str(KEEPER), str(os.getpid()), str(reported), str(told), *argv]
     try:
-        child = subprocess.Popen(keeper, env=env, start_new_session=True, pass_fds=(reported,))  # noqa: S603
+        child = subprocess.Popen(  # noqa: S603
+            keeper, env=env, start_new_session=True, pass_fds=(reported, told)
+        )
     finally:
         os.close(reported)
+        os.close(told)
+    deadline = 0.0
 
     def forward(signum: int, frame: FrameType | None) -> None:
         # Stopping us stops the command (the keeper passes it on to its group): we are its only
@@ -184,6 +192,12 @@ def run_as_leader(
     try:
         while child.poll() is None:
             validity = leadership.validity
+            # The keeper kills the command itself at this deadline if we do not move it on: a
+            # leader paused meanwhile (SIGSTOP) could not (the same margin as ``kill_at``).
+            if stepped_down_at is None and leadership.lease.valid_until - kill_at != deadline:
+                deadline = leadership.lease.valid_until - kill_at
+                with contextlib.suppress(OSError):  # (a keeper gone, or a full pipe)
+                    os.write(tell, f"{deadline!r}\n".encode())
             if validity <= term_at and stepped_down_at is None:
                 stepped_down_at = validity
                 leadership.lost.set()
@@ -201,6 +215,7 @@ def run_as_leader(
         if child.poll() is None:  # interrupted while waiting: never leave it working
             _kill(child)
         _kill_group_of(report)
+        os.close(tell)
     lost = stepped_down_at is not None
     try:
         lock.release()

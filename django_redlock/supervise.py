@@ -1,4 +1,4 @@
-"""The led command's keeper: ``python supervise.py <leader pid> <fd> <argv...>``, started by
+"""The led command's keeper: ``python supervise.py <leader pid> <fd> <fd> <argv...>``, started by
 ``leadership.run_as_leader`` between the leader and the command, so that nothing the command
 started outlives the leader's lease.
 
@@ -15,8 +15,12 @@ then kills everything the command started, at once:
   is killed too. Every descendant is reaped before the keeper exits: when it has exited, none
   of them runs any more.
 
-The keeper writes the command's process group to ``fd`` (a pipe to the leader): a keeper that
-is killed itself (SIGKILL, the OOM killer) cannot take the group down, and the leader then does.
+The keeper writes the command's process group to the first ``fd`` (a pipe to the leader): a
+keeper that is killed itself (SIGKILL, the OOM killer) cannot take the group down, and the
+leader then does. From the second, it reads until when the leader may let the command work (its
+lease's validity, less the margin at which the leader itself would kill it): a leader paused
+past that (SIGSTOP, Ctrl-Z in its terminal, a frozen VM) can stop nothing, so the keeper kills
+everything then, as if the leader had asked.
 
 Signals from the leader: ``SIGTERM``/``SIGINT``: passed on to the command's group; ``SIGUSR1``
 (also its death signal): kill every descendant now, and exit. When the command exits by itself,
@@ -32,9 +36,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -99,9 +106,32 @@ def _exit_as(returncode: int) -> None:
     os._exit(128 + signum)  # a signal that does not end a process by default
 
 
+def _hold_to(deadlines: int) -> None:
+    """Read the leader's deadlines (monotonic seconds, one a line: the clock is the host's,
+    shared by every process); once the last one passes with no new one, ``KILL_ALL``. A leader
+    that is paused (SIGSTOP, Ctrl-Z, a frozen VM) sends none, and may have lost its lease
+    meanwhile: its command must not work on. The pipe's end (the leader is gone, or done)
+    ends the watch: the death signal does the rest."""
+    deadline: float | None = None
+    pending = b""
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([deadlines], [], [], timeout)
+        if not ready:
+            os.kill(os.getpid(), KILL_ALL)  # (handled in the main thread)
+            return
+        data = os.read(deadlines, 4096)
+        if not data:
+            return
+        *lines, pending = (pending + data).split(b"\n")
+        if lines:
+            deadline = float(lines[-1])
+
+
 def main(argv: list[str]) -> None:
-    leader, report = int(argv[0]), int(argv[1])  # the leader's pid; where to write the group's
-    command = argv[2:]
+    # The leader's pid; where to write the command's group; where the leader's deadlines come.
+    leader, report, deadlines = int(argv[0]), int(argv[1]), int(argv[2])
+    command = argv[3:]
 
     def kill_now(signum: int, frame: FrameType | None) -> None:
         raise _KillAll
@@ -111,6 +141,7 @@ def main(argv: list[str]) -> None:
     if os.getppid() != leader:
         os._exit(128 + signal.SIGKILL)  # the leader died before we could watch it: run nothing
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    threading.Thread(target=_hold_to, args=(deadlines,), daemon=True).start()
     child: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, frame: FrameType | None) -> None:

@@ -324,3 +324,27 @@ def test_a_leader_that_enters_leader_again_is_refused_at_once(redlock_settings: 
     assert isinstance(error, LockContended), error
     assert "already held by this same thread" in str(error)
     assert time.monotonic() - began < 20
+
+
+def test_a_leader_paused_past_its_lease_has_its_command_stopped_by_the_keeper(
+    leaders: Any,
+) -> None:
+    """The leader stopped (SIGSTOP; Ctrl-Z in its terminal, a frozen VM) past its lease: it can
+    neither renew nor stop its command, and a standby takes over. The keeper holds the
+    leader's validity (sent at every renewal) and kills the command's processes before it
+    ends: the paused leader's scheduler never ticks beside the standby's."""
+    command = ("grandchild_scheduler", "--every", str(TICK))
+    first = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    standby = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)
+    (grandchild,) = ticks(leaders.log)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: leader_pid() == standby.pid, TTL + 10), "the standby takes over"
+        assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), "the new leader's ticks"
+        assert _dead(grandchild)
+        assert_no_overlap(leaders.log)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(30) == EXIT_LOST
