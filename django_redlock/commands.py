@@ -143,6 +143,10 @@ def guard_command(
                     f"{name} not started: lock {resource!r} {held_by}; waited {wait:g}s: {error}",
                     returncode=EXIT_HELD,
                 ) from error
+            except ValueError as error:
+                # Bounds that contradict the lock it re-enters (``redlock_run --at-least 10``
+                # of a command whose own ``lock_at_most`` is 2): a usage error, not a traceback.
+                raise CommandError(f"{name} not started: {error}", returncode=2) from error
             except QuorumUnavailable as error:
                 metrics.job(name, "unavailable")
                 raise CommandError(

@@ -372,3 +372,27 @@ def test_redlock_run_keeps_the_commands_own_at_most(manage: Any, tmp_path: Path)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_LOST, err
     assert "WARNING: slotjob: lost lock 'command:slotjob'" in err
+
+
+def test_redlock_run_bounds_that_contradict_the_commands_own_are_a_usage_error(
+    manage: Any, tmp_path: Path
+) -> None:
+    """``redlock_run --at-least 5 -- slotjob`` of a command whose own ``lock_at_most`` is 2: the
+    lock cannot be kept 5 s and held at most 2 s. Refused before the command runs, exit 2 with
+    the reason (it was a traceback)."""
+    runs = tmp_path / "runs.log"
+    proc = manage(
+        "redlock_run",
+        "--at-least",
+        "5",
+        "--",
+        "slotjob",
+        "--log",
+        str(runs),
+        extra={"SLOTJOB_AT_MOST": "2"},
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "slotjob not started: lock 'command:slotjob' re-entered with" in err
+    assert "Traceback" not in err
+    assert not runs.exists()
