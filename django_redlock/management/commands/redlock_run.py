@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -190,7 +191,10 @@ class Command(BaseCommand):
         answer would eat is lost as soon as it is taken (under ``--leader``, at once)."""
         if ttl is None:
             return
-        engine = get_redlock()
+        try:
+            engine = get_redlock()
+        except ImproperlyConfigured:
+            return  # the guard says what the settings check says, as without --ttl
         try:
             engine.check_ttl(ttl)
             protocol.check_node_timeout(
