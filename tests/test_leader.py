@@ -247,6 +247,18 @@ def test_a_leader_killed_with_sigkill_takes_its_commands_grandchild_down(
     assert_no_overlap(leaders.log)
 
 
+def test_sigterm_to_the_leader_reaches_the_commands_grandchild(leaders: Any) -> None:
+    """``systemctl stop`` sends the leader SIGTERM: it is passed on to the command's whole
+    process group, the scheduler subprocess included, and the leader exits as the command did
+    (143); nothing it started ticks on."""
+    first = leaders(command=("grandchild_scheduler", "--every", str(TICK)))
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    (grandchild,) = ticks(leaders.log)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 128 + signal.SIGTERM
+    assert _dead(grandchild)
+
+
 def test_a_keeper_killed_with_sigkill_leaves_the_leader_to_take_the_group_down(
     leaders: Any,
 ) -> None:
