@@ -489,3 +489,20 @@ def test_inner_bounds_that_contradict_the_lease_are_refused(masters, redlock_of)
             engine.lock("slot", ttl=5, reentrant=True, at_most=1).acquire()
         assert outer.hold_count == 1
         assert all(t > 4000 for t in pttls(masters, engine, "slot"))
+
+
+def test_an_async_inner_entrys_shorter_at_most_cuts_the_lease_too(masters, redlock_of) -> None:
+    """The same re-entry from a task (``async with``): the lease is cut to the inner
+    ``at_most`` when the inner entry is made (its round runs synchronously, as re-entry does)."""
+    import asyncio
+
+    engine = redlock_of(masters)
+
+    async def main() -> list[int]:
+        outer = engine.lock("aslot", ttl=10, auto_extend=True, reentrant=True)
+        inner = engine.lock("aslot", ttl=10, reentrant=True, at_most=1)
+        async with outer, inner:
+            return pttls(masters, engine, "aslot")
+
+    left = asyncio.run(asyncio.wait_for(main(), 20))
+    assert all(0 < t <= 1000 for t in left), left
