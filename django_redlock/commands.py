@@ -22,7 +22,9 @@ Both use ``guard_command``, which:
   stopping arbitrary code halfway is worse than finishing and saying that exclusivity was broken.
 
 The lock is re-entrant for the process that holds it, so ``redlock_run -- nightly_report`` of a
-command that is itself guarded on the same key runs it once, under one lock.
+command that is itself guarded on the same key runs it once, under one lock. The inner guard's
+``at_least``/``at_most`` are kept by that lock (the strictest of both entries: ``engine.bounds``),
+so a command's own ``lock_at_least`` holds under ``redlock_run`` as it does alone.
 
 Why no setting listing commands that are always guarded: Django has no hook that runs around every
 command. It would take monkey-patching ``BaseCommand.execute`` or ``call_command`` (which changes
@@ -145,6 +147,10 @@ def guard_command(
                     f"{name} not started: lock {resource!r} {held_by}; waited {wait:g}s: {error}",
                     returncode=EXIT_HELD,
                 ) from error
+            except ValueError as error:
+                # Bounds that contradict the lock it re-enters (``redlock_run --at-least 10``
+                # of a command whose own ``lock_at_most`` is 2): a usage error, not a traceback.
+                raise CommandError(f"{name} not started: {error}", returncode=2) from error
             except QuorumUnavailable as error:
                 metrics.job(name, "unavailable")
                 raise CommandError(

@@ -44,15 +44,14 @@ class Series:
         """Count ``seconds`` here and in the overall series."""
         i = bisect_left(self._bounds, seconds)  # the first bound >= seconds: Histogram's bucket
         overall, lock = self.overall, self._lock
-        lock.acquire()  # (not ``with``: half the cost, a fifth of the whole method)
-        try:
+        # ``with``, not acquire() then ``try``: an exception landing between those two (Ctrl-C,
+        # a signal handler's) would leave the lock held and every later metric call blocked.
+        with lock:
             self.counts[i] += 1
             self.sum += seconds
             if overall is not None:
                 overall.counts[i] += 1
                 overall.sum += seconds
-        finally:
-            lock.release()
 
 
 class Histograms:

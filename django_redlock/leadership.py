@@ -13,26 +13,40 @@ watch the lease's validity on the monotonic clock (no I/O): renewals happen at a
 TTL, so a validity down to ``STEP_DOWN`` of the TTL means renewal has failed for a while. Then
 ``leader()`` sets ``lost`` and calls ``on_step_down``; ``run_as_leader`` sends the command
 SIGTERM, and SIGKILL once validity is down to ``KILL`` of the TTL, and waits for it to be gone.
-The child also dies with the leader (Linux ``PR_SET_PDEATHSIG``): a leader killed with ``kill -9``
-leaves no orphan working on.
+
+The command runs under a keeper (``supervise.py``), in a process group of its own: the
+step-down's SIGTERM, the SIGKILL and the signals forwarded to the leader reach everything the
+command started, not only the command (a wrapper that starts ``celery beat`` as a subprocess).
+The keeper gets a signal when the leader dies (Linux ``PR_SET_PDEATHSIG``) and kills every
+descendant of the command then, even one that left the group (it is their subreaper): a leader
+killed with ``kill -9`` leaves no orphan working on. It does the same when the command exits
+by itself: the lock is released only once nothing it started runs any more. A keeper killed
+itself leaves that to the leader, which SIGKILLs the command's group (the keeper told it). A
+leader paused past its validity (SIGSTOP) cannot stop its command: the keeper holds the
+deadline the leader sends at every renewal, and kills the command's processes at it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 
 from . import metrics, redlock
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
-from .engine.leases import Lease
+from .engine.leases import Lease, current_owner
 from .keys import bounded_resource
+from .supervise import KILL_ALL
+
+#: The keeper the led command runs under (run as a script: see its docstring).
+KEEPER = Path(__file__).resolve().parent / "supervise.py"
 
 __all__ = ["KILL", "STEP_DOWN", "Leadership", "leader", "run_as_leader"]
 
@@ -80,17 +94,19 @@ def become_leader(
             label=label or f"leader {name}",
             auto_extend=True,
         )
+        from .conf import get_redlock
+
+        holders = get_redlock().holders
         try:
             lock.acquire()
         except LockContended:
+            if any(holders.of(current_owner(), lock.keys) or ()):
+                raise  # refused at once: this thread/task leads already, it would wait for itself
             continue  # still led elsewhere: queue again
         except QuorumUnavailable:
             time.sleep(min(lock.ttl / 3, 1.0))  # the masters are down: not a reason to exit
             continue
-        from .conf import get_redlock
-
-        lease = get_redlock().holders[lock.key]
-        return lock, Leadership(lock, lease)
+        return lock, Leadership(lock, holders[lock.key])
 
 
 @contextlib.contextmanager
@@ -151,11 +167,23 @@ def run_as_leader(
     lock, leadership = become_leader(name, ttl=ttl, label=label)
     began = time.monotonic()
     term_at, kill_at = lock.ttl * STEP_DOWN, lock.ttl * KILL
-    child = subprocess.Popen(list(argv), env=env, preexec_fn=_die_with_parent)  # noqa: S603, PLW1509
-    forwarded: list[int] = []
+    # Its own session: a terminal's Ctrl-C reaches the command once, through us (``forward``).
+    report, reported = os.pipe()  # the keeper writes the command's process group there
+    told, tell = os.pipe()  # we write our deadlines there (see ``supervise``)
+    os.set_blocking(tell, False)  # (a keeper that stopped reading never blocks the leader)
+    keeper = [sys.executable, str(KEEPER), str(os.getpid()), str(reported), str(told), *argv]
+    try:
+        child = subprocess.Popen(  # noqa: S603
+            keeper, env=env, start_new_session=True, pass_fds=(reported, told)
+        )
+    finally:
+        os.close(reported)
+        os.close(told)
+    deadline = 0.0
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        forwarded.append(signum)  # stopping us stops the command: we are its only leader
+        # Stopping us stops the command (the keeper passes it on to its group): we are its only
+        # leader.
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
 
@@ -164,6 +192,12 @@ def run_as_leader(
     try:
         while child.poll() is None:
             validity = leadership.validity
+            # The keeper kills the command itself at this deadline if we do not move it on: a
+            # leader paused meanwhile (SIGSTOP) could not (the same margin as ``kill_at``).
+            if stepped_down_at is None and leadership.lease.valid_until - kill_at != deadline:
+                deadline = leadership.lease.valid_until - kill_at
+                with contextlib.suppress(OSError):  # (a keeper gone, or a full pipe)
+                    os.write(tell, f"{deadline!r}\n".encode())
             if validity <= term_at and stepped_down_at is None:
                 stepped_down_at = validity
                 leadership.lost.set()
@@ -173,15 +207,15 @@ def run_as_leader(
                 )
                 child.terminate()
             if validity <= kill_at:
-                child.kill()
-                child.wait()
+                _kill(child)
                 break
             time.sleep(_poll(lock.ttl))
     finally:
         _restore(previous)
         if child.poll() is None:  # interrupted while waiting: never leave it working
-            child.kill()
-            child.wait()
+            _kill(child)
+        _kill_group_of(report)
+        os.close(tell)
     lost = stepped_down_at is not None
     try:
         lock.release()
@@ -206,11 +240,35 @@ def _poll(ttl: float) -> float:
     return max(0.005, min(0.05, ttl * KILL / 10))
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL it when its parent (the leader) dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _kill(keeper: subprocess.Popen[bytes]) -> None:
+    """Have the keeper SIGKILL everything the command started, and wait until it has (it exits
+    once every descendant is reaped). A keeper that does not answer in time is killed itself:
+    the command then dies with it (its own death signal)."""
+    with contextlib.suppress(ProcessLookupError):
+        keeper.send_signal(KILL_ALL)
+    try:
+        keeper.wait(timeout=KEEPER_PATIENCE)
+    except subprocess.TimeoutExpired:
+        keeper.kill()
+        keeper.wait()
+
+
+def _kill_group_of(report: int) -> None:
+    """The keeper is gone: SIGKILL the command's process group, which it reported (``report``,
+    closed here). Nothing is left there when the keeper ended as it should; a keeper killed
+    itself (SIGKILL, the OOM killer) left the command's descendants running."""
+    try:
+        group = int(os.read(report, 32) or b"0")
+    finally:
+        os.close(report)
+    if group > 0:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+
+
+#: How long the keeper may take to kill and reap the command's processes (it takes
+#: milliseconds; this is for a keeper itself stopped or starved).
+KEEPER_PATIENCE = 5.0
 
 
 def _handle(

@@ -105,3 +105,28 @@ def test_the_django_helper(redlock_settings) -> None:
         assert_locked("job")
     with pytest.raises(ValueError, match="resource"):
         assert_locked("")
+
+
+@pytest.mark.parametrize("mode", [{"limit": 3}, {"shared": True}], ids=["permit", "reader"])
+def test_a_permit_or_a_reader_of_the_resource_holds_it(masters, redlock_of, mode) -> None:
+    """Inside a semaphore's permit or a reader of ``name``, the caller holds ``name`` (in that
+    mode): its lease is under a key of its own (a slot, a reader's), found all the same."""
+    engine = redlock_of(masters)
+    with engine.lock("pool", ttl=5, **mode):
+        engine.assert_locked("pool")
+        seen: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _refused(engine, "pool", seen))
+        thread.start()
+        thread.join()
+        assert len(seen) == 1  # another thread does not hold it
+        with pytest.raises(NotLocked):
+            engine.assert_locked("other")
+    with pytest.raises(NotLocked):
+        engine.assert_locked("pool")  # released
+
+
+def _refused(engine, resource: str, seen: list[BaseException]) -> None:
+    try:
+        engine.assert_locked(resource)
+    except NotLocked as error:
+        seen.append(error)

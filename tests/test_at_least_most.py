@@ -13,6 +13,7 @@ import pytest
 
 from django_redlock.engine import LockContended, LockLost
 from django_redlock.engine.values import parse_value
+from tests.conftest import wait_until
 
 
 def pttls(masters, engine, resource):
@@ -114,6 +115,8 @@ def test_at_most_below_the_ttl_cuts_the_first_lease(masters, redlock_of) -> None
         ({"at_least": 400 * 24 * 3600}, "at_least must be at most 31536000 seconds"),
         ({"at_most": float("nan")}, "at_most must be finite, got nan"),
         ({"at_least": "5"}, "at_least must be a number of seconds, got '5'"),
+        # It caps the lease: shorter than the shortest lease, it named the TTL, not itself.
+        ({"at_most": 0.001}, "at_most must be at least 0.01 seconds (a lease), got 0.001"),
     ],
 )
 def test_bad_bounds_fail_before_any_network_call(options, message) -> None:
@@ -216,6 +219,7 @@ def test_a_cron_copy_on_a_host_whose_clock_is_late_skips_with_at_least(cron) -> 
         (["--at-least", "5", "--at-most", "2", "--", "check"], r"--at-least \(5\) must not exceed"),
         (["--at-least", "-1", "--", "check"], "--at-least must be > 0 seconds"),
         (["--at-most", "1e9", "--", "check"], "--at-most must be at most"),
+        (["--at-most", "0.001", "--", "check"], "--at-most must be at least 0.01 seconds"),
         (["--at-least", "--", "check"], "--at-least: expected one argument"),
     ],
 )
@@ -364,3 +368,141 @@ def test_bounds_are_for_an_exclusive_lock_only(redlock_settings) -> None:
         redlock("job", shared=True, at_most=5)
     with pytest.raises(CommandError, match="--limit takes no --at-least"):
         call_command("redlock_run", "--limit", "2", "--at-least", "5", "--", "check")
+
+
+def test_redlock_run_at_most_too_short_is_a_usage_error_not_a_traceback() -> None:
+    from tests.conftest import manage_py
+
+    result = manage_py("redlock_run", "--at-most", "0.001", "--", "check", env={})
+    assert result.returncode == 2, result.stderr
+    assert "--at-most must be at least 0.01 seconds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_extend_never_reaches_past_at_most(masters, redlock_of) -> None:
+    """The holder's own ``extend()`` keeps ``at_most`` as the watchdog does: a renewal is cut
+    to end at the cap (``extend(ttl=30)`` too), the key lapses on every master there, and an
+    extend at the cap says the lease is lost. (It renewed for the full TTL each time: the key
+    was still on 3/3 masters past the cap, and ``extend(ttl=30)`` gave a 30 s lease.)"""
+    engine = redlock_of(masters)
+    lock = engine.lock("capped", ttl=2, at_most=3)
+    lock.acquire()
+    cap = time.monotonic() + 3  # (at most: the lease was taken a little before)
+    assert lock.extend(ttl=30) <= 3
+    assert all(0 < t <= 3000 for t in pttls(masters, engine, "capped"))
+    time.sleep(1.5)
+    validity = lock.extend()  # within the cap: cut to end there, not 2 s later
+    assert validity <= cap - time.monotonic()
+    left_ms = (cap - time.monotonic()) * 1000  # (the keys expire by the cap: read after this)
+    assert all(t <= left_ms + 2 for t in pttls(masters, engine, "capped"))
+    time.sleep(max(0.0, cap - time.monotonic()))
+    with pytest.raises(LockLost):
+        lock.extend(ttl=30)  # the lease ended at the cap, as at_most says
+    assert pttls(masters, engine, "capped") == [-2] * len(masters)  # lapsed: free for others
+    with pytest.raises(LockLost):
+        lock.release()
+
+
+def test_extend_at_the_cap_is_refused_naming_it(masters, redlock_of) -> None:
+    """A lease still valid whose cap is reached (``max_hold`` shorter than what is left of
+    the lease cannot happen through ``at_most``, whose first lease ends by the cap: here the
+    cap is moved as a re-entry with a tighter ``at_most`` moves it) is not renewed:
+    ``ExtensionLimit`` names the cap, and nothing is sent."""
+    from django_redlock.engine import ExtensionLimit
+
+    engine = redlock_of(masters)
+    with engine.lock("capped", ttl=5) as lock:
+        lease = engine.holders[lock.key]
+        lease.max_hold = time.monotonic() - lease.acquired_at  # reached now
+        with pytest.raises(ExtensionLimit, match=r"reached its cap \(at_most/max_hold="):
+            lock.extend()
+        assert lease.extensions == 0
+        assert all(t > 3000 for t in pttls(masters, engine, "capped"))  # not renewed, not cut
+
+
+# --- re-entry: an inner entry's bounds are kept too -------------------------------------------
+
+
+def _taken_elsewhere(engine, resource: str) -> bool:
+    """Whether another thread can take ``resource`` now (then it lets it go at once)."""
+    got: list[bool] = []
+
+    def take() -> None:
+        try:
+            with engine.lock(resource, ttl=1):
+                got.append(True)
+        except LockContended:
+            got.append(False)
+
+    import threading
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(10)
+    return got == [True]
+
+
+def test_an_inner_entrys_longer_at_least_keeps_the_lock(masters, redlock_of) -> None:
+    """The outer entry has no ``at_least``, the inner one (re-entering) has 2 s: leaving both
+    keeps the lock until 2 s after the inner entry, finished, as ``at_least`` says."""
+    engine = redlock_of(masters)
+    outer = engine.lock("slot", ttl=5, reentrant=True)
+    inner = engine.lock("slot", ttl=5, reentrant=True, at_least=2)
+    with outer:
+        with inner:
+            assert outer.hold_count == 2
+    left = pttls(masters, engine, "slot")
+    assert all(0 < t <= 2100 for t in left), left  # kept, finished, until the inner's bound
+    assert not _taken_elsewhere(engine, "slot")
+
+
+def test_an_inner_entrys_shorter_at_most_cuts_the_lease(masters, redlock_of) -> None:
+    """The outer entry is renewed with no cap; an inner one re-enters with ``at_most=1``: the
+    lease is cut at once to end by then, renewals stop there, and the holder is told it lost
+    the lock; another process can take it then."""
+    engine = redlock_of(masters)
+    told: list[float] = []
+    outer = engine.lock(
+        "slot", ttl=10, auto_extend=True, reentrant=True, on_lost=lambda *_: told.append(1.0)
+    )
+    inner = engine.lock("slot", ttl=10, reentrant=True, at_most=1)
+    outer.acquire()
+    inner.acquire()
+    assert all(0 < t <= 1000 for t in pttls(masters, engine, "slot"))  # cut now, not in 10 s
+    deadline = time.monotonic() + 5
+    while not outer.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert outer.lost
+    # (Lost here a drift allowance before its keys expire on the masters.)
+    assert wait_until(lambda: _taken_elsewhere(engine, "slot"), 5)
+    inner.release()  # (an inner entry: no round)
+    with pytest.raises(LockLost):
+        outer.release()
+
+
+def test_inner_bounds_that_contradict_the_lease_are_refused(masters, redlock_of) -> None:
+    """Kept at least 5 s (the outer entry) but held at most 1 s (the inner one): a
+    contradiction, refused before anything changes; the outer entry is untouched."""
+    engine = redlock_of(masters)
+    with engine.lock("slot", ttl=5, reentrant=True, at_least=5) as outer:
+        with pytest.raises(ValueError, match=r"at_most=1\b.*kept at least"):
+            engine.lock("slot", ttl=5, reentrant=True, at_most=1).acquire()
+        assert outer.hold_count == 1
+        assert all(t > 4000 for t in pttls(masters, engine, "slot"))
+
+
+def test_an_async_inner_entrys_shorter_at_most_cuts_the_lease_too(masters, redlock_of) -> None:
+    """The same re-entry from a task (``async with``): the lease is cut to the inner
+    ``at_most`` when the inner entry is made (its round runs synchronously, as re-entry does)."""
+    import asyncio
+
+    engine = redlock_of(masters)
+
+    async def main() -> list[int]:
+        outer = engine.lock("aslot", ttl=10, auto_extend=True, reentrant=True)
+        inner = engine.lock("aslot", ttl=10, reentrant=True, at_most=1)
+        async with outer, inner:
+            return pttls(masters, engine, "aslot")
+
+    left = asyncio.run(asyncio.wait_for(main(), 20))
+    assert all(0 < t <= 1000 for t in left), left

@@ -195,6 +195,13 @@ def test_a_failing_command_releases_its_lock(redlock_settings: list) -> None:
         (["--ttl", "0", "--", "check"], "ttl"),
         (["--wait", "-1", "--", "check"], "wait"),
         (["--ttl", "nan", "--", "check"], "ttl"),
+        # What the settings check refuses as REDLOCK['TTL']: one slow master eats the lease.
+        (["--ttl", "0.05", "--", "check"], r"--ttl: REDLOCK\['NODE_TIMEOUT'\] \(0.05s\) is not"),
+        (["--ttl", "0.05", "--leader", "--", "check"], "--ttl: REDLOCK"),
+        # Once ignored in silence: a standby waits until it leads; an empty key named nothing.
+        (["--leader", "--wait", "3", "--", "check"], "--leader takes no --wait"),
+        (["--key", "", "--", "check"], "--key must not be empty"),
+        (["--leader", "--key", "", "--", "check"], "--key must not be empty"),
     ],
 )
 def test_redlock_run_bad_arguments(redlock_settings: list, args: list[str], message: str) -> None:
@@ -232,11 +239,11 @@ def manage(redlock_settings: list, database_file: Path) -> Iterator[Any]:
     }
     started: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> subprocess.Popen[str]:
+    def start(*args: str, extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
-            env=env,
+            env={**env, **(extra or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -325,3 +332,68 @@ def test_a_guarded_command_with_bad_settings_says_the_check_message(
     assert "SystemCheckError: System check identified some issues" in result.stderr
     assert f"({check_id})" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- redlock_run of a command guarded with bounds of its own -----------------------------------
+
+
+def test_redlock_run_keeps_the_commands_own_at_least(manage: Any, tmp_path: Path) -> None:
+    """``redlock_run -- slotjob`` of a command whose class says ``lock_at_least = 20``: its guard
+    re-enters redlock_run's lock (taken with no bounds), and the lock is kept until 20 s after
+    that entry all the same (long: the copy is a second Python start on a loaded machine). A
+    copy started after the first ended skips (75): the job ran once. (The outer entry's bounds
+    alone were kept: exit statuses [0, 0], two runs.)"""
+    runs = tmp_path / "runs.log"
+    bounds = {"SLOTJOB_AT_LEAST": "20"}
+    first = manage("redlock_run", "--", "slotjob", "--log", str(runs), extra=bounds)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    second = manage("redlock_run", "--", "slotjob", "--log", str(runs), extra=bounds)
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == EXIT_HELD, err
+    assert "finished, held until" in err
+    assert len(runs.read_text().splitlines()) == 1
+
+
+def test_redlock_run_keeps_the_commands_own_at_most(manage: Any, tmp_path: Path) -> None:
+    """``lock_at_most = 2`` on the command, run as ``redlock_run -- slotjob`` for 4 s: the lock
+    is not held past 2 s after the command's entry, and the run is told (70). (The inner
+    ``at_most`` was dropped: exit 0, the lock renewed to the end.)"""
+    runs = tmp_path / "runs.log"
+    proc = manage(
+        "redlock_run",
+        "--",
+        "slotjob",
+        "--log",
+        str(runs),
+        "--seconds",
+        "4",
+        extra={"SLOTJOB_AT_MOST": "2"},
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_LOST, err
+    assert "WARNING: slotjob: lost lock 'command:slotjob'" in err
+
+
+def test_redlock_run_bounds_that_contradict_the_commands_own_are_a_usage_error(
+    manage: Any, tmp_path: Path
+) -> None:
+    """``redlock_run --at-least 5 -- slotjob`` of a command whose own ``lock_at_most`` is 2: the
+    lock cannot be kept 5 s and held at most 2 s. Refused before the command runs, exit 2 with
+    the reason (it was a traceback)."""
+    runs = tmp_path / "runs.log"
+    proc = manage(
+        "redlock_run",
+        "--at-least",
+        "5",
+        "--",
+        "slotjob",
+        "--log",
+        str(runs),
+        extra={"SLOTJOB_AT_MOST": "2"},
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "slotjob not started: lock 'command:slotjob' re-entered with" in err
+    assert "Traceback" not in err
+    assert not runs.exists()

@@ -36,7 +36,9 @@ def leaders(tmp_path: Path, redlock_settings: list[LocalMaster]) -> Iterator[Any
     started: list[subprocess.Popen[str]] = []
     log = tmp_path / "ticks.log"
 
-    def start(nodes: list[str] | None = None) -> subprocess.Popen[str]:
+    def start(
+        nodes: list[str] | None = None, command: tuple[str, ...] | None = None
+    ) -> subprocess.Popen[str]:
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings_subprocess",
@@ -45,8 +47,9 @@ def leaders(tmp_path: Path, redlock_settings: list[LocalMaster]) -> Iterator[Any
             "PYTHONPATH": str(ROOT),
         }
         proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, str(ROOT / "manage.py"), "redlock_run", "--leader", "--ttl",
-             str(TTL), "--", "scheduler", "--every", str(TICK), "--log", str(log)],
+            [sys.executable, str(ROOT / "manage.py"), "redlock_run", "--leader", "--key",
+             "scheduler", "--ttl", str(TTL), "--",
+             *(command or ("scheduler", "--every", str(TICK))), "--log", str(log)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         started.append(proc)
@@ -110,12 +113,19 @@ def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) ->
     assert_no_overlap(leaders.log)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [None, ("grandchild_scheduler", "--every", str(TICK), "--ignore-term")],
+    ids=["command", "grandchild-ignoring-sigterm"],
+)
 def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
-    leaders: Any, redlock_settings: list[LocalMaster]
+    leaders: Any, redlock_settings: list[LocalMaster], command: tuple[str, ...] | None
 ) -> None:
+    """Cut off from every master, the leader stops its command before its validity ends: the
+    step-down's SIGTERM, then SIGKILL; a grandchild that ignores SIGTERM is killed in time too."""
     proxies = [DelayProxy(m.port, 0.0).start() for m in redlock_settings]
     try:
-        first = leaders([p.url for p in proxies])
+        first = leaders([p.url for p in proxies], command=command)
         assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), (
             "first leads"
         )
@@ -198,3 +208,155 @@ def test_leader_is_the_function_even_once_its_module_is_imported() -> None:
 
     assert not isinstance(leader, types.ModuleType)
     assert leader.__module__ == "django_redlock.leadership"
+
+
+# --- what a cron user's led command does: grandchildren, ignored signals, signal deaths -----------
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie (it runs no more: only its exit status is left to read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize(
+    "how",
+    [(), ("--setsid",), ("--ignore-term",)],
+    ids=["grandchild", "grandchild-left-the-group", "ignoring-sigterm"],
+)
+def test_a_leader_killed_with_sigkill_takes_its_commands_grandchild_down(
+    leaders: Any, how: tuple[str, ...]
+) -> None:
+    """The led command starts its scheduler as a subprocess (a wrapper around ``celery beat``).
+    ``kill -9`` of the leader: that grandchild stops too, before the standby's starts ticking
+    (with ``--setsid`` it left the command's process group; with ``--ignore-term`` both ignore
+    SIGTERM). Two schedulers never tick at once."""
+    command = ("grandchild_scheduler", "--every", str(TICK), *how)
+    first = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    standby = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)
+    (grandchild,) = ticks(leaders.log)
+    os.kill(first.pid, signal.SIGKILL)
+    assert wait_until(lambda: _dead(grandchild), 10), "the grandchild died with its leader"
+    assert wait_until(lambda: leader_pid() == standby.pid, TTL + 10), "the standby takes over"
+    assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), "the new leader's ticks"
+    assert_no_overlap(leaders.log)
+
+
+def test_sigterm_to_the_leader_reaches_the_commands_grandchild(leaders: Any) -> None:
+    """``systemctl stop`` sends the leader SIGTERM: it is passed on to the command's whole
+    process group, the scheduler subprocess included, and the leader exits as the command did
+    (143); nothing it started ticks on."""
+    first = leaders(command=("grandchild_scheduler", "--every", str(TICK)))
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    (grandchild,) = ticks(leaders.log)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 128 + signal.SIGTERM
+    assert _dead(grandchild)
+
+
+def test_a_keeper_killed_with_sigkill_leaves_the_leader_to_take_the_group_down(
+    leaders: Any,
+) -> None:
+    """``kill -9`` of the keeper itself (the OOM killer's choice): the command dies with it, and
+    the leader SIGKILLs the command's process group (the keeper reported it) before it
+    releases the lock: the grandchild never ticks beside the standby's."""
+    command = ("grandchild_scheduler", "--every", str(TICK))
+    first = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    standby = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)
+    (grandchild,) = ticks(leaders.log)
+    (keeper,) = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
+    os.kill(int(keeper), signal.SIGKILL)
+    assert wait_until(lambda: _dead(grandchild), 10), "the grandchild died with its keeper"
+    assert first.wait(30) == 128 + signal.SIGKILL  # its command's keeper was killed so
+    assert wait_until(lambda: leader_pid() == standby.pid, 10), "the standby takes over"
+    assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), "the new leader's ticks"
+    assert_no_overlap(leaders.log)
+
+
+def test_a_led_command_that_exits_leaves_nothing_running_when_the_lock_is_released(
+    leaders: Any,
+) -> None:
+    """A command that exits leaving its scheduler subprocess behind: the leader releases the
+    lock only once that is gone, so the standby's scheduler never overlaps it."""
+    command = ("grandchild_scheduler", "--every", str(TICK), "--exit-after", "1")
+    first = leaders(command=command)
+    assert wait_until(lambda: ticks(leaders.log), 30), "first ticks"
+    standby = leaders(command=("grandchild_scheduler", "--every", str(TICK)))
+    assert first.wait(30) == 0
+    (grandchild,) = ticks(leaders.log)
+    assert _dead(grandchild)
+    assert wait_until(lambda: leader_pid() == standby.pid, 10), "the standby takes over"
+    assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30)
+    assert_no_overlap(leaders.log)
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGKILL, 137), (signal.SIGTERM, 143)])
+def test_a_led_command_killed_by_a_signal_exits_as_a_shell_says(
+    leaders: Any, signum: int, status: int
+) -> None:
+    """The led command killed by signal N: the leader exits 128 + N, as a shell reports it (and
+    as plain ``redlock_run``, killed so, shows): not ``sys.exit(-N)``, which a shell reads as
+    256 - N (247, 241)."""
+    first = leaders()
+    assert wait_until(lambda: ticks(leaders.log), 30), "the command ticks"
+    (command,) = ticks(leaders.log)
+    os.kill(command, signum)
+    assert first.wait(30) == status
+    assert f"killed by signal {int(signum)}" in first.communicate()[1]
+
+
+def test_a_leader_that_enters_leader_again_is_refused_at_once(redlock_settings: Any) -> None:
+    """``leader(name)`` inside ``leader(name)`` on the same thread would wait for itself: it
+    raises at once (it used to retry the at-once refusal in a loop with no sleep, forever)."""
+    from django_redlock import LockContended, leader
+
+    outcome: list[BaseException | None] = []
+
+    def lead_twice() -> None:
+        with leader("twice", ttl=TTL):
+            try:
+                with leader("twice", ttl=TTL):
+                    outcome.append(None)
+            except LockContended as error:
+                outcome.append(error)
+
+    thread = threading.Thread(target=lead_twice, daemon=True)  # (a spinning one is left behind)
+    began = time.monotonic()
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "leader() re-entered by its leader never returned"
+    (error,) = outcome
+    assert isinstance(error, LockContended), error
+    assert "already held by this same thread" in str(error)
+    assert time.monotonic() - began < 20
+
+
+def test_a_leader_paused_past_its_lease_has_its_command_stopped_by_the_keeper(
+    leaders: Any,
+) -> None:
+    """The leader stopped (SIGSTOP; Ctrl-Z in its terminal, a frozen VM) past its lease: it can
+    neither renew nor stop its command, and a standby takes over. The keeper holds the
+    leader's validity (sent at every renewal) and kills the command's processes before it
+    ends: the paused leader's scheduler never ticks beside the standby's."""
+    command = ("grandchild_scheduler", "--every", str(TICK))
+    first = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
+    standby = leaders(command=command)
+    assert wait_until(lambda: leader_pid() == first.pid, 5.0)
+    (grandchild,) = ticks(leaders.log)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: leader_pid() == standby.pid, TTL + 10), "the standby takes over"
+        assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30), "the new leader's ticks"
+        assert _dead(grandchild)
+        assert_no_overlap(leaders.log)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(30) == EXIT_LOST

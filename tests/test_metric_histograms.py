@@ -209,3 +209,50 @@ def test_multiprocess_mode_keeps_prometheus_clients_histograms(tmp_path):
     done = fresh_python(code, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2.0", "2.0", "1.5", "1.0"]
+
+
+def test_an_exception_from_a_signal_handler_never_leaves_the_lock_held():
+    """A signal handler (Ctrl-C) runs when a call returns: wherever in ``observe()`` that is,
+    the exception it raises must not leave the series' lock held (every later metric call of
+    the process would block on it forever). The trace raises where a handler could: at the
+    instruction after each call."""
+    import dis
+    import sys
+
+    from django_redlock.histograms import Series
+
+    code = Series.observe.__code__
+    instructions = list(dis.get_instructions(code))
+    ends = [  # where each call returns to (its inline caches skipped)
+        after.offset
+        for ins, after in zip(instructions, instructions[1:], strict=False)
+        if ins.opname == "CALL"
+    ]
+    assert len(ends) >= 2  # the bucket's bisect, the lock's acquire or exit
+
+    class Interrupted(Exception):
+        pass
+
+    for offset in ends:
+        lock = threading.Lock()
+        series = Series((0.1, 1.0), lock, None)
+
+        def local(frame, event, arg, offset=offset):
+            if event == "opcode" and frame.f_lasti == offset:
+                raise Interrupted
+            return local
+
+        def tracer(frame, event, arg):
+            if frame.f_code is not code:
+                return None
+            frame.f_trace_opcodes = True
+            return local
+
+        sys.settrace(tracer)
+        try:
+            series.observe(0.5)
+        except Interrupted:
+            pass
+        finally:
+            sys.settrace(None)
+        assert not lock.locked(), f"interrupted at offset {offset}: the lock stays held"

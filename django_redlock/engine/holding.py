@@ -42,9 +42,14 @@ def extend(
     ``max_extensions``, however a renewal and the holder's ``extend()`` overlap) and given back
     if no round renewed; one cut short (a timeout, a cancel, Ctrl-C) counts, since it may have
     renewed on the masters. A shorter TTL shortens the lease before its round leaves, and the
-    last round sent decides (see ``Lease.begin_round`` and ``Lease.renewed``)."""
+    last round sent decides (see ``Lease.begin_round`` and ``Lease.renewed``).
+
+    A lease with a cap (``at_most``, ``max_hold``) is never renewed past it, however it is
+    asked: the round's TTL is cut to reach the cap exactly, and once the cap is reached (less
+    than the shortest lease left) ``ExtensionLimit`` says so and nothing is sent."""
     if lease.check_lost():
         raise lease.lost_error()
+    capped(lease, lease.ttl if ttl is None else ttl)  # (refused before it counts as one)
     if not lease.reserve_extension():
         raise ExtensionLimit(
             lease.resource,
@@ -53,9 +58,26 @@ def extend(
         )
     try:
         return (yield from _extend_rounds(masters, lease, once=once, ttl=ttl))
-    except LockLost:
-        lease.give_back_extension()  # it renewed nothing (the lease is lost)
+    except (LockLost, ExtensionLimit):
+        lease.give_back_extension()  # it renewed nothing (the lease is lost, or at its cap)
         raise
+
+
+def capped(lease: Lease, ttl: float) -> float:
+    """``ttl``, cut so that a renewal sent now reaches no further than the lease's cap
+    (``max_hold`` after it was taken: ``at_most``); ``ExtensionLimit`` once the cap is
+    reached."""
+    cap = lease.max_hold
+    if cap is None:
+        return ttl
+    left = lease.acquired_at + cap - time.monotonic()
+    if left < protocol.MIN_TTL:
+        raise ExtensionLimit(
+            lease.resource,
+            f"lock {lease.resource!r} reached its cap (at_most/max_hold={cap:g}s after it was "
+            f"taken): it is not renewed past it, and lapses within {lease.validity:.2f}s",
+        )
+    return min(ttl, left)
 
 
 def _extend_rounds(
@@ -66,7 +88,7 @@ def _extend_rounds(
         if lease.check_lost():
             raise lease.lost_error()
         # Read at send time: a renewal sent after the holder's extend(ttl=) uses the new TTL.
-        round_ttl = lease.ttl if ttl is None else ttl
+        round_ttl = capped(lease, lease.ttl if ttl is None else ttl)
         generation, until = lease.begin_round(round_ttl, start, masters.drift_factor)
         if not once and lease.watcher is not None:
             lease.watcher.reschedule(lease)

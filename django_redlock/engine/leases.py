@@ -91,6 +91,7 @@ class LeaseCommands(Protocol):
 #: extension bookkeeping, its fences, why it was lost, a waiter's queue id, a mode's commands
 #: (see ``_seldom``).
 _SELDOM_DEFAULTS: dict[str, Any] = {
+    "at_least": None,
     "auto_extend": False,
     "commands": None,
     "extensions": 0,
@@ -178,6 +179,9 @@ class Lease:
     extensions: _Seldom[int] = _Seldom("extensions")
     max_extensions: _Seldom[int | None] = _Seldom("max_extensions")
     max_hold: _Seldom[float | None] = _Seldom("max_hold")
+    #: Seconds after it was taken that it is kept at least (an inner re-entry's ``at_least``:
+    #: ``bounds``); the releasing handle's own ``at_least`` counts too.
+    at_least: _Seldom[float | None] = _Seldom("at_least")
     #: Counts extend rounds as they are sent: a round's outcome is applied only if no round
     #: was sent after it (the later-started one wins, see ``renewed``).
     generation: _Seldom[int] = _Seldom("generation")

@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
-from . import holding, markers, procedures, reentry, renames
+from . import bounds, holding, markers, procedures, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
 from .events import NullObserver, notify, notify_acquired, notify_released
@@ -140,7 +140,8 @@ class Lock(Handle):
         """Renew the lease on a quorum, for ``ttl`` seconds (the lock's TTL if None; a new one
         becomes the lease's TTL); returns the new validity in seconds. Retries until renewed or
         the lease runs out, then raises ``LockLost``. ``ExtensionLimit`` past ``max_extensions``
-        (manual and automatic extensions count alike)."""
+        (manual and automatic extensions count alike), and once ``at_most``/``max_hold`` is
+        reached: before, a longer TTL is cut to end there."""
         lease, ttl = self._extendable(ttl, current_owner())
         return run(self._redlock, holding.extend(self._redlock, lease, once=False, ttl=ttl))
 
@@ -157,7 +158,8 @@ class Lock(Handle):
         lease = self._detach(owner)
         if lease is not None:
             try:
-                run(self._redlock, holding.let_go(self._redlock, lease, self.at_least))
+                kept = bounds.kept(self.at_least, lease)
+                run(self._redlock, holding.let_go(self._redlock, lease, kept))
             finally:
                 self._released(owner, lease)
 
@@ -225,7 +227,7 @@ class Lock(Handle):
     async def _arelease(self, owner: Owner) -> None:
         lease = self._detach(owner)
         if lease is not None:
-            releasing = holding.let_go(self._redlock, lease, self.at_least)
+            releasing = holding.let_go(self._redlock, lease, bounds.kept(self.at_least, lease))
             try:  # (its round's turn comes first, then it is made: ``drivers.arun``)
                 await arun(self._redlock, releasing, holder_until=lease.valid_until)
             finally:
@@ -328,6 +330,9 @@ class Lock(Handle):
             raise
         if lease is None:
             return False
+        options = self._options
+        if options.at_least is not None or options.at_most is not None:
+            bounds.enter(self._redlock, lease, options.at_least, options.at_most)
         self._callers.add(owner, lease)
         return True
 

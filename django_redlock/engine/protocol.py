@@ -184,6 +184,8 @@ def check_hold_bounds(at_least: object, at_most: object) -> tuple[float | None, 
     kept at least longer than it may be held at most is a contradiction, not a lock."""
     least = None if at_least is None else check_seconds("at_least", at_least, allow_zero=False)
     most = None if at_most is None else check_seconds("at_most", at_most, allow_zero=False)
+    if most is not None and most < MIN_TTL:  # it caps the lease: a shorter one is none at all
+        raise ValueError(f"at_most must be at least {MIN_TTL} seconds (a lease), got {at_most!r}")
     if least is not None and most is not None and least > most:
         raise ValueError(f"at_least ({at_least!r}) must not exceed at_most ({at_most!r})")
     return least, most
@@ -198,11 +200,15 @@ def capped_by(at_most: float | None, ttl: float, max_hold: object) -> tuple[floa
     return min(ttl, check_ttl(at_most)), min(hold or at_most, at_most)
 
 
+#: The shortest lease: Redis expiries are whole milliseconds, and a lease must outlast its round.
+MIN_TTL = 0.01
+
+
 def check_ttl(value: object) -> float:
     ttl = check_seconds("ttl", value, allow_zero=False)
     # Redis expiries are whole milliseconds: anything shorter would be rounded to no lease at all.
-    if ttl < 0.01:
-        raise ValueError(f"ttl must be at least 0.01 seconds, got {value!r}")
+    if ttl < MIN_TTL:
+        raise ValueError(f"ttl must be at least {MIN_TTL} seconds, got {value!r}")
     return ttl
 
 

@@ -269,13 +269,13 @@ class Redlock(KeySpace):
         return locking(lambda: self, resources, options)
 
     def assert_locked(self, resource: str) -> None:
-        """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now
-        (``LockLost`` if its lease ran out). Local, no request to the masters: for code that
-        must only ever run guarded (ShedLock's ``LockAssert``)."""
+        """Raise ``NotLocked`` unless the calling thread or task holds ``resource`` now (a lock, a
+        permit, a reader; ``LockLost`` if its lease ran out). Local, no request to the masters:
+        for code that must only ever run guarded (ShedLock's ``LockAssert``)."""
         resource = protocol.check_resource(resource)
         owner = current_owner()
         leases = self.holders.of(owner, (self.lock_key(resource),))
-        lease = None if leases is None else leases[0]
+        lease = (leases and leases[0]) or self.holders.under(owner, resource)  # (or a permit's)
         if lease is None:
             raise NotLocked(
                 resource, f"lock {resource!r} is not held by {describe(owner)}, which needs it"

@@ -105,6 +105,23 @@ class Holders:
             leases.append(None if lease is None or lease.released else lease)
         return leases
 
+    def under(self, owner: Owner, resource: str) -> Lease | None:
+        """The live lease under which ``owner``, in this process, holds ``resource`` in a mode
+        whose keys are not the resource's own (a permit's slot, a reader's key): looked for among
+        all leases (``assert_locked``'s second look; a plain lock is found by ``of``)."""
+        pid = process.pid
+        for ref in list(self._by_key.values()):
+            lease = ref()
+            if (
+                lease is not None
+                and lease.owner is owner
+                and lease.pid == pid
+                and not lease.released
+                and resource in lease.resources
+            ):
+                return lease
+        return None
+
 
 def reentered(lock: Lock, owner: Owner, mine: Lease | None, holders: Holders) -> Lease | None:
     """The lease ``owner`` re-entered (one level deeper) to take ``lock``: ``mine`` (its lease

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...commands import EXIT_LOST, guard_command
+from ...conf import get_redlock
 from ...engine import LockLost, protocol
 from ...engine.permit_scripts import check_limit
 from ...leadership import run_as_leader
@@ -41,6 +44,28 @@ def _seconds(name: str, allow_zero: bool) -> Any:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
+
+
+def _at_most(text: str) -> float:
+    at_most = _seconds("--at-most", allow_zero=False)(text)
+    try:
+        protocol.check_hold_bounds(None, at_most)  # (it caps the lease: at least the shortest)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--{str(exc).replace('_', '-')}") from None
+    return float(at_most)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown"
+
+
+def _key(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("--key must not be empty: leave it out for the default")
+    return text
 
 
 def _limit(text: str) -> int:
@@ -58,12 +83,15 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--key", help="lock resource name (default: command:<command>)")
+        parser.add_argument(
+            "--key", type=_key, help="lock resource name (default: command:<command>)"
+        )
         parser.add_argument(
             "--wait",
             type=_seconds("--wait", allow_zero=True),
-            default=0.0,
-            help="seconds to wait for the lock when held elsewhere (default 0: give up at once)",
+            default=None,
+            help="seconds to wait for the lock when held elsewhere (default 0: give up at once; "
+            "not with --leader, whose standbys wait until they lead)",
         )
         parser.add_argument(
             "--ttl",
@@ -88,7 +116,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--at-most",
             dest="at_most",
-            type=_seconds("--at-most", allow_zero=False),
+            type=_at_most,
             default=None,
             help="stop renewing the lock after this many seconds: a hung command frees it, and "
             "the run exits 70",
@@ -129,9 +157,16 @@ class Command(BaseCommand):
             raise CommandError(f"unknown command {name!r}: not installed (see manage.py help)")
         if name == "redlock_run":
             raise CommandError("redlock_run cannot guard itself: name the command to run")
+        self._check_ttl(options["ttl"])
         if options["leader"]:
             if bounded:
                 raise CommandError("--leader takes no --at-least/--at-most", returncode=2)
+            if options["wait"] is not None:
+                raise CommandError(
+                    "--leader takes no --wait: a standby waits until it leads (give the leader "
+                    "a key of its own with --key to run a second one)",
+                    returncode=2,
+                )
             self._lead(name, command_args, options)
             return
         command = load_command_class(commands[name], name)
@@ -141,7 +176,7 @@ class Command(BaseCommand):
             name,
             key=options["key"],
             ttl=options["ttl"],
-            wait=options["wait"],
+            wait=options["wait"] or 0.0,
             label=f"manage.py redlock_run -- {name}",
             stderr=options.get("stderr"),
             at_least=options["at_least"],
@@ -149,6 +184,24 @@ class Command(BaseCommand):
             limit=options["limit"],
         ):
             call_command(command, *command_args, **streams)
+
+    def _check_ttl(self, ttl: float | None) -> None:
+        """``--ttl`` as the settings check would take ``REDLOCK['TTL']`` (within ``MAX_TTL``,
+        long next to ``NODE_TIMEOUT``), before any lock is made: a lease that one slow master's
+        answer would eat is lost as soon as it is taken (under ``--leader``, at once)."""
+        if ttl is None:
+            return
+        try:
+            engine = get_redlock()
+        except ImproperlyConfigured:
+            return  # the guard says what the settings check says, as without --ttl
+        try:
+            engine.check_ttl(ttl)
+            protocol.check_node_timeout(
+                engine.node_timeout, ttl, names=("REDLOCK['NODE_TIMEOUT']", "--ttl")
+            )
+        except ValueError as exc:
+            raise CommandError(f"--ttl: {exc}", returncode=2) from None
 
     def _lead(self, name: str, command_args: list[str], options: dict[str, Any]) -> None:
         # The command runs in a child process, so that a leader that loses its lease can stop
@@ -174,5 +227,14 @@ class Command(BaseCommand):
             )
         except LockLost as error:
             raise CommandError(str(error), returncode=EXIT_LOST) from error
+        if returncode < 0:
+            # Killed by a signal: exit as a shell does for it (128 + the signal: 137 for
+            # SIGKILL, 143 for SIGTERM), as plain redlock_run's own death shows; not
+            # sys.exit(-9), which a shell reads as 247.
+            signum = -returncode
+            raise CommandError(
+                f"{name} was killed by signal {signum} ({_signal_name(signum)})",
+                returncode=128 + signum,
+            )
         if returncode != 0:
             raise CommandError(f"{name} exited with status {returncode}", returncode=returncode)
