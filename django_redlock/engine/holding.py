@@ -139,7 +139,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     masters answered; or if the lease was found lost before (told then, said again now). A
     master asked again after a reset connection, that finds our lease already gone, confirms
     (the first request may have removed it), unless it restarted since the grant
-    (``_restarted``)."""
+    (``restarts.read_release``)."""
     if lease.commands is None:
         round_ = release_round(
             masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
@@ -182,7 +182,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
             or not (answered.asked_again or masters.quarantine)
         ):
             break
-        replies, restarted = yield from _restarted(masters, lease, answered, several)
+        replies, restarted = yield from restarts.read_release(masters, lease, answered, several)
     if (
         confirmed < masters.quorum  # (first: the usual release is confirmed, and needs no call)
         and lease.commands is None
@@ -226,31 +226,6 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         # Found lost before (the watchdog, its expiry watch, ``check()``: told then): whatever
         # the masters confirmed now, exclusivity was not kept to the end. Said again, not told.
         raise lease.lost_error()
-
-
-def _restarted(
-    masters: Masters, lease: Lease, answered: RoundReplies, several: int
-) -> Procedure[tuple[list[Reply], dict[int, NodeFailure]]]:
-    """The release's replies, read with the masters' identities (``restarts``): a master asked
-    again (its connection broke before the first reply) that finds none of our keys may well
-    have applied the first request, a release done: it confirms, unless it restarted since the
-    grant (its "gone" is then our lease lost there) or cannot tell (not confirmed there). An
-    abstaining member whose new identity was seen after the grant: gone. Also the verdicts."""
-    asked = answered.asked_again
-    verdicts = restarts.abstained_since(masters, lease, answered) if masters.quarantine else {}
-    suspects = [i for i in asked if answered[i] == 0]
-    if suspects:
-        verdicts.update((yield from restarts.restarted_since(masters, lease, suspects)))
-    replies: list[Reply] = []
-    for i, reply in enumerate(answered):
-        verdict = verdicts.get(i)
-        if verdict is not None:
-            replies.append(0 if verdict.reason == "gone" else verdict)
-        elif reply == 0 and i in asked:
-            replies.append(several)  # a reset connection: the first request removed it
-        else:
-            replies.append(reply)
-    return replies, verdicts
 
 
 def _keep_releasing(

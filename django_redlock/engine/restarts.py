@@ -26,7 +26,7 @@ from .errors import NodeFailure
 from .leases import Lease
 from .quarantine import REASON as ABSTAINS
 from .quarantine import parse_uptime
-from .rounds import Reply
+from .rounds import Reply, RoundReplies
 from .steps import Masters, Procedure, Round
 
 #: The request that says how long a master's process has been up (and which one it is).
@@ -84,3 +84,28 @@ def abstained_since(
                 reply.node, "gone", f"restarted or failed over since the grant ({watch.reason})"
             )
     return verdicts
+
+
+def read_release(
+    masters: Masters, lease: Lease, answered: RoundReplies, several: int
+) -> Procedure[tuple[list[Reply], dict[int, NodeFailure]]]:
+    """The release's replies, read with the masters' identities (``restarts``): a master asked
+    again (its connection broke before the first reply) that finds none of our keys may well
+    have applied the first request, a release done: it confirms, unless it restarted since the
+    grant (its "gone" is then our lease lost there) or cannot tell (not confirmed there). An
+    abstaining member whose new identity was seen after the grant: gone. Also the verdicts."""
+    asked = answered.asked_again
+    verdicts = abstained_since(masters, lease, answered) if masters.quarantine else {}
+    suspects = [i for i in asked if answered[i] == 0]
+    if suspects:
+        verdicts.update((yield from restarted_since(masters, lease, suspects)))
+    replies: list[Reply] = []
+    for i, reply in enumerate(answered):
+        verdict = verdicts.get(i)
+        if verdict is not None:
+            replies.append(0 if verdict.reason == "gone" else verdict)
+        elif reply == 0 and i in asked:
+            replies.append(several)  # a reset connection: the first request removed it
+        else:
+            replies.append(reply)
+    return replies, verdicts
