@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import Redlock
+from .engine.acks import REASON as ACK_REASON
 from .engine.connections import Node
 from .engine.shards import ClusterMember
 
@@ -168,21 +169,86 @@ def probe_all(redlock: Redlock, *, timeout: float = PROBE_TIMEOUT) -> Health:
 
 
 def abstention(node: Node, info: dict[str, Any]) -> str | None:
-    """Why ``node`` abstains now under quarantine (None: it votes, or quarantine is off): what
-    this process's engine decided on its connections, or else what its uptime says now."""
+    """Why ``node``'s votes do not count now (None: they do), as the engine counts them: its
+    replica acknowledgement (``?wait_replicas=``: too few replicas connected, or sitting out in
+    this process after a missed one), and quarantine (when on): what this process's engine
+    decided on its connections, or else what the member's INFO says now, which any process
+    reads alike (its uptime, its role, a promotion since it started)."""
+    acks = node.acks
+    if acks is not None:
+        short = acks.ask.cannot_vote(info)
+        if short is not None:
+            return f"{ACK_REASON}: {short}"
+        left = acks.until - time.monotonic()
+        if left > 0:
+            return f"{ACK_REASON}: a grant went unacknowledged; sits out {left:.1f} s more"
     watch = node.watch
     if watch is None:
         return None
     now = time.monotonic()
     if watch.abstaining(now):
-        return f"{watch.reason}; abstains {watch.until - now:.1f} s more"
+        return f"quarantine: {watch.reason}; abstains {watch.until - now:.1f} s more"
     uptime = info.get("uptime_in_seconds")
     if isinstance(uptime, int) and uptime < watch.max_ttl:
-        return f"up only {uptime} s; abstains {watch.max_ttl - uptime:.1f} s more"
+        return f"quarantine: up only {uptime} s; abstains {watch.max_ttl - uptime:.1f} s more"
     role = info.get("role")
     if role not in (None, "master"):
-        return f"not a primary (role {role})"
+        return f"quarantine: not a primary (role {role})"
+    if info.get("second_repl_offset", -1) not in (-1, "-1"):
+        return _promoted(node, watch.max_ttl)
     return None
+
+
+def _promoted(node: Node, max_ttl: float) -> str | None:
+    """A primary promoted from a replica since it started (``second_repl_offset``: a failover),
+    not seen by this process: the application's processes that saw it abstain ``max_ttl`` from
+    then. A Sentinel member: when, as its Sentinels tell (the time since they switched to it,
+    which is after the promotion: never under-counted); a Cluster shard: a process that first
+    sees it abstains ``max_ttl`` (``Watch.distrust_promotion``); any other member: only the
+    processes that saw the change abstain, and this one cannot tell when that was."""
+    service = node.spec.service
+    if service is None:
+        watch = node.watch
+        if watch is not None and watch.distrust_promotion:
+            return (
+                f"quarantine: promoted from a replica since it started; abstains up to "
+                f"{max_ttl:.0f} s"
+            )
+        return None
+    since = _switched_ago(node, service)
+    if since is None:
+        return (
+            f"quarantine: promoted from a replica since it started (a failover), and no Sentinel "
+            f"said when: processes that saw it abstain up to {max_ttl:.0f} s after it"
+        )
+    if since < max_ttl:
+        return (
+            f"quarantine: promoted from a replica {since:.1f} s ago (a failover); abstains "
+            f"{max_ttl - since:.1f} s more"
+        )
+    return None
+
+
+def _switched_ago(node: Node, service: Any) -> float | None:
+    """Seconds since the Sentinels of ``service`` switched to its current primary (the least any
+    of them says: ``role-reported-time``, reset by a switch); None if none answered."""
+    ages = []
+    for host, port in service.sentinels:
+        client = redis.Redis(host=host, port=port, socket_timeout=PROBE_TIMEOUT,
+                             socket_connect_timeout=PROBE_TIMEOUT)  # fmt: skip
+        try:
+            reply = client.execute_command("SENTINEL", "MASTER", service.name)
+        except (redis.RedisError, OSError):
+            continue
+        finally:
+            client.close()
+        fields = (
+            dict(zip(reply[::2], reply[1::2], strict=False)) if isinstance(reply, list) else reply
+        )
+        reported = fields.get(b"role-reported-time", fields.get("role-reported-time"))
+        if reported is not None:
+            ages.append(int(reported) / 1000)
+    return min(ages) if ages else None
 
 
 def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
