@@ -182,7 +182,7 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
             or not (answered.asked_again or masters.quarantine)
         ):
             break
-        replies, restarted = yield from restarts.read_release(masters, lease, answered, several)
+        replies, restarted = restarts.read_release(masters, lease, answered, several)
     if (
         confirmed < masters.quorum  # (first: the usual release is confirmed, and needs no call)
         and lease.commands is None

@@ -73,15 +73,15 @@ def parse_info(raw: bytes | str) -> Identity:
         raise ValueError(f"INFO server replication lacks an identity field: {exc}") from None
 
 
-def parse_uptime(raw: object) -> float | None:
-    """``uptime_in_seconds`` from the text of an ``INFO server`` reply; None if it has none."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+def parse_run_id(raw: object) -> str | None:
+    """``run_id`` from the text of an ``INFO server`` reply; None if it is not one (an error
+    reply: an ACL that refuses INFO)."""
+    if not isinstance(raw, bytes | str):
+        return None
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     for line in text.splitlines():
-        if line.startswith("uptime_in_seconds:"):
-            try:
-                return float(line.split(":", 1)[1])
-            except ValueError:
-                return None
+        if line.startswith("run_id:"):
+            return line.split(":", 1)[1].strip() or None
     return None
 
 
@@ -117,9 +117,6 @@ class Watch:
         #: Monotonic time until which this member's answers count as failed votes (0: none).
         self.until = 0.0
         self.reason = ""
-        #: Monotonic time a new identity (``run_id`` or replication id) was last seen here (0:
-        #: never): a lease granted before it may be gone there (``restarts``).
-        self.changed_at = 0.0
         self._guard = threading.Lock()  # connects of several threads and loops may judge at once
 
     def judge(self, identity: Identity, now: float | None = None) -> None:
@@ -128,10 +125,6 @@ class Watch:
         now = time.monotonic() if now is None else now
         with self._guard:
             previous, self.identity = self.identity, identity
-            if previous is not None and (
-                previous.run_id != identity.run_id or previous.replid != identity.replid
-            ):
-                self.changed_at = now
             until, reason = 0.0, ""
             if identity.role != "master":
                 until, reason = now + self.max_ttl, f"not a primary (role {identity.role})"
