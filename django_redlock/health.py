@@ -168,12 +168,14 @@ def probe_all(redlock: Redlock, *, timeout: float = PROBE_TIMEOUT) -> Health:
     return Health(results, redlock.quorum)
 
 
-def abstention(node: Node, info: dict[str, Any]) -> str | None:
+def abstention(node: Node, info: dict[str, Any], replicas_for: float | None = None) -> str | None:
     """Why ``node``'s votes do not count now (None: they do), as the engine counts them: its
-    replica acknowledgement (``?wait_replicas=``: too few replicas connected, or sitting out in
-    this process after a missed one), and quarantine (when on): what this process's engine
+    replica acknowledgement (``?wait_replicas=``: too few replicas acknowledge, or it sits out
+    in this process after a missed one), and quarantine (when on): what this process's engine
     decided on its connections, or else what the member's INFO says now, which any process
-    reads alike (its uptime, its role, a promotion since it started)."""
+    reads alike: its uptime, its role, and a promotion since it started (``second_repl_offset``:
+    a failover; ``replicas_for``: how long its longest-connected replica has followed it, None
+    if none or unknown)."""
     acks = node.acks
     if acks is not None:
         short = acks.ask.cannot_vote(info)
@@ -194,61 +196,33 @@ def abstention(node: Node, info: dict[str, Any]) -> str | None:
     role = info.get("role")
     if role not in (None, "master"):
         return f"quarantine: not a primary (role {role})"
-    if info.get("second_repl_offset", -1) not in (-1, "-1"):
-        return _promoted(node, watch.max_ttl)
-    return None
-
-
-def _promoted(node: Node, max_ttl: float) -> str | None:
-    """A primary promoted from a replica since it started (``second_repl_offset``: a failover),
-    not seen by this process: the application's processes that saw it abstain ``max_ttl`` from
-    then. A Sentinel member: when, as its Sentinels tell (the time since they switched to it,
-    which is after the promotion: never under-counted); a Cluster shard: a process that first
-    sees it abstains ``max_ttl`` (``Watch.distrust_promotion``); any other member: only the
-    processes that saw the change abstain, and this one cannot tell when that was."""
-    service = node.spec.service
-    if service is None:
-        watch = node.watch
-        if watch is not None and watch.distrust_promotion:
-            return (
-                f"quarantine: promoted from a replica since it started; abstains up to "
-                f"{max_ttl:.0f} s"
+    if promoted(info) and (replicas_for is None or replicas_for < watch.max_ttl):
+        # When it was promoted no process that did not see it can read (a Sentinel does not
+        # say): the replicas that follow it now came after, so once one has followed it for
+        # MAX_TTL, the failover is older than that and every process votes with it again.
+        return (
+            f"quarantine: promoted from a replica since it started (a failover): the processes "
+            f"that saw it abstain {watch.max_ttl:.0f} s after it, and "
+            + (
+                "no replica follows it yet to tell how long ago that was"
+                if replicas_for is None
+                else f"its replicas have followed it only {replicas_for:.0f} s"
             )
-        return None
-    since = _switched_ago(node, service)
-    if since is None:
-        return (
-            f"quarantine: promoted from a replica since it started (a failover), and no Sentinel "
-            f"said when: processes that saw it abstain up to {max_ttl:.0f} s after it"
-        )
-    if since < max_ttl:
-        return (
-            f"quarantine: promoted from a replica {since:.1f} s ago (a failover); abstains "
-            f"{max_ttl - since:.1f} s more"
         )
     return None
 
 
-def _switched_ago(node: Node, service: Any) -> float | None:
-    """Seconds since the Sentinels of ``service`` switched to its current primary (the least any
-    of them says: ``role-reported-time``, reset by a switch); None if none answered."""
-    ages = []
-    for host, port in service.sentinels:
-        client = redis.Redis(host=host, port=port, socket_timeout=PROBE_TIMEOUT,
-                             socket_connect_timeout=PROBE_TIMEOUT)  # fmt: skip
-        try:
-            reply = client.execute_command("SENTINEL", "MASTER", service.name)
-        except (redis.RedisError, OSError):
-            continue
-        finally:
-            client.close()
-        fields = (
-            dict(zip(reply[::2], reply[1::2], strict=False)) if isinstance(reply, list) else reply
-        )
-        reported = fields.get(b"role-reported-time", fields.get("role-reported-time"))
-        if reported is not None:
-            ages.append(int(reported) / 1000)
-    return min(ages) if ages else None
+def promoted(info: dict[str, Any]) -> bool:
+    """Whether a primary's INFO says it was promoted from a replica since it started."""
+    return info.get("second_repl_offset", -1) not in (-1, "-1")
+
+
+def replicas_following(client: redis.Redis) -> float | None:
+    """Seconds the longest-connected replica of this primary has followed it (CLIENT LIST's
+    ``age``); None if none does, or it would not say."""
+    reply = _ask(client.client_list, "replica")
+    ages = [float(c["age"]) for c in reply or () if "age" in c]
+    return max(ages) if ages else None
 
 
 def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
@@ -262,6 +236,8 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         client.ping()
         rtt = time.monotonic() - started
         info = _ask(client.info)  # default sections: server, replication, persistence, memory...
+        # (A promoted primary of a quarantined member: how long its replicas have followed it.)
+        followed = replicas_following(client) if node.watch and promoted(info or {}) else None
         config = _ask(client.config_get, "*") or {}  # one round trip; ACL may refuse CONFIG
         skew = _clock_skew(client)
     except (redis.RedisError, OSError) as exc:
@@ -280,7 +256,7 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         appendfsync=_setting(config, "appendfsync", UNKNOWN),
         maxmemory_policy=_setting(config, "maxmemory-policy", info.get("maxmemory_policy")),
         clock_skew=skew,
-        abstains=abstention(node, info),
+        abstains=abstention(node, info, followed),
     )
     return _with_warnings(health, node.timeout)
 
