@@ -47,9 +47,10 @@ def run_holding(
     mode: str,
     make: Callable[[], Any],
     fault: Callable[[Any], None],
-) -> tuple[Any, BaseException | None]:
+) -> tuple[BaseException | None, bool]:
     """Acquire ``make()``'s lock, run ``fault(lock)`` (in the holder's thread: a blocking call),
-    then release it explicitly; the lock and what the release raised."""
+    then release it explicitly; what the release raised, and ``lock.lost`` as its owner reads
+    it after the release."""
     lock = make()
     if mode == "sync":
         lock.acquire()
@@ -57,19 +58,19 @@ def run_holding(
         try:
             lock.release()
         except LockLost as error:
-            return lock, error
-        return lock, None
+            return error, lock.lost
+        return None, lock.lost
 
-    async def main() -> BaseException | None:
+    async def main() -> tuple[BaseException | None, bool]:
         await lock.aacquire()
         await asyncio.get_running_loop().run_in_executor(None, fault, lock)
         try:
             await lock.arelease()
         except LockLost as error:
-            return error
-        return None
+            return error, lock.lost
+        return None, lock.lost
 
-    return lock, asyncio.run(main())
+    return asyncio.run(main())
 
 
 def run_block(engine: Redlock, mode: str, make: Callable[[], Any], fault: Callable[[Any], None]):
@@ -99,10 +100,11 @@ def test_confirmed_returns(fresh_masters, redlock_of, mode):
     masters = fresh_masters(3)
     engine = redlock_of(masters)
     told = Told()
-    lock, error = run_holding(
+    error, lost = run_holding(
         engine, mode, lambda: engine.lock("row", ttl=10, on_lost=told), lambda lock: None
     )
     assert error is None
+    assert not lost
     assert told.errors == []
     assert [m.call("GET", "redlock:lock:row") for m in masters] == [None, None, None]
 
@@ -117,11 +119,12 @@ def test_not_confirmed_raises_unconfirmed_and_a_block_does_not(fresh_masters, re
         for m in masters[:2]:
             m.kill()
 
-    lock, error = run_holding(
+    error, lost = run_holding(
         engine, mode, lambda: engine.lock("row", ttl=10, on_lost=told), kill_two
     )
     assert isinstance(error, LockLost)
     assert error.unconfirmed, error
+    assert not lost
     assert told.errors == []
     for m in masters[:2]:
         m.start()
@@ -143,9 +146,10 @@ def test_lost_at_the_release_raises_tells_once(fresh_masters, redlock_of, mode):
         for m in masters[:2]:
             m.call("DEL", lock.key)
 
-    lock, error = run_holding(engine, mode, lambda: engine.lock("row", ttl=10, on_lost=told), force)
+    error, lost = run_holding(engine, mode, lambda: engine.lock("row", ttl=10, on_lost=told), force)
     assert isinstance(error, LockLost), error
     assert not error.unconfirmed, error
+    assert lost
     assert wait_until(lambda: len(told.errors) == 1, 5), told.errors
     lock, raised = run_block(engine, mode, lambda: engine.lock("row2", ttl=10, on_lost=told), force)
     assert len(raised) == 1, raised
@@ -179,9 +183,10 @@ def test_lost_and_already_told_raises_again_without_telling_again(
                     m.resume()
 
     make = lambda: engine.lock("row", ttl=1.5, auto_extend=True, on_lost=told)  # noqa: E731
-    lock, error = run_holding(engine, mode, make, lose)
+    error, lost = run_holding(engine, mode, make, lose)
     assert isinstance(error, LockLost), error
     assert not error.unconfirmed, error
+    assert lost
     assert len(told.errors) == 1, told.errors
     told.errors.clear()
     lock, raised = run_block(engine, mode, make, lose)
@@ -210,11 +215,12 @@ def test_a_release_after_a_majority_restarted_empty_is_lost(
             second = other.lock("row", ttl=10, wait=5)
             second.acquire()
 
-    lock, error = run_holding(
+    error, lost = run_holding(
         engine, mode, lambda: engine.lock("row", ttl=10, on_lost=told), restart_two
     )
     assert isinstance(error, LockLost), "a release counted masters that restarted empty"
     assert not error.unconfirmed, error
+    assert lost
     if mode == "sync":  # (a loop's pipes saw their connections close: their first reply is "gone")
         assert "restarted" in str(error), error
     assert wait_until(lambda: len(told.errors) == 1, 5), told.errors
