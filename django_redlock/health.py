@@ -204,7 +204,7 @@ def abstention(node: Node, info: dict[str, Any], replicas_for: float | None = No
             f"quarantine: promoted from a replica since it started (a failover): the processes "
             f"that saw it abstain {watch.max_ttl:.0f} s after it, and "
             + (
-                "no replica follows it yet to tell how long ago that was"
+                "no replica follows it (or CLIENT LIST was refused) to tell how long ago"
                 if replicas_for is None
                 else f"its replicas have followed it only {replicas_for:.0f} s"
             )
