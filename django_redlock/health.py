@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import Redlock
+from .engine.acks import REASON as ACK_REASON
 from .engine.connections import Node
 from .engine.shards import ClusterMember
 
@@ -167,22 +168,61 @@ def probe_all(redlock: Redlock, *, timeout: float = PROBE_TIMEOUT) -> Health:
     return Health(results, redlock.quorum)
 
 
-def abstention(node: Node, info: dict[str, Any]) -> str | None:
-    """Why ``node`` abstains now under quarantine (None: it votes, or quarantine is off): what
-    this process's engine decided on its connections, or else what its uptime says now."""
+def abstention(node: Node, info: dict[str, Any], replicas_for: float | None = None) -> str | None:
+    """Why ``node``'s votes do not count now (None: they do), as the engine counts them: its
+    replica acknowledgement (``?wait_replicas=``: too few replicas acknowledge, or it sits out
+    in this process after a missed one), and quarantine (when on): what this process's engine
+    decided on its connections, or else what the member's INFO says now, which any process
+    reads alike: its uptime, its role, and a promotion since it started (``second_repl_offset``:
+    a failover; ``replicas_for``: how long its longest-connected replica has followed it, None
+    if none or unknown)."""
+    acks = node.acks
+    if acks is not None:
+        short = acks.ask.cannot_vote(info)
+        if short is not None:
+            return f"{ACK_REASON}: {short}"
+        left = acks.until - time.monotonic()
+        if left > 0:
+            return f"{ACK_REASON}: a grant went unacknowledged; sits out {left:.1f} s more"
     watch = node.watch
     if watch is None:
         return None
     now = time.monotonic()
     if watch.abstaining(now):
-        return f"{watch.reason}; abstains {watch.until - now:.1f} s more"
+        return f"quarantine: {watch.reason}; abstains {watch.until - now:.1f} s more"
     uptime = info.get("uptime_in_seconds")
     if isinstance(uptime, int) and uptime < watch.max_ttl:
-        return f"up only {uptime} s; abstains {watch.max_ttl - uptime:.1f} s more"
+        return f"quarantine: up only {uptime} s; abstains {watch.max_ttl - uptime:.1f} s more"
     role = info.get("role")
     if role not in (None, "master"):
-        return f"not a primary (role {role})"
+        return f"quarantine: not a primary (role {role})"
+    if promoted(info) and (replicas_for is None or replicas_for < watch.max_ttl):
+        # When it was promoted no process that did not see it can read (a Sentinel does not
+        # say): the replicas that follow it now came after, so once one has followed it for
+        # MAX_TTL, the failover is older than that and every process votes with it again.
+        return (
+            f"quarantine: promoted from a replica since it started (a failover): the processes "
+            f"that saw it abstain {watch.max_ttl:.0f} s after it, and "
+            + (
+                "no replica follows it (or CLIENT LIST was refused) to tell how long ago"
+                if replicas_for is None
+                else f"its replicas have followed it only {replicas_for:.0f} s"
+            )
+        )
     return None
+
+
+def promoted(info: dict[str, Any]) -> bool:
+    """Whether a primary's INFO says it was promoted from a replica since it started."""
+    return info.get("second_repl_offset", -1) not in (-1, "-1")
+
+
+def replicas_following(client: redis.Redis) -> float | None:
+    """Seconds the longest-connected replica of this primary has followed it (CLIENT LIST's
+    ``age``); None if none does, or it would not say."""
+    reply = _ask(client.client_list, "replica")
+    ages = [float(c["age"]) for c in reply or () if "age" in c]
+    return max(ages) if ages else None
 
 
 def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
@@ -196,6 +236,8 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         client.ping()
         rtt = time.monotonic() - started
         info = _ask(client.info)  # default sections: server, replication, persistence, memory...
+        # (A promoted primary of a quarantined member: how long its replicas have followed it.)
+        followed = replicas_following(client) if node.watch and promoted(info or {}) else None
         config = _ask(client.config_get, "*") or {}  # one round trip; ACL may refuse CONFIG
         skew = _clock_skew(client)
         no_scripts = scripting_missing(client)
@@ -215,7 +257,7 @@ def probe(node: Node, *, timeout: float = PROBE_TIMEOUT) -> NodeHealth:
         appendfsync=_setting(config, "appendfsync", UNKNOWN),
         maxmemory_policy=_setting(config, "maxmemory-policy", info.get("maxmemory_policy")),
         clock_skew=skew,
-        abstains=no_scripts or abstention(node, info),
+        abstains=no_scripts or abstention(node, info, followed),
     )
     return _with_warnings(health, node.timeout)
 
@@ -239,8 +281,8 @@ def scripting_missing(client: redis.Redis) -> str | None:
         text = str(exc)
         if "scripting engine" in text or "unknown command" in text.lower():
             return (
-                f"cannot run Lua scripts ({text}): it would grant locks it can neither release "
-                "nor extend; load its scripting engine (Valkey: the lua module)"
+                f"scripting: cannot run Lua scripts ({text}): it would grant locks it can neither "
+                "release nor extend; load its scripting engine (Valkey: the lua module)"
             )
     return None
 

@@ -67,7 +67,7 @@ def test_abstaining_members_are_named(client, settings, fresh_masters):
     status, text = probe(client)
     assert status == 500
     assert text.startswith("Unavailable: 3 of 3 masters reachable (3 abstaining)")
-    assert text.count(": abstains (up only") == 3
+    assert text.count(": abstains (quarantine: up only") == 3
 
 
 def test_a_setting_without_members_is_the_system_checks_error_not_a_crash(client, settings):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,10 @@ REASON = "replica ack"
 #: ``wait_timeout`` (Redis runs what follows a blocked ``WAIT`` only after it), so that a busy
 #: process would pile up requests there faster than the member can answer them.
 SIT_OUT = 1.0
+
+#: Seconds since a replica's last acknowledgement (INFO's ``lag``: replicas acknowledge every
+#: second) past which it is taken for one that does not acknowledge (paused, cut off).
+ACK_LAG = 2
 
 REPLICAS_OPTION = "wait_replicas"
 TIMEOUT_OPTION = "wait_timeout"
@@ -71,6 +75,28 @@ class ReplicaAck:
                 f"budget node_timeout={node_timeout!r}: a member whose replicas are down would "
                 f"answer after its budget (use a {TIMEOUT_OPTION} well under it, half or less)"
             )
+
+    def cannot_vote(self, replication: Mapping[str, Any]) -> str | None:
+        """Why a member whose ``INFO replication`` (parsed, as redis-py does) is ``replication``
+        cannot vote now: fewer replicas acknowledge its writes than its grants wait for, so each
+        fails (``REASON``). A replica counts if it is connected, online, and acknowledged within
+        ``ACK_LAG`` (a paused or cut-off one stays connected until the primary's timeout, but
+        its acknowledgements stop). None if enough do (or INFO does not say)."""
+        if not isinstance(replication.get("connected_slaves"), int):
+            return None
+        acking = sum(
+            1
+            for name, replica in replication.items()
+            if name.startswith("slave") and name[5:].isdigit() and isinstance(replica, dict)
+            and replica.get("state") == "online" and int(replica.get("lag", 0)) <= ACK_LAG
+        )  # fmt: skip
+        if acking >= self.replicas:
+            return None
+        return (
+            f"its grants wait for {self.replicas} replica acknowledgement"
+            f"{'s' if self.replicas > 1 else ''} ({REPLICAS_OPTION}={self.replicas}) and "
+            f"{acking} replica{'' if acking == 1 else 's'} acknowledge: every grant fails"
+        )
 
     def judge(self, answer: object, acknowledged: object, label: str) -> object:
         """The request's ``answer``, if ``acknowledged`` (what ``WAIT`` said) is enough; else a

@@ -24,6 +24,7 @@ import redis
 
 from . import acks, cluster, dialing, protocol, sentinel
 from .dialing import Connected
+from .incarnations import Incarnation
 from .loops import of_loop
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
@@ -96,27 +97,26 @@ class Node:
         self.label = spec.label
         self.timeout = timeout
         self._kwargs = dialing.lock_connection_kwargs(spec.connection_kwargs, timeout)
-        #: SHAs of the scripts this master has run for us: those go as EVALSHA, others with
-        #: their source (EVAL), so that a master too slow to answer in time is never left with
-        #: a request it cannot run (a late NOSCRIPT would be read by no one).
+        #: SHAs of scripts this master ran for us go as EVALSHA, others with their source: a slow
+        #: master is never left with a request it cannot run (a late NOSCRIPT is read by no one).
         self.warm: set[str] = set()
         #: Monotonic time until which rounds leave this master out (see rounds.SKIP_SILENT_FOR).
         self.silent_until = 0.0
-        #: Restart and failover quarantine (``quarantine``), when on: ``max_ttl`` is the longest
-        #: TTL any lock may have, and so how long a member that may have lost keys abstains.
+        #: Restart and failover quarantine (``quarantine``), when on: abstains up to ``max_ttl``.
         self.watch: Watch | None = None if max_ttl is None else Watch(max_ttl)
+        #: The server process our connections reach (``incarnations``): a restart, seen.
+        self.server = Incarnation(asks=self.watch is None)
         #: Replica acknowledgement of its grants (``acks``), when its URL asks for it.
         self.acks = None if spec.ack is None else acks.Acks(spec.ack, timeout, self.label)
-        #: Routed, watched or acknowledged: a round looks into each of those for this master
-        #: (else it writes its request straight away: ``rounds.exchange``).
+        #: Routed, watched or acknowledged: a round looks into each of those (else it writes its
+        #: request straight away: ``rounds.exchange``).
         self.unusual = self.routed or self.watch is not None or self.acks is not None
         self._forget()
         _ALL_NODES.add(self)
 
     def _forget(self) -> None:
-        """No pipes (a new node, or a forked child: it must not read replies meant for its
-        parent on shared sockets, nor close them: redis-py only shuts a socket down in the
-        process that opened it). A guard no parent thread can be holding."""
+        """No pipes (a new node, or a forked child: it must not read replies meant for its parent
+        on shared sockets, nor close them, as redis-py does not); a guard no parent thread holds."""
         self._guard = threading.Lock()
         #: The threads' pipe, and the connect in progress for it (shared by every waiting round).
         self.pipe: Pipe | None = None
@@ -158,7 +158,7 @@ class Node:
                 return TimeoutError("no connection within the node budget")
             return connecting.result
         try:
-            result: Pipe | Exception = Pipe(self._open(budget))
+            result: Pipe | Exception = self.server.piped(self._open(budget), Pipe)
         except (redis.RedisError, OSError) as exc:
             result = exc
         with self._guard:
@@ -230,7 +230,7 @@ class Node:
                 raise redis.ConnectionError("the event loop closed while connecting")
             if made.cancelled():  # (a connect on a loop that is shutting down)
                 raise redis.ConnectionError("the connect was cancelled")
-            pipe = Pipe(made.result(), loop, _flusher_of(loop))
+            pipe = self.server.piped(made.result(), lambda c: Pipe(c, loop, _flusher_of(loop)))
         except (redis.RedisError, OSError) as exc:
             connecting.pipe.set_exception(exc)
             connecting.pipe.exception()  # retrieved: a round that gave up waiting must not warn
@@ -299,6 +299,7 @@ class Node:
             conn.disconnect()
             raise
         self.watch.judge(identity)
+        self.server.saw(identity.run_id)
 
     def primary_moved(self) -> None:
         """A Sentinel member's primary moved (``+switch-master``, told on the Sentinel listener's

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 
-from . import protocol, scripts, values
+from . import protocol, restarts, scripts, values
 from .admission import holder_patience
 from .errors import UNAWAITED, ExtensionLimit, LockLost, NodeFailure, QuorumUnavailable
 from .leases import Lease
+from .losses import gone, taken_away
 from .procedures import COURTESY, JITTER, release_round, tally
-from .protocol import Tally
 from .rounds import Reply, RoundReplies
 from .steps import (
     Detach,
@@ -158,8 +157,10 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     """Compare-and-delete on every master and wake the next waiter in each resource's queue.
     Raises ``LockLost`` (after still removing our lease wherever it is ours) unless a quorum
     confirmed that it removed *our* lease: it had run out, was released by force, or too few
-    masters answered. A master asked again after a reset connection, that finds our lease
-    already gone, confirms (the first request may have removed it)."""
+    masters answered; or if the lease was found lost before (told then, said again now). A
+    master asked again after a reset connection, that finds our lease already gone, confirms
+    (the first request may have removed it), unless it restarted since the grant
+    (``restarts.read_release``)."""
     if lease.commands is None:
         round_ = release_round(
             masters, lease.resources, lease.value, queued_as=lease.queued_as, at_quorum=True
@@ -174,31 +175,35 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         yield Round(round_.command, round_.script, cleanup=True)
         raise
     several = len(lease.keys)
-    # A master asked again (its connection broke before the first reply) that finds none of our
-    # keys may well have applied the first request: that is a release done, not a lease taken
-    # away. Only a first reply can tell that our lease was gone before we released it.
-    asked_again = answered.asked_again
-    replies: list[Reply] = (
-        [several if r == 0 and i in asked_again else r for i, r in enumerate(answered)]
-        if asked_again
-        else answered
-    )
-    # One pass over the replies (this is every release's hot path): how many confirmed, how
-    # many masters did not answer, and the highest count of keys-plus-woken a master returned.
-    # (``reported``: those of them that failed, not only went unawaited once a quorum confirmed.)
-    # The rule of ``steps.confirms_answer`` is written out: its decider, called per master,
-    # cost ~300 CPU instructions a call (a ``functools.partial``), more than the loop's own.
-    confirmed = unanswered = reported = highest = 0
-    one = several == 1  # one key: 1 + the waiters woken confirms it; several: exactly several
-    for r in replies:
-        if isinstance(r, int):
-            if r == several or (one and r > 0):
-                confirmed += 1
-            if r > highest:
-                highest = r
-        elif isinstance(r, NodeFailure):
-            unanswered += 1
-            reported += r.reason != UNAWAITED
+    replies: list[Reply] = answered
+    # Masters whose "gone" is no confirmation (restarted since the grant, ``restarts``): looked
+    # for only when the replies alone did not confirm it and some master was asked again (or
+    # abstains): never on the usual release.
+    restarted: dict[int, NodeFailure] | None = None
+    while True:
+        # One pass over the replies (every release's hot path): how many confirmed, how many
+        # masters did not answer, and the highest count of keys-plus-woken a master returned.
+        # (``reported``: those of them that failed, not only went unawaited once a quorum
+        # confirmed.) The rule of ``steps.confirms_answer`` is written out: its decider, called
+        # per master, cost ~300 CPU instructions a call (a ``functools.partial``).
+        confirmed = unanswered = reported = highest = 0
+        one = several == 1  # one key: 1 + the waiters woken confirms it; several: exactly several
+        for r in replies:
+            if isinstance(r, int):
+                if r == several or (one and r > 0):
+                    confirmed += 1
+                if r > highest:
+                    highest = r
+            elif isinstance(r, NodeFailure):
+                unanswered += 1
+                reported += r.reason != UNAWAITED
+        if (
+            confirmed >= masters.quorum
+            or restarted is not None
+            or not (answered.asked_again or masters.quarantine)
+        ):
+            break
+        replies, restarted = restarts.read_release(masters, lease, answered, several)
     if (
         confirmed < masters.quorum  # (first: the usual release is confirmed, and needs no call)
         and lease.commands is None
@@ -209,16 +214,23 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
     if several == 1 and highest - 1 > 0:  # a master woke a waiter: let it go first
         masters.give_way(lease.resource, COURTESY)
     if confirmed < masters.quorum:
-        detail = gone(masters, replies, several=several)
+        detail = gone(masters, replies, several=several, known=restarted)
         if time.monotonic() >= lease.valid_until:
             raise lease.mark_lost(lease.lost_message(), detail)
         if sum(f.reason == "gone" for f in detail) > len(replies) - masters.quorum:
+            came_back = sum(f.reason == "gone" for f in (restarted or {}).values())
             raise lease.mark_lost(
                 f"lock {lease.resource!r} was not released by a quorum: {confirmed} of "
-                f"{len(replies)} masters still held our lease ({masters.quorum} needed): it was "
-                f"released by force, or lost by masters",
+                f"{len(replies)} masters still held our lease ({masters.quorum} needed): "
+                + (
+                    f"{came_back} of them restarted (or failed over) since the grant, empty"
+                    if came_back
+                    else "it was released by force, or lost by masters"
+                ),
                 detail,
             )
+        if lease.lost:  # found lost before, and told then: said again, not as unconfirmed
+            raise lease.lost_error()
         lease.note_failures(detail, "release")
         raise LockLost(
             lease.resource,
@@ -231,6 +243,10 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         )
     if reported:
         lease.note_failures(failures(masters, replies), "release")
+    if lease.lost:
+        # Found lost before (the watchdog, its expiry watch, ``check()``: told then): whatever
+        # the masters confirmed now, exclusivity was not kept to the end. Said again, not told.
+        raise lease.lost_error()
 
 
 def _keep_releasing(
@@ -316,6 +332,8 @@ def finish(masters: Masters, lease: Lease, keep: float) -> Procedure[None]:
     if confirmed >= masters.quorum:
         if any(isinstance(r, NodeFailure) for r in replies):
             lease.note_failures(failures(masters, replies), "finish")
+        if lease.lost:  # (found lost meanwhile, and told: as ``release``)
+            raise lease.lost_error()
         return
     detail = gone(masters, replies)
     if (
@@ -358,30 +376,9 @@ def fence(masters: Masters, lease: Lease, resource: str) -> Procedure[int]:
     return token
 
 
-def taken_away(masters: Masters, lease: Lease, result: Tally, replies: list[Reply]) -> LockLost:
-    """So many masters no longer hold our token that no quorum can: mark the lease lost."""
-    return lease.mark_lost(
-        f"lock {lease.resource!r} is gone from {result.denied} of {result.total} masters: it "
-        f"expired or was released by force",
-        gone(masters, replies),
-    )
-
-
 def fence_unavailable(masters: Masters, lease: Lease, replies: list[Reply]) -> QuorumUnavailable:
     return QuorumUnavailable(
         lease.resource,
         f"lock {lease.resource!r}: no quorum of masters answered for its fencing token",
         failures(masters, replies),
     )
-
-
-def gone(masters: Masters, replies: Sequence[Reply], *, several: int = 1) -> list[NodeFailure]:
-    """Per master, for a lost lease: which said our token is gone, which failed."""
-    out = []
-    for node, reply in zip(masters.nodes, replies, strict=True):
-        if isinstance(reply, NodeFailure):
-            if reply.reason != UNAWAITED:
-                out.append(reply)
-        elif reply == 0 or (several > 1 and reply != several):
-            out.append(NodeFailure(node.label, "gone"))
-    return out

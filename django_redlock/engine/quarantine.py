@@ -73,6 +73,18 @@ def parse_info(raw: bytes | str) -> Identity:
         raise ValueError(f"INFO server replication lacks an identity field: {exc}") from None
 
 
+def parse_run_id(raw: object) -> str | None:
+    """``run_id`` from the text of an ``INFO server`` reply; None if it is not one (an error
+    reply: an ACL that refuses INFO)."""
+    if not isinstance(raw, bytes | str):
+        return None
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line.split(":", 1)[1].strip() or None
+    return None
+
+
 def read_identity(conn: Any) -> Identity:
     """The identity of the server behind ``conn`` (an open redis-py connection): one round trip,
     on a connection no round uses yet."""

@@ -47,45 +47,69 @@ class Holders:
     Each key maps to the lease's plain weak reference, ``weakref.ref(lease)``: Python keeps one
     per object and hands it out again, so the watchdog's look at the same lease shares it (a
     ``WeakValueDictionary`` made a keyed reference of its own per lease: 88 more bytes per held
-    lock). A lease dropped unreleased leaves its dead reference behind until the next sweep."""
+    lock). A lease dropped unreleased leaves its dead reference behind until the next sweep.
+
+    Seldom, one key has several unreleased leases: an owner's lease ran out (unreleased: its
+    owner has not been told yet) and another owner took the lock since. Then the key maps to a
+    tuple of their references, oldest first, so that what one owner finds under it never
+    depends on what other owners took and let go of meanwhile (the lapsed owner re-entering
+    finds its own lease, lost, not nothing)."""
 
     __slots__ = ("_by_key", "_sweep_at")
 
     def __init__(self) -> None:
-        self._by_key: dict[str, weakref.ref[Lease]] = {}
+        self._by_key: dict[str, Held] = {}
         self._sweep_at = SWEEP_AT
 
     def __getitem__(self, key: str) -> Lease:
-        lease = self._by_key[key]()
-        if lease is None:
-            raise KeyError(key)
-        return lease
+        """The latest unreleased lease under ``key``."""
+        for ref in reversed(_refs(self._by_key[key])):
+            lease = ref()
+            if lease is not None and not lease.released:
+                return lease
+        raise KeyError(key)
 
     def add(self, lease: Lease) -> weakref.ref[Lease]:
         """List ``lease`` under its keys; its weak reference (the watchdog's too)."""
         ref = weakref.ref(lease)
+        by_key = self._by_key
         # (Here and in ``remove``: acquire and release, not ``with``, which CPython 3.11 pays
         # ~1k CPU instructions more for; every acquisition adds, every release removes.)
         tables = _TABLES
         tables.acquire()
         try:
             for key in lease.keys:
-                self._by_key[key] = ref
-            if len(self._by_key) >= self._sweep_at:
-                self._by_key = {k: r for k, r in self._by_key.items() if r() is not None}
+                held = by_key.get(key)
+                if held is None:  # (the usual case)
+                    by_key[key] = ref
+                else:
+                    others = _live(held)
+                    by_key[key] = (*others, ref) if others else ref
+            if len(by_key) >= self._sweep_at:
+                self._by_key = {k: r for k, r in by_key.items() if _live(r)}
                 self._sweep_at = max(SWEEP_AT, 2 * len(self._by_key))
         finally:
             tables.release()
         return ref
 
     def remove(self, lease: Lease) -> None:
+        by_key = self._by_key
         tables = _TABLES
         tables.acquire()
         try:
             for key in lease.keys:
-                ref = self._by_key.get(key)
-                if ref is not None and ref() is lease:
-                    del self._by_key[key]
+                held = by_key.get(key)
+                if held is None:
+                    continue
+                if not isinstance(held, tuple):  # (the usual case)
+                    if held() is lease:
+                        del by_key[key]
+                    continue
+                others = tuple(r for r in _live(held) if r() is not lease)
+                if not others:
+                    del by_key[key]
+                else:
+                    by_key[key] = others[0] if len(others) == 1 else others
         finally:
             tables.release()
 
@@ -98,11 +122,16 @@ class Holders:
         pid = process.pid
         leases: list[Lease | None] = []
         for key in keys:
-            ref = self._by_key.get(key)
-            lease = None if ref is None else ref()
-            if lease is not None and (lease.owner is not owner or lease.pid != pid):
-                lease = None  # another's (or our parent's, if we are a forked child)
-            leases.append(None if lease is None or lease.released else lease)
+            held = self._by_key.get(key)
+            found = None
+            # Its own (not another's, nor our parent's if we are a forked child), latest first.
+            for ref in () if held is None else reversed(_refs(held)):
+                lease = ref()
+                if lease is not None and lease.owner is owner and lease.pid == pid:
+                    if not lease.released:
+                        found = lease
+                        break
+            leases.append(found)
         return leases
 
     def under(self, owner: Owner, resource: str) -> Lease | None:
@@ -110,7 +139,7 @@ class Holders:
         whose keys are not the resource's own (a permit's slot, a reader's key): looked for among
         all leases (``assert_locked``'s second look; a plain lock is found by ``of``)."""
         pid = process.pid
-        for ref in list(self._by_key.values()):
+        for ref in [r for held in list(self._by_key.values()) for r in _refs(held)]:
             lease = ref()
             if (
                 lease is not None
@@ -121,6 +150,18 @@ class Holders:
             ):
                 return lease
         return None
+
+
+Held = weakref.ref[Lease] | tuple[weakref.ref[Lease], ...]
+
+
+def _refs(held: Held) -> tuple[weakref.ref[Lease], ...]:
+    return held if isinstance(held, tuple) else (held,)
+
+
+def _live(held: Held) -> tuple[weakref.ref[Lease], ...]:
+    """The references of ``held`` whose lease lives and is not released."""
+    return tuple(r for r in _refs(held) if (lease := r()) is not None and not lease.released)
 
 
 def reentered(lock: Lock, owner: Owner, mine: Lease | None, holders: Holders) -> Lease | None:

@@ -35,6 +35,8 @@ class Masters(Protocol):
     node_timeout: float
     drift_factor: float
     retry_delay: float
+    #: Restart and failover quarantine on (``quarantine``): members may abstain.
+    quarantine: bool
     queues: LocalQueues
     inbox_prefix: str
     admission: Admission

@@ -151,7 +151,7 @@ def render(status: Health, found: Inventory, warnings: list[str], *, wide: bool 
         lines += ["", "Errors:"] + [f"  - {error}" for error in errors]
     notes = _grouped_warnings(status)
     notes += [f"{node.node}: {node.error}" for node in status.nodes if node.error]
-    notes += [f"{n.node}: quarantine: {n.abstains}" for n in status.nodes if n.abstains]
+    notes += [f"{n.node}: {n.abstains}" for n in status.nodes if n.abstains]
     notes += [f"setting: {w}" for w in warnings]
     if notes:
         lines += ["", "Warnings:"] + [f"  - {note}" for note in notes]
