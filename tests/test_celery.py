@@ -351,9 +351,10 @@ def test_an_expired_task_frees_its_key(tasks: Any) -> None:
 
 
 def test_a_duplicate_whose_own_id_is_awaited_is_refused(tasks: Any) -> None:
-    """A group's or chord's members, a fixed task_id, a link: the caller waits on the id it
-    made, so the duplicate cannot be answered with the queued task's; it raises."""
-    from celery import chord, group
+    """A group's or chord's members, a chain's steps, a fixed task_id, a link: the caller waits
+    on the id it made, so the duplicate cannot be answered with the queued task's; it raises."""
+    from celery import chain, chord, group
+    from celery.exceptions import ChordError
 
     from django_redlock.celery import AlreadyQueued
 
@@ -369,6 +370,13 @@ def test_a_duplicate_whose_own_id_is_awaited_is_refused(tasks: Any) -> None:
     assert tasks.report.delay(60).id == first.id  # a plain delay() still gets it
     assert first.get(timeout=20).startswith("report 60 by")
     assert [run[0] for run in runs(tasks, "report:60")] == [first.id]
+    # A chain's later step and a chord's body are sent by the worker: there too the duplicate
+    # fails the chain or the chord, where it left them PENDING forever.
+    tasks.report.apply_async((66, 0.0), queue="nowhere")  # queued, and stays so
+    with pytest.raises(AlreadyQueued, match="report:66"):
+        chain(tasks.total.si([1]), tasks.report.si(66, 0.0)).apply_async().get(timeout=20)
+    with pytest.raises(ChordError, match="report:66"):
+        chord([tasks.total.si([1])])(tasks.report.si(66, 0.0)).get(timeout=20)
     # Without duplicates, groups and chords of RedlockTasks run as usual.
     assert len(group(tasks.report.s(62, 0.0), tasks.report.s(63, 0.0))().get(timeout=20)) == 2
     assert (
