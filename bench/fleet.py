@@ -127,7 +127,7 @@ class Worker:
 def enqueue(nodes: list[str], work: Path, broker: str, tasks: object) -> None:
     import redis
 
-    client = redis.Redis.from_url(broker)
+    client = redis.Redis.from_url(broker, socket_timeout=90)  # (blpop waits up to 60 s)
     say("enqueue: 1,000 delay() calls for one key (a 3 s task) from 8 processes x 125")
     for kind in ("ours", "once", "mixed"):
         client.flushdb()
@@ -184,7 +184,7 @@ def crash(broker: str, tasks: object, trials: int) -> None:
     import redis
 
     ours, once = tasks.ours, tasks.once  # type: ignore[attr-defined]
-    client = redis.Redis.from_url(broker)
+    client = redis.Redis.from_url(broker, socket_timeout=90)  # (blpop waits up to 60 s)
     client.flushdb()
     freed: list[float] = []
     for n in range(100, 100 + trials):
@@ -220,7 +220,7 @@ def redelivery(broker: str, tasks: object, trials: int) -> None:
     import redis
 
     late = tasks.ours_late  # type: ignore[attr-defined]
-    client = redis.Redis.from_url(broker)
+    client = redis.Redis.from_url(broker, socket_timeout=90)  # (blpop waits up to 60 s)
     completions: Counter[int] = Counter()
     results: Counter[str] = Counter()
     took: list[float] = []

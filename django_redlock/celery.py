@@ -52,7 +52,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 from celery.signals import task_revoked
 from celery.utils.time import maybe_iso8601, maybe_make_aware
@@ -76,6 +76,7 @@ UNKNOWN_TRIES = 5
 #: of these, then the task id as it is, to the end of the label: any id reads back, spaces too.
 RUN_LABEL = "celery task: "
 QUEUED_LABEL = "celery task queued: "
+DONE_LABEL = "celery task done: "
 #: The longest task id a lock's label can name (``protocol.MAX_LABEL_LENGTH`` less the prefix).
 MAX_TASK_ID_LENGTH = protocol.MAX_LABEL_LENGTH - len(QUEUED_LABEL)
 #: A run that finds its own task id holding the run lock waits up to this many ``lock_ttl``: a
@@ -102,9 +103,13 @@ class AlreadyQueued(Exception):  # noqa: N818 (celery-once's name, for those who
         return f"{message}; {self.because}" if self.because else message
 
 
-class _OwnRunAlive(Exception):
-    """The run lock is still held, and renewed, under this very task id: another delivery of
-    the same message is running it now."""
+class _SameTaskRan(Exception):
+    """Another delivery of this very task's message runs it now (``"running"``: it still holds
+    and renews the run lock after the wait) or has run it (``"ran"``: it left its done marker)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        super().__init__(how)
 
 
 class RedlockTask(Task):  # type: ignore[misc]
@@ -158,6 +163,10 @@ class RedlockTask(Task):  # type: ignore[misc]
     @staticmethod
     def queued_resource(key: str) -> str:
         return bounded_resource(f"queued:{key}")
+
+    @staticmethod
+    def done_resource(key: str, task_id: str) -> str:
+        return bounded_resource(f"done:{key}:{task_id}")
 
     def marker_ttl(self, options: Mapping[str, Any]) -> float:
         """How long the queued marker of a task sent with ``options`` must live: until the task
@@ -239,7 +248,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         """Take the queued marker for ``task_id`` for ``ttl`` seconds; False if another one
         holds it. The handle is dropped at once: the marker outlives this process's interest in
         it, and lapses after ``ttl`` unless the worker removes it first."""
-        marker = engine.lock(queued, ttl=ttl, label=_label(task_id, queued=True))
+        marker = engine.lock(queued, ttl=ttl, label=_label(task_id, QUEUED_LABEL))
         try:
             marker.acquire()
         except LockContended:
@@ -278,16 +287,16 @@ class RedlockTask(Task):  # type: ignore[misc]
             _clear_marker(engine, self.queued_resource(key), task_id)
             logger.info("task %s [%s] skipped: key %r is busy", self.name, task_id, key)
             return None
-        except _OwnRunAlive:
+        except _SameTaskRan as same:
             metrics.job(self.name, "skipped")
             _clear_marker(engine, self.queued_resource(key), task_id)
             logger.warning(
-                "task %s [%s]: key %r is held, and renewed, by a run of this very task id (its "
-                "message was delivered twice): this delivery does nothing, that run's result "
-                "stands",
+                "task %s [%s]: key %r: a run of this very task id %s (its message was delivered "
+                "twice): this delivery does nothing, that run's result stands",
                 self.name,
                 task_id,
                 key,
+                "holds it, and renews it" if same.how == "running" else "has run",
             )
             raise Ignore() from None  # no state of ours: not a success, not a failure
         except QuorumUnavailable:
@@ -299,7 +308,20 @@ class RedlockTask(Task):  # type: ignore[misc]
             with contextlib.ExitStack() as held:
                 held.push(lock)  # acquired above: leaving releases it (LockLost if it was lost)
                 _clear_marker(engine, self.queued_resource(key), task_id)
-                return super().__call__(*args, **kwargs)
+                # A message not yet acknowledged while its task runs can be delivered again
+                # meanwhile (a broker's visibility timeout): its run leaves a done marker.
+                mark_done = self.acks_late or self.request.eta is not None
+                try:
+                    result = super().__call__(*args, **kwargs)
+                except (Retry, Reject):
+                    raise  # to be run again: not done
+                except Exception:
+                    if mark_done:
+                        self._mark_done(engine, key, task_id)
+                    raise
+                if mark_done:
+                    self._mark_done(engine, key, task_id)
+                return result
         except LockLost:
             outcome = "lost"
             raise
@@ -316,8 +338,10 @@ class RedlockTask(Task):  # type: ignore[misc]
         (a retry sent before its run lock was released). Skipping would end the task with the
         body never run; taking the lock over would run it twice if that run is alive. So it
         waits for it, up to ``OWN_RUN_WAIT_LEASES`` leases, marked queued meanwhile (a
-        ``delay()`` then keeps answering with this id), and raises ``_OwnRunAlive`` if that run
-        still renews it then."""
+        ``delay()`` then keeps answering with this id), and raises ``_SameTaskRan`` if that run
+        still renews it then, or if it ended its body (its done marker: ``_mark_done``): a
+        second delivery of a message whose run was alive (a broker's visibility timeout, an eta
+        past it) must not run the body again once that run is over."""
         wait = self.lock_wait if self.lock_busy == "wait" else 0.0
         try:
             return self._acquired(engine, key, task_id, wait)
@@ -326,18 +350,40 @@ class RedlockTask(Task):  # type: ignore[misc]
                 raise
         self._mark_queued(engine, self.queued_resource(key), task_id, self.lock_queue_timeout)
         try:
-            return self._acquired(engine, key, task_id, OWN_RUN_WAIT_LEASES * self.lock_ttl)
+            lock = self._acquired(engine, key, task_id, OWN_RUN_WAIT_LEASES * self.lock_ttl)
         except LockContended:
             if _held_by_run_of(engine, key, task_id):
-                raise _OwnRunAlive(key) from None
+                raise _SameTaskRan("running") from None
             raise
+        if engine.is_locked(self.done_resource(key, task_id)):
+            with contextlib.suppress(LockLost):
+                lock.release()
+            raise _SameTaskRan("ran")
+        return lock
+
+    def _mark_done(self, engine: Any, key: str, task_id: str) -> None:
+        """Before the run lock is released, at the end of a body that ran (returned or raised;
+        not a retry): a marker that this task id has run, for a second delivery of its message
+        waiting on the lock (``_take_run_lock``), lapsing after the longest such wait. A
+        failure to leave it is logged, never raised over the task's own outcome."""
+        marker = engine.lock(
+            self.done_resource(key, task_id),
+            ttl=OWN_RUN_WAIT_LEASES * self.lock_ttl,
+            label=_label(task_id, DONE_LABEL),
+        )
+        try:
+            marker.acquire()
+        except LockContended:
+            pass  # left already, by a run of this id
+        except Exception:
+            logger.warning("task %s [%s]: no done marker", self.name, task_id, exc_info=True)
 
     def _acquired(self, engine: Any, key: str, task_id: str, wait: float) -> Any:
         lock = engine.lock(
             key,
             ttl=self.lock_ttl,
             wait=wait,
-            label=_label(task_id, queued=False),
+            label=_label(task_id, RUN_LABEL),
             auto_extend=True,
         )
         lock.acquire()
@@ -364,10 +410,11 @@ def check_task_id(task_id: object) -> str:
     return task_id
 
 
-def _label(task_id: str, *, queued: bool) -> str | None:
-    """The label of a task's queued marker or run lock; None for an id no label can hold (only
-    a message published by other means than ``apply_async`` has one: its run is not named)."""
-    label = (QUEUED_LABEL if queued else RUN_LABEL) + task_id
+def _label(task_id: str, prefix: str) -> str | None:
+    """The label of a task's queued marker, run lock or done marker (``prefix``); None for an id
+    no label can hold (only a message published by other means than ``apply_async`` has one:
+    its run is not named)."""
+    label = prefix + task_id
     try:
         return protocol.check_label(label)
     except ValueError:
@@ -411,7 +458,7 @@ def _clear_marker(engine: Any, queued: str, task_id: str) -> None:
     """Remove the queued marker of ``task_id``: compare-and-delete of the exact value that names
     it, on every master that has it; another task's marker is never touched."""
     replies = fan_out(engine.nodes, ("GET", engine.lock_key(queued)), engine.node_timeout)
-    label = _label(task_id, queued=True)
+    label = _label(task_id, QUEUED_LABEL)
     for value in {r for r in replies if isinstance(r, bytes)}:
         try:
             owner = parse_value(value)[1]
