@@ -151,6 +151,8 @@ def enqueue(nodes: list[str], work: Path, broker: str, tasks: object) -> None:
         for out in outputs:
             ids.update(out["ids"])
         already = sum(o["already_queued"] for o in outputs)
+        unavailable = sum(o.get("unavailable", 0) for o in outputs)
+        refused = f"; QuorumUnavailable raised: {unavailable}" if unavailable else ""
         executions = client.llen(f"runs:{'once' if kind == 'once' else 'ours'}:1")
         slowest = max(o["seconds"] for o in outputs)
         name = {"ours": "RedlockTask", "once": "celery-once", "mixed": "RedlockTask mixed"}[kind]
@@ -163,7 +165,7 @@ def enqueue(nodes: list[str], work: Path, broker: str, tasks: object) -> None:
         say(
             f"  {name:12} executions {executions}; calls returning a task id: {sum(ids.values())}"
             f" ({len(ids)} distinct id{'s' if len(ids) != 1 else ''}); AlreadyQueued raised: "
-            f"{already}; slowest process {slowest:.2f} s for its 125 calls"
+            f"{already}{refused}; slowest process {slowest:.2f} s for its 125 calls"
         )
     client.close()
 

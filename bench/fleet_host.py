@@ -60,6 +60,7 @@ def enqueue(kind: str, calls: int, go: str) -> None:
 
     from bench import fleet_tasks
     from django_redlock.celery import AlreadyQueued as OursAlreadyQueued
+    from django_redlock.engine import QuorumUnavailable
 
     tasks = {"once": fleet_tasks.once, "ours": fleet_tasks.ours}
     task = tasks.get(kind, fleet_tasks.ours_brief_queue)
@@ -69,7 +70,7 @@ def enqueue(kind: str, calls: int, go: str) -> None:
         time.sleep(0.005)
     seconds = 0.5 if kind == "mixed" else 3.0  # mixed: a short task, done before the next call
     ids: dict[str, int] = {}
-    already = 0
+    already = unavailable = 0
     began = time.perf_counter()
     for call in range(calls):
         turn = call % 3 if kind == "mixed" else 1
@@ -83,9 +84,17 @@ def enqueue(kind: str, calls: int, go: str) -> None:
         except (AlreadyQueued, OursAlreadyQueued):
             already += 1
             continue
+        except QuorumUnavailable:  # too few masters answered in time (a loaded machine)
+            unavailable += 1
+            continue
         ids[result.id] = ids.get(result.id, 0) + 1
     took = time.perf_counter() - began
-    print(json.dumps({"ids": ids, "already_queued": already, "seconds": took}), flush=True)
+    print(
+        json.dumps(
+            {"ids": ids, "already_queued": already, "unavailable": unavailable, "seconds": took}
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@
   ``lock_wait`` seconds, then skip). A run lock held under the task's *own* id is a run of this
   very task whose worker died (its message delivered again: ``acks_late`` with
   ``reject_on_worker_lost``) or that is ending (a retry sent before its lock was released): the
-  run waits for it (its lease lapses within ``lock_ttl``), and never skips itself.
+  run waits for it (its lease lapses within ``lock_ttl``), and never skips itself; a second
+  delivery of a message whose run is alive, or has just run (its *done* marker), does nothing
+  (Celery's ``Ignore``: that run's result stands).
 - **Unique at enqueue** (``lock_unique = True``, the default): ``delay()`` / ``apply_async()``
   while a task with the same key is queued or running publishes nothing and returns that task's
   ``AsyncResult`` (the same id for every caller), or raises ``AlreadyQueued`` with
