@@ -344,12 +344,15 @@ class RedlockTask(Task):  # type: ignore[misc]
         still renews it then, or if it ended its body (its done marker: ``_mark_done``): a
         second delivery of a message whose run was alive (a broker's visibility timeout, an eta
         past it) must not run the body again once that run is over."""
-        wait = self.lock_wait if self.lock_busy == "wait" else 0.0
         try:
-            return self._acquired(engine, key, task_id, wait)
+            return self._acquired(engine, key, task_id, 0.0)
         except LockContended:
             if not _held_by_run_of(engine, key, task_id):
-                raise
+                if self.lock_busy != "wait":
+                    raise
+                # Another holder: wait for it. (Not at the first attempt: a run of this id
+                # that ends meanwhile must be told apart, by its done marker, below.)
+                return self._acquired(engine, key, task_id, self.lock_wait)
         self._mark_queued(engine, self.queued_resource(key), task_id, self.lock_queue_timeout)
         try:
             lock = self._acquired(engine, key, task_id, OWN_RUN_WAIT_LEASES * self.lock_ttl)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import django
 import redis
@@ -139,6 +140,24 @@ def redelivered(self, n: int, seconds: float) -> str:
     when the task ends, and given back to the broker when its process is lost. The first run
     of a key takes ``seconds``, or until the test sets ``go:redelivered:<n>`` (to be killed or
     doubled meanwhile); a later one a moment."""
+    return _redelivered_body(self, n, seconds)
+
+
+@app.task(
+    bind=True,
+    base=RedlockTask,
+    lock_key="redelivered:{n}",
+    lock_ttl=1.0,
+    lock_busy="wait",
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def redelivered_waiting(self, n: int, seconds: float) -> str:
+    """``redelivered`` with lock_busy="wait"."""
+    return _redelivered_body(self, n, seconds)
+
+
+def _redelivered_body(self: Any, n: int, seconds: float) -> str:
     began = time.time()
     first = _started(f"redelivered:{n}") == 1
     client = redis.Redis.from_url(app.conf.broker_url)

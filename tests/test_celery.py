@@ -429,21 +429,26 @@ def test_a_second_message_under_a_running_tasks_id_does_nothing(tasks: Any) -> N
     assert [run[0] for run in runs(tasks, "redelivered:2")] == [result.id]
 
 
-def test_a_second_message_whose_task_ends_while_it_waits_does_nothing(tasks: Any) -> None:
+@pytest.mark.parametrize(("name", "n"), [("redelivered", 3), ("redelivered_waiting", 4)])
+def test_a_second_message_whose_task_ends_while_it_waits_does_nothing(
+    tasks: Any, name: str, n: int
+) -> None:
     """The same, but the first run ends while the second waits for its lock: the second finds
-    the first's done marker and does nothing, where it would have run the body again."""
-    result = tasks.redelivered.delay(3, 30.0)
-    started_pid(tasks, "redelivered:3")
-    tasks.app.send_task(tasks.redelivered.name, (3, 30.0), task_id=result.id)
+    the first's done marker and does nothing, where it would have run the body again (also
+    with lock_busy="wait", which waits for any holder)."""
+    task = getattr(tasks, name)
+    result = task.delay(n, 30.0)
+    started_pid(tasks, f"redelivered:{n}")
+    tasks.app.send_task(task.name, (n, 30.0), task_id=result.id)
     # The second waits (marked queued: the first removed its own marker when it started).
-    assert wait_until(lambda: locked("queued:redelivered:3"), 20), "the second never waited"
+    assert wait_until(lambda: locked(f"queued:redelivered:{n}"), 20), "the second never waited"
     client = _broker(tasks)
-    client.rpush("go:redelivered:3", 1)
+    client.rpush(f"go:redelivered:{n}", 1)
     client.close()
     assert result.get(timeout=20) == "done"
-    ignored = f"[{result.id}]: key 'redelivered:3': a run of this very task id has run"
+    ignored = f"[{result.id}]: key 'redelivered:{n}': a run of this very task id has run"
     assert wait_until(lambda: ignored in WORKER_LOG[0].read_text(), 20), "the second ran again"
-    assert [run[0] for run in runs(tasks, "redelivered:3")] == [result.id]
+    assert [run[0] for run in runs(tasks, f"redelivered:{n}")] == [result.id]
 
 
 # --- bad options, at decoration -------------------------------------------------------------------
