@@ -5,8 +5,9 @@
   lock "fleet:cron" (skip when held); log "<slot> <pid>" per run.
 - ``leader <log>``: lead "fleet" (ttl 1 s) until killed; log "start <pid> <t>" on taking over,
   then "beat <pid> <t>" every 10 ms (t: wall clock, one machine).
-- ``enqueue <ours|once> <calls> <go file>``: wait for the go file, then delay() the bench task
-  ``calls`` times for one key; print one JSON line: ids returned, AlreadyQueued raised, seconds.
+- ``enqueue <ours|once|mixed> <calls> <go file>``: wait for the go file, then enqueue the bench
+  task ``calls`` times for one key (mixed: delay(), a countdown, a group of two by turns); print
+  one JSON line: ids returned, AlreadyQueued raised, seconds.
 """
 
 from __future__ import annotations
@@ -51,27 +52,49 @@ def leader(log: str) -> None:
 
 
 def enqueue(kind: str, calls: int, go: str) -> None:
+    """``kind``: "ours" or "once" (``delay()`` of a 3 s task each time), or "mixed" (a 0.5 s
+    task, ours with a 1 s queue timeout, by turns: ``apply_async(countdown=3)``, ``delay()``
+    and a group of the task twice: the countdown outlives the queue timeout)."""
+    from celery import group
     from celery_once import AlreadyQueued
 
     from bench import fleet_tasks
+    from django_redlock.celery import AlreadyQueued as OursAlreadyQueued
+    from django_redlock.engine import QuorumUnavailable
 
-    task = fleet_tasks.ours if kind == "ours" else fleet_tasks.once
+    tasks = {"once": fleet_tasks.once, "ours": fleet_tasks.ours}
+    task = tasks.get(kind, fleet_tasks.ours_brief_queue)
     task.delay  # noqa: B018 (builds the task before the clock starts)
     Path(f"{go}.{os.getpid()}").touch()  # ready
     while not Path(go).exists():
         time.sleep(0.005)
+    seconds = 0.5 if kind == "mixed" else 3.0  # mixed: a short task, done before the next call
     ids: dict[str, int] = {}
-    already = 0
+    already = unavailable = 0
     began = time.perf_counter()
-    for _ in range(calls):
+    for call in range(calls):
+        turn = call % 3 if kind == "mixed" else 1
         try:
-            result = task.delay(1, 3.0)
-        except AlreadyQueued:
+            if turn == 0:  # every process's first call: the task that wins starts 3 s ahead
+                result = task.apply_async((1, seconds), countdown=3.0)
+            elif turn == 1:
+                result = task.delay(1, seconds)
+            else:
+                result = group(task.s(1, seconds), task.s(1, seconds)).apply_async()
+        except (AlreadyQueued, OursAlreadyQueued):
             already += 1
             continue
+        except QuorumUnavailable:  # too few masters answered in time (a loaded machine)
+            unavailable += 1
+            continue
         ids[result.id] = ids.get(result.id, 0) + 1
-    seconds = time.perf_counter() - began
-    print(json.dumps({"ids": ids, "already_queued": already, "seconds": seconds}), flush=True)
+    took = time.perf_counter() - began
+    print(
+        json.dumps(
+            {"ids": ids, "already_queued": already, "unavailable": unavailable, "seconds": took}
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,13 @@ import pytest
 import redis
 
 from django_redlock import is_locked, redlock
+from django_redlock.engine import QuorumUnavailable
 from django_redlock.testing.masters import LocalMaster, local_masters
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 
 WORKER_READY_TIMEOUT = 60
+#: The module's worker's log (stdout and stderr), once it started.
+WORKER_LOG: list[Path] = []
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,10 @@ def worker(
                 assert proc.poll() is None, Path(log.name).read_text()
                 assert time.monotonic() < deadline, Path(log.name).read_text()
                 time.sleep(0.1)
+            WORKER_LOG.append(Path(log.name))
             yield celery_tasks
         finally:
+            WORKER_LOG.clear()
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(20)
@@ -75,8 +81,9 @@ def tasks(worker: Any, redlock_settings: list[LocalMaster]) -> Any:
     client = _broker(worker)
     for key in client.scan_iter("runs:*"):
         client.delete(key)
-    for key in client.scan_iter("started:*"):
-        client.delete(key)
+    for pattern in ("started:*", "starts:*", "go:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
     client.close()
     return worker
 
@@ -94,13 +101,24 @@ def runs(tasks: Any, key: str) -> list[list[str]]:
 
 
 def started_pid(tasks: Any, key: str, timeout: float = 20) -> int:
-    client = _broker(tasks)
+    # (redis-py's default socket timeout, 5 s, would end the wait sooner: the pool can take
+    # that long to see a process killed, and to give its task to another)
+    client = redis.Redis.from_url(tasks.app.conf.broker_url, socket_timeout=timeout + 5)
     try:
         reply = client.blpop([f"started:{key}"], timeout=timeout)
     finally:
         client.close()
     assert reply is not None, f"{key} never started"
     return int(reply[1])
+
+
+def locked(resource: str) -> bool | None:
+    """``is_locked``, polled by ``wait_until``: None (not yet known) when too few masters answer
+    to tell, as they may on a loaded machine."""
+    try:
+        return is_locked(resource)
+    except QuorumUnavailable:
+        return None
 
 
 def test_duplicate_enqueues_return_the_queued_or_running_task(tasks: Any) -> None:
@@ -239,6 +257,198 @@ def test_a_storm_of_enqueues_while_it_runs_gets_the_running_tasks_id(tasks: Any)
         t.join()
     assert set(ids) == {first.id}
     first.get(timeout=20)
+
+
+# --- a task sent for later, a task id of any shape -----------------------------------------------
+
+
+def test_a_task_sent_for_later_stays_unique_until_it_runs(tasks: Any) -> None:
+    """``later`` has lock_queue_timeout = 1 s, and each is sent to start 4 s ahead (a countdown,
+    an eta, a retry's countdown): its marker lives until then plus the queue timeout, so a
+    ``delay()`` past the queue timeout still returns it, and each key runs once."""
+    counted = tasks.later.apply_async((1,), countdown=4.0)
+    dated = tasks.later.apply_async((2,), eta=datetime.now(UTC) + timedelta(seconds=4.0))
+    time.sleep(1.0 + 0.3)  # past the queue timeout (1 s), long before they start (4 s)
+    assert tasks.later.delay(1).id == counted.id
+    assert tasks.later.delay(2).id == dated.id
+    retried = tasks.later.delay(3, 4.0)  # its first run retries itself 4 s ahead
+    assert wait_until(lambda: retried.state == "RETRY", 20)
+    time.sleep(1.0 + 0.3)
+    assert tasks.later.delay(3).id == retried.id
+    for n, first in ((1, counted), (2, dated), (3, retried)):
+        assert first.get(timeout=20) == "ran"
+        assert [run[0] for run in runs(tasks, f"later:{n}")] == [first.id]
+
+
+def test_the_queued_marker_lives_until_the_task_may_start(tasks: Any) -> None:
+    """``marker_ttl``: no network; lock_queue_timeout is 1 s for ``later``."""
+    ttl = tasks.later.marker_ttl
+    now = datetime.now(UTC)
+    assert ttl({}) == 1.0
+    assert 100.5 < ttl({"countdown": 100}) <= 101.0
+    assert 10.5 < ttl({"countdown": 100, "expires": 10}) <= 11.0  # discarded when it expires
+    assert 10.5 < ttl({"countdown": 100, "expires": now + timedelta(seconds=10)}) <= 11.0
+    assert ttl({"eta": now - timedelta(hours=1)}) == 1.0  # late already: the queue timeout
+    assert 60.5 < ttl({"eta": (now + timedelta(seconds=60)).isoformat()}) <= 61.0
+    naive = (now + timedelta(seconds=60)).replace(tzinfo=None)  # UTC, as the worker reads it
+    assert 60.5 < ttl({"eta": naive}) <= 61.0
+    assert ttl({"countdown": 0, "eta": now + timedelta(seconds=60)}) > 60.5  # Celery's reading
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"task_id": "r" * 181}, "task_id is 181 characters long, more than the 180"),
+        ({"task_id": "bad \ud800 id"}, "task_id has a lone surrogate at position 4"),
+        ({"task_id": 42}, "task_id must be a str, got int 42"),
+        ({"countdown": float("nan")}, "countdown must be a finite number of seconds, got nan"),
+        ({"countdown": "soon"}, "countdown must be a finite number of seconds, got 'soon'"),
+        ({"eta": "tomorrow"}, "eta must be a datetime or an ISO 8601 string, got 'tomorrow'"),
+        ({"eta": 5}, "eta must be a datetime or an ISO 8601 string, got 5"),
+        ({"expires": [1]}, r"expires must be a finite number of seconds or a datetime"),
+        ({"countdown": 2 * 365 * 86400}, "its queued marker cannot live that long"),
+    ],
+)
+def test_enqueue_options_a_marker_cannot_hold_fail_before_anything_is_sent(
+    tasks: Any, options: Any, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        tasks.report.apply_async((70, 0.0), **options)
+    assert not is_locked("queued:report:70")
+
+
+def test_a_task_id_with_spaces_reads_back(tasks: Any) -> None:
+    """Any id Celery accepts reads back from the labels: a duplicate, queued or running, gets it."""
+    first = tasks.report.apply_async((42, 1.0), task_id="report 42")
+    assert tasks.report.delay(42, 1.0).id == "report 42"  # most likely still queued
+    started_pid(tasks, "report:42")
+    assert tasks.report.delay(42, 1.0).id == "report 42"  # running
+    assert tasks.report.apply_async((42,), task_id="report 42").id == "report 42"  # itself
+    assert first.get(timeout=20).startswith("report 42 by")
+    assert len(runs(tasks, "report:42")) == 1
+
+
+# --- revoked and expired tasks --------------------------------------------------------------------
+
+
+def test_a_revoked_task_frees_its_key(tasks: Any) -> None:
+    """The worker discards a revoked task without calling it: its marker goes then (Celery's
+    task_revoked signal), not after lock_queue_timeout (an hour for ``report``). A revoke that
+    reached the worker before the message, and one that came while it waited for its eta."""
+    early = tasks.report.AsyncResult(f"revoked-early-{time.time()}")
+    assert tasks.app.control.revoke(early.id, reply=True, limit=1, timeout=10), "no worker replied"
+    assert tasks.report.apply_async((50, 0.0), task_id=early.id).id == early.id
+    later = tasks.report.apply_async((51, 0.0), countdown=2.0)
+    assert tasks.app.control.revoke(later.id, reply=True, limit=1, timeout=10), "no worker replied"
+    for n, revoked in ((50, early), (51, later)):
+        freed = wait_until(lambda n=n: locked(f"queued:report:{n}") is False, 20)
+        assert freed, f"the revoked task's marker still holds report:{n}"
+        assert revoked.state == "REVOKED"
+        fresh = tasks.report.delay(n, 0.0)
+        assert fresh.id != revoked.id
+        fresh.get(timeout=20)
+        assert [run[0] for run in runs(tasks, f"report:{n}")] == [fresh.id]
+
+
+def test_an_expired_task_frees_its_key(tasks: Any) -> None:
+    expired = tasks.report.apply_async((52, 0.0), expires=datetime.now(UTC) - timedelta(seconds=1))
+    assert wait_until(lambda: locked("queued:report:52") is False, 20), "the marker still holds"
+    assert expired.state == "REVOKED"
+    fresh = tasks.report.delay(52, 0.0)
+    assert fresh.id != expired.id
+    fresh.get(timeout=20)
+
+
+# --- groups, chords, callbacks --------------------------------------------------------------------
+
+
+def test_a_duplicate_whose_own_id_is_awaited_is_refused(tasks: Any) -> None:
+    """A group's or chord's members, a chain's steps, a fixed task_id, a link: the caller waits
+    on the id it made, so the duplicate cannot be answered with the queued task's; it raises."""
+    from celery import chain, chord, group
+    from celery.exceptions import ChordError
+
+    from django_redlock.celery import AlreadyQueued
+
+    with pytest.raises(AlreadyQueued, match=r"\(group_id, task_id\)") as raised:
+        group(tasks.report.s(60, 1.0), tasks.report.s(60, 1.0)).apply_async()
+    first = tasks.report.AsyncResult(raised.value.task_id)  # the group's first member: sent
+    with pytest.raises(AlreadyQueued, match=r"\(group_id, chord, task_id\)"):
+        chord([tasks.report.s(60, 1.0), tasks.report.s(61, 0.0)])(tasks.total.s())
+    with pytest.raises(AlreadyQueued, match=r"\(task_id\)"):
+        tasks.report.apply_async((60,), task_id="mine")
+    with pytest.raises(AlreadyQueued, match=r"\(link\)"):
+        tasks.report.apply_async((60,), link=tasks.total.s())
+    assert tasks.report.delay(60).id == first.id  # a plain delay() still gets it
+    assert first.get(timeout=20).startswith("report 60 by")
+    assert [run[0] for run in runs(tasks, "report:60")] == [first.id]
+    # A chain's later step and a chord's body are sent by the worker: there too the duplicate
+    # fails the chain or the chord, where it left them PENDING forever.
+    tasks.report.apply_async((66, 0.0), queue="nowhere")  # queued, and stays so
+    with pytest.raises(AlreadyQueued, match="report:66"):
+        chain(tasks.total.si([1]), tasks.report.si(66, 0.0)).apply_async().get(timeout=20)
+    with pytest.raises(ChordError, match="report:66"):
+        chord([tasks.total.si([1])])(tasks.report.si(66, 0.0)).get(timeout=20)
+    # Without duplicates, groups and chords of RedlockTasks run as usual.
+    assert len(group(tasks.report.s(62, 0.0), tasks.report.s(63, 0.0))().get(timeout=20)) == 2
+    assert (
+        chord([tasks.report.s(64, 0.0), tasks.report.s(65, 0.0)])(tasks.total.s()).get(timeout=20)
+        == 2
+    )
+
+
+# --- a task's message delivered again -------------------------------------------------------------
+
+
+def test_a_task_redelivered_after_its_worker_died_runs_its_body(tasks: Any) -> None:
+    """acks_late with reject_on_worker_lost: kill -9 of the process running it gives its message
+    back; the redelivery finds the run lock still held under its own id (the dead run's lease):
+    it waits for that lease to lapse (lock_ttl = 1 s), then runs the body, once."""
+    result = tasks.redelivered.delay(1, 30.0)
+    os.kill(started_pid(tasks, "redelivered:1"), signal.SIGKILL)
+    started_pid(tasks, "redelivered:1")  # delivered again, and started
+    assert result.get(timeout=30) == "done"
+    assert [run[0] for run in runs(tasks, "redelivered:1")] == [result.id]
+
+
+def test_a_second_message_under_a_running_tasks_id_does_nothing(tasks: Any) -> None:
+    """The same message twice while the first runs (a broker's redelivery past its visibility
+    timeout; here sent by hand): the second waits for the run lock held under its own id, which
+    is renewed, and then does nothing (Celery's Ignore: no result of its own). The first's result
+    stands; before, the second stored None as a success while the first still ran."""
+    result = tasks.redelivered.delay(2, 30.0)
+    started_pid(tasks, "redelivered:2")
+    tasks.app.send_task(tasks.redelivered.name, (2, 30.0), task_id=result.id)
+    ignored = f"[{result.id}]: key 'redelivered:2': a run of this very task id holds it, and"
+    assert wait_until(lambda: ignored in WORKER_LOG[0].read_text(), 20), "the second ran or hangs"
+    assert result.state == "PENDING"  # nothing stored for the first, nothing for the second
+    client = _broker(tasks)
+    client.rpush("go:redelivered:2", 1)
+    client.close()
+    assert result.get(timeout=20) == "done"
+    assert [run[0] for run in runs(tasks, "redelivered:2")] == [result.id]
+
+
+@pytest.mark.parametrize(("name", "n"), [("redelivered", 3), ("redelivered_waiting", 4)])
+def test_a_second_message_whose_task_ends_while_it_waits_does_nothing(
+    tasks: Any, name: str, n: int
+) -> None:
+    """The same, but the first run ends while the second waits for its lock: the second finds
+    the first's done marker and does nothing, where it would have run the body again (also
+    with lock_busy="wait", which waits for any holder)."""
+    task = getattr(tasks, name)
+    result = task.delay(n, 30.0)
+    started_pid(tasks, f"redelivered:{n}")
+    tasks.app.send_task(task.name, (n, 30.0), task_id=result.id)
+    # The second waits (marked queued: the first removed its own marker when it started).
+    assert wait_until(lambda: locked(f"queued:redelivered:{n}"), 20), "the second never waited"
+    client = _broker(tasks)
+    client.rpush(f"go:redelivered:{n}", 1)
+    client.close()
+    assert result.get(timeout=20) == "done"
+    ignored = f"[{result.id}]: key 'redelivered:{n}': a run of this very task id has run"
+    assert wait_until(lambda: ignored in WORKER_LOG[0].read_text(), 20), "the second ran again"
+    assert [run[0] for run in runs(tasks, f"redelivered:{n}")] == [result.id]
 
 
 # --- bad options, at decoration -------------------------------------------------------------------
