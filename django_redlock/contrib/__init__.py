@@ -1,0 +1,1 @@
+"""Integrations with other Django packages, each imported only by a project that uses it."""
