@@ -39,8 +39,9 @@ not the caller, picks the result's id when it stores the task:
   characters). Its TTL covers the wait until ``run_after`` plus ``lock_queue_timeout``. It is
   believed only while the result it names is READY or RUNNING: one that ended (SUCCESSFUL,
   FAILED, also without ever reaching our code) or was deleted is stale, and the next enqueue
-  removes it. The worker, when it starts the task, cuts the marker's TTL to ``lock_ttl`` (plus
-  ``lock_wait`` with ``"wait"``): a worker killed before it holds the run lock frees the key then.
+  removes it. The worker, when it starts the task, cuts the marker's TTL to twice ``lock_ttl``
+  (plus ``lock_wait`` with ``"wait"``): a worker killed before it holds the run lock frees the key
+  then.
 - ``<key>``, the *run* lock, taken by the worker (its label names the result id too), which then
   removes the marker by compare-and-delete of the exact value naming its result (never another's).
 
@@ -83,7 +84,7 @@ else:  # Django 6.0's own
     from django.utils.json import normalize_json
 
 if TYPE_CHECKING:
-    from ..engine import Redlock
+    from ..engine import Lock, Redlock
     from ..engine.redlock import Holder
 
 __all__ = ["AlreadyQueued", "UniqueTask", "unique_task"]
@@ -271,20 +272,12 @@ class UniqueTask(Task[P, T], Generic[P, T]):
         key = self.lock_resource(args[1:] if self.takes_context else args, kwargs)
         queued = queued_resource(key)
         marker = None if result_id is None else _label(QUEUED, result_id)
-        waits = self.lock_busy == "wait"
-        lock = engine.lock(
-            key,
-            ttl=self.lock_ttl,
-            wait=self.lock_wait if waits else 0.0,
-            label=_label(RUNNING, result_id) if result_id is not None else "django task call",
-            auto_extend=True,
-        )
         if marker is not None and self.lock_unique:
             # Until we hold the run lock, the marker is what keeps the key: a worker killed now
-            # must not leave it for lock_queue_timeout.
-            _shorten(engine, queued, marker, self.lock_ttl + (self.lock_wait if waits else 0.0))
+            # must not leave it for lock_queue_timeout. (Long enough for both tries below.)
+            _shorten(engine, queued, marker, self._patience() + 2 * self.lock_ttl)
         try:
-            lock.acquire()
+            lock = self._run_lock(engine, key, result_id)
         except LockContended:
             metrics.job(self.module_path, "skipped")
             if marker is not None:
@@ -309,6 +302,26 @@ class UniqueTask(Task[P, T], Generic[P, T]):
             raise
         finally:
             metrics.job(self.module_path, outcome, time.monotonic() - began)
+
+    def _patience(self) -> float:
+        return self.lock_wait if self.lock_busy == "wait" else 0.0
+
+    def _run_lock(self, engine: Redlock, key: str, result_id: str | None) -> Lock:
+        """The run lock, acquired (``LockContended`` if the key stays busy). A key held by an
+        earlier attempt of this very result (a worker that died, and the result queued again)
+        is not a reason to skip itself: that lease lapses within lock_ttl, and is waited out."""
+        label = "django task call" if result_id is None else _label(RUNNING, result_id)
+
+        def lock(wait: float) -> Lock:
+            return engine.lock(key, ttl=self.lock_ttl, wait=wait, label=label, auto_extend=True)
+
+        try:
+            return lock(self._patience()).acquire()
+        except LockContended:
+            held = None if result_id is None else _holder(engine, key)
+            if held is None or _named(held, RUNNING) != result_id:
+                raise
+        return lock(self.lock_ttl).acquire()
 
     async def acall(self, *args: P.args, **kwargs: P.kwargs) -> T:
         return await sync_to_async(self.call)(*args, **kwargs)
