@@ -96,7 +96,7 @@ T = TypeVar("T")
 
 BUSY_CHOICES = ("skip", "wait", "raise")
 #: Seconds an ``enqueue()`` waits for its turn on ``enqueue:<key>`` before ``LockContended``.
-ENQUEUE_WAIT = 30.0
+ENQUEUE_WAIT = 10.0
 #: How many times to read a key whose holder some masters' silence leaves unknown.
 UNKNOWN_TRIES = 5
 #: The labels of a task's locks: the result id follows, verbatim.
