@@ -319,6 +319,19 @@ def test_a_marker_whose_result_ended_or_was_deleted_is_not_believed(jobs: Any) -
     assert parked.enqueue(5).id == third.id
 
 
+def test_an_enqueue_inside_a_transaction_says_it_is_not_unique_there(
+    jobs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Until the transaction commits, no other process can read the stored task: its marker
+    names a result that looks deleted. Said, since it cannot be kept."""
+    from django.db import transaction
+
+    with caplog.at_level("WARNING", logger="django_redlock"), transaction.atomic():
+        jobs.report.using(queue_name="nowhere").enqueue(6)
+    assert "inside transaction.atomic()" in caplog.text
+    assert "transaction.on_commit" in caplog.text
+
+
 def test_a_duplicate_can_raise(jobs: Any) -> None:
     first = jobs.strict.enqueue(1)
     with pytest.raises(AlreadyQueued, match=first.id) as raised:

@@ -63,6 +63,7 @@ from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 from django.utils import timezone
 
 from .. import metrics
@@ -186,6 +187,12 @@ class UniqueTask(Task[P, T], Generic[P, T]):
         if not self.lock_unique or not backend.supports_get_result:
             return backend.enqueue(self, args, kwargs)
         key = self.lock_resource(args, kwargs)  # bad arguments fail here, before any request
+        if any(c.in_atomic_block for c in connections.all(initialized_only=True)):
+            logger.warning(
+                "task %s: enqueue of %r inside transaction.atomic(): other processes cannot read "
+                "the task until the transaction commits, and take its key for free meanwhile "
+                "(enqueue from transaction.on_commit)", self.module_path, key,
+            )  # fmt: skip
         from ..conf import get_redlock
 
         engine = get_redlock()
