@@ -101,3 +101,12 @@ def with_context(context: object, n: int, seconds: float = 0.0) -> str:
     time.sleep(seconds)
     _record(f"context:{n}", began)
     return str(context.task_result.id)  # type: ignore[attr-defined]
+
+
+@unique_task(lock_key="chain:{n}", lock_ttl=1.0, lock_busy="wait", lock_wait=10.0)
+@task()
+def chain(n: int, left: int) -> str:
+    """Enqueues its own next run (same key) while it runs, ``left`` times. The next run may be
+    claimed before this one ends: it waits for the key rather than skip."""
+    _record(f"chain:{n}", time.time())
+    return "last" if left == 0 else chain.enqueue(n, left - 1).id

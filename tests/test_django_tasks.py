@@ -332,6 +332,18 @@ def test_an_enqueue_inside_a_transaction_says_it_is_not_unique_there(
     assert "transaction.on_commit" in caplog.text
 
 
+def test_a_task_can_enqueue_its_own_next_run(jobs: Any, recorder: LocalMaster) -> None:
+    """While it runs, a task's key is held by itself: its own enqueue of the same key is the
+    next run, not a duplicate of the running one (which would never run again)."""
+    first = jobs.chain.enqueue(1, 2)
+    second_id = finished(first).return_value
+    assert second_id != first.id
+    second = finished(jobs.chain.get_result(second_id))
+    assert second.return_value not in {first.id, second_id}
+    assert finished(jobs.chain.get_result(second.return_value)).return_value == "last"
+    assert len(runs(recorder, "chain:1")) == 3
+
+
 def test_a_duplicate_can_raise(jobs: Any) -> None:
     first = jobs.strict.enqueue(1)
     with pytest.raises(AlreadyQueued, match=first.id) as raised:

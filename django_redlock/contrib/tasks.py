@@ -125,6 +125,13 @@ _starting: contextvars.ContextVar[TaskResult[Any] | None] = contextvars.ContextV
 )
 
 
+#: The result whose body runs in this context: the task itself enqueueing its successor is not
+#: a duplicate of itself.
+_running: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "django_redlock_task_running", default=None
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UniqueTask(Task[P, T], Generic[P, T]):
     """A ``Task`` whose enqueue is unique per key and whose run holds the key's lock: see the
@@ -237,7 +244,9 @@ class UniqueTask(Task[P, T], Generic[P, T]):
             _remove(engine, queued, QUEUED + result_id)  # it ended, or was deleted
         running = _holder(engine, key)
         result_id = None if running is None else _named(running, RUNNING)
-        return None if result_id is None else self._live_result(result_id)
+        if result_id is None or result_id == _running.get():  # (a task scheduling its next run)
+            return None
+        return self._live_result(result_id)
 
     def _live_result(self, result_id: str) -> TaskResult[T] | None:
         try:
@@ -303,6 +312,7 @@ class UniqueTask(Task[P, T], Generic[P, T]):
                 held.push(lock)  # acquired above: leaving releases it (LockLost if it was lost)
                 if marker is not None:
                     _remove(engine, queued, marker)
+                held.callback(_running.reset, _running.set(result_id))
                 return Task.call(self, *args, **kwargs)
         except LockLost:
             outcome = "lost"
