@@ -46,7 +46,10 @@ not the caller, picks the result's id when it stores the task:
   removes the marker by compare-and-delete of the exact value naming its result (never another's).
 
 An enqueue reads the marker first and the run lock second: the worker takes the run lock before it
-removes the marker, so a task is always seen in one or the other.
+removes the marker, so a task is always seen in one or the other. The run lock held by the very
+run that enqueues (a task scheduling its next run) is not a duplicate of it; the run lock held by
+an earlier attempt of the same result (its worker died, and it was queued again) is waited out,
+not skipped.
 """
 
 from __future__ import annotations
@@ -155,11 +158,10 @@ class UniqueTask(Task[P, T], Generic[P, T]):
                 f"the task's arguments, e.g. 'report:{{user_id}}'), got {self.lock_key!r}"
             )
         if self.lock_busy not in BUSY_CHOICES:
-            retry = " (the tasks framework has no retries: 'wait' waits)" * (
-                self.lock_busy == "retry"
-            )
+            hint = " (the tasks framework has no retries; 'wait' waits)"
             raise ValueError(
-                f"lock_busy must be one of {BUSY_CHOICES}, got {self.lock_busy!r}{retry}"
+                f"lock_busy must be one of {BUSY_CHOICES}, got {self.lock_busy!r}"
+                + (hint if self.lock_busy == "retry" else "")
             )
         for name in ("lock_unique", "lock_raise_on_duplicate"):
             if not isinstance(getattr(self, name), bool):
