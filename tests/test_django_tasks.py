@@ -22,16 +22,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 from django.utils import timezone
+from django_tasks import TaskResultStatus, task
 
 from django_redlock import is_locked, redlock
-from django_redlock.testing.masters import LocalMaster, free_port, local_masters
-from tests.conftest import ROOT, wait_until
-
-pytest.importorskip("django_tasks_db", reason="the tasks extra (pip install django-tasks-db)")
-
-from django_tasks import TaskResultStatus, task  # noqa: E402
-
-from django_redlock.contrib.tasks import (  # noqa: E402
+from django_redlock.contrib.tasks import (
     QUEUED,
     RUNNING,
     AlreadyQueued,
@@ -42,6 +36,8 @@ from django_redlock.contrib.tasks import (  # noqa: E402
     _remove,
     unique_task,
 )
+from django_redlock.testing.masters import LocalMaster, free_port, local_masters
+from tests.conftest import ROOT, wait_until
 
 WORKERS = ("w0", "w1")
 READY_TIMEOUT = 60
