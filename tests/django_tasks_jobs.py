@@ -110,3 +110,15 @@ def chain(n: int, left: int) -> str:
     claimed before this one ends: it waits for the key rather than skip."""
     _record(f"chain:{n}", time.time())
     return "last" if left == 0 else chain.enqueue(n, left - 1).id
+
+
+@unique_task(lock_key="async:{n}", lock_ttl=1.0)
+@task()
+async def async_report(n: int, seconds: float = 0.0) -> str:
+    """A coroutine task: the worker runs it with async_to_sync, inside the same run lock."""
+    import asyncio
+
+    _started(f"async:{n}")
+    await asyncio.sleep(seconds)
+    _record(f"async:{n}", time.time())
+    return "async ran"

@@ -354,6 +354,16 @@ def test_the_context_names_the_running_result(jobs: Any, recorder: LocalMaster) 
     assert finished(first).return_value == first.id
 
 
+def test_a_coroutine_task_runs_under_the_same_locks(jobs: Any, recorder: LocalMaster) -> None:
+    first = jobs.async_report.enqueue(1, 1.0)
+    started_pid(recorder, "async:1")
+    assert is_locked("async:1")
+    assert jobs.async_report.enqueue(1, 1.0).id == first.id
+    assert finished(first).return_value == "async ran"
+    assert not is_locked("async:1")
+    assert len(runs(recorder, "async:1")) == 1
+
+
 # --- the run lock --------------------------------------------------------------------------------
 
 
