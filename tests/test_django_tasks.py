@@ -140,6 +140,12 @@ def world(
     assert migrated.returncode == 0, migrated.stderr
     workers = Workers(base, env)
     os.environ["REDLOCK_TEST_RECORDER"] = recorder.url
+    # Installing apps runs every app's ready() again, and the admin's registers the backend's
+    # model in the one admin site: unregistered after, or the admin pages of the tests that run
+    # later in this process fail on an app that is no longer installed.
+    from django.contrib import admin
+
+    registered = dict(admin.site._registry)
     try:
         with (
             override_settings(
@@ -155,6 +161,8 @@ def world(
     finally:
         workers.stop()
         os.environ.pop("REDLOCK_TEST_RECORDER", None)
+        admin.site._registry.clear()
+        admin.site._registry.update(registered)
 
 
 @pytest.fixture
