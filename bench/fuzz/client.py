@@ -100,11 +100,13 @@ class Client:
         self.journal = Journal(Path(plan["journal_dir"]) / f"{index}.jsonl")
         self.stop_by: float = plan["stop_by"]
         self.naive = redis.Redis.from_url(plan["nodes"][0], socket_timeout=2)
+        self.drawn = 0  # operations drawn by this process's callers
 
     # --- the operations ------------------------------------------------------------------
 
     def draw(self, rng: random.Random) -> dict[str, Any]:
         """One operation, drawn from the caller's own generator."""
+        self.drawn += 1
         kind = rng.choice(KINDS if self.plan.get("broken") != "setnx-one" else NAIVE_KINDS)
         if kind in {"plain", "reentrant"}:
             resources = (rng.choice(EXCLUSIVE_RESOURCES),)
@@ -126,7 +128,9 @@ class Client:
             "fence": exclusive and rng.random() < 0.5,
             "cancel": rng.random() < 0.1,
             "pause": "pause" in faults and rng.random() < 0.02,
-            "stop": "stop" in faults and self.solo and rng.random() < 0.03,
+            # (A solo process's third section always stops: a short run on a slow machine
+            # still makes the fault at least once.)
+            "stop": "stop" in faults and self.solo and (self.drawn == 3 or rng.random() < 0.03),
         }
 
     def lock(self, op: dict[str, Any], *, reentrant: bool = False) -> Any:
