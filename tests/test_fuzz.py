@@ -33,6 +33,10 @@ def section(caller: str, kind: str, resources: tuple[str, ...], start: float, en
     return Section(**values)  # type: ignore[arg-type]
 
 
+def _fields(s: Section) -> dict[str, object]:
+    return {f: getattr(s, f) for f in Section.__dataclass_fields__}
+
+
 def rules(sections: list[Section], **kwargs: object) -> list[str]:
     options: dict[str, object] = {"counters": {}, "accepted": {}, "limits": {"p": 2}}
     options.update(kwargs)
@@ -80,6 +84,15 @@ def test_each_rule_trips_on_its_own_violation() -> None:
     assert rules(untruthful) == ["release"]
     told = [section("a", "plain", ("r",), 0.0, 11.0, valid_until=1.0, release="lost")]
     assert rules(told) == []
+    # owned() said "ours" while another holder was valid for the whole question. (The two
+    # sections overlap too; a history where they do not is the correct one below.)
+    lied = [
+        section("a", "plain", ("r",), 0.0, 3.0, valid_until=0.5, owned=(1.0, 1.1, True)),
+        section("b", "plain", ("r",), 0.6, 2.0),
+    ]
+    assert rules(lied) == ["owned"]
+    honest = [lied[0].__class__(**{**_fields(lied[0]), "owned": (1.0, 1.1, False)}), lied[1]]
+    assert rules(honest) == []
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,7 @@ class Client:
             "extend": rng.random() < 0.2,
             "auto_extend": rng.random() < 0.15,
             "fence": exclusive and rng.random() < 0.5,
+            "owned": exclusive and rng.random() < 0.2,
             "cancel": rng.random() < 0.1,
             "pause": "pause" in faults and rng.random() < 0.02,
             # (A solo process's third section always stops: a short run on a slow machine
@@ -255,6 +256,10 @@ class Client:
                 if op["extend"] and not op["auto_extend"]:
                     lock.extend()
                     self.renewed(lock, record)
+                if op["owned"]:
+                    before = time.monotonic()
+                    said = lock.owned()  # one round: does a quorum hold *our* lease?
+                    record["owned"] = [before, time.monotonic(), said]
                 self.inside(op, lock, record)
             except Exception as exc:  # noqa: BLE001 (a lost lease mid-section: journalled)
                 record["note"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -339,6 +344,10 @@ class Client:
                 if op["extend"] and not op["auto_extend"]:
                     await lock.aextend()
                     self.renewed(lock, record)
+                if op["owned"]:
+                    before = time.monotonic()
+                    said = await lock.aowned()
+                    record["owned"] = [before, time.monotonic(), said]
                 self.inside(op, lock, record)
                 await asyncio.sleep(0)
             except Exception as exc:  # noqa: BLE001

@@ -19,6 +19,8 @@ correct lock allows, however slow the machine.
   never INCR) ends equal to the sections that wrote it;
 - **release**: a ``release()`` that returned normally had not outlived the lease on every master
   (it began less than ``ttl`` after the last grant or renewal the caller saw returned);
+- **owned**: ``owned()`` never said "a quorum holds our lease" while another exclusive holder of
+  the same resource was valid for the whole question;
 - **every lease accounted for**: each section ends with its release's outcome, unless its process
   was killed while holding it.
 """
@@ -61,6 +63,8 @@ class Section:
     fences: Mapping[str, int] = field(default_factory=dict)
     counted: tuple[str, ...] = ()  # resources whose counter this section wrote
     release: str = "ok"  # "ok", "lost" (LockLost), "unconfirmed", "killed"
+    #: ``owned()`` asked inside the section: (asked, answered, what it said), or None.
+    owned: tuple[float, float, bool] | None = None
 
     @property
     def end(self) -> float:
@@ -73,6 +77,8 @@ class Section:
         fields["resources"] = tuple(fields["resources"])
         fields["counted"] = tuple(fields.get("counted", ()))
         fields["fences"] = {str(k): int(v) for k, v in fields.get("fences", {}).items()}
+        if fields.get("owned") is not None:
+            fields["owned"] = tuple(fields["owned"])
         return cls(**fields)
 
 
@@ -196,6 +202,24 @@ def check(
             violations.append(
                 Violation("counter", f"{resource}: {counted} sections wrote it, it ends at {final}")
             )
+    for s in sections:
+        if s.owned is None or not s.owned[2]:
+            continue
+        asked, answered, _ = s.owned
+        for other in sections:
+            # Said "a quorum holds our lease" while another exclusive holder of one of its
+            # resources was valid for the whole question: two quorums at once.
+            if (
+                other is not s
+                and other.kind in EXCLUSIVE
+                and s.kind in EXCLUSIVE
+                and set(other.resources) & set(s.resources)
+                and other.acquired < asked
+                and answered < other.end
+            ):
+                violations.append(
+                    Violation("owned", f"{describe(s)} owned() said ours beside {describe(other)}")
+                )
     for s in sections:
         if s.released is None:
             continue
