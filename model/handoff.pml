@@ -26,6 +26,8 @@
  * Known-bad variants: -DRELEASE_NO_COMPARE (the release deletes whatever the key holds),
  * -DQUORUM_ONE, -DRESTART -DNO_QUARANTINE (a restarted member votes at once). The quarantine
  * model is this one with -DRESTART (and -DTRIES=1, to bound the state space).
+ * -DTRUST_AFTER_UNDO (a waiter keeps trusting hand-off words after it undid an attempt) is not
+ * refuted at these bounds (docs/models.md says why).
  */
 
 #define NM 3            /* masters */
