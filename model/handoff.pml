@@ -26,6 +26,8 @@
  * Known-bad variants: -DRELEASE_NO_COMPARE (the release deletes whatever the key holds),
  * -DQUORUM_ONE, -DRESTART -DNO_QUARANTINE (a restarted member votes at once). The quarantine
  * model is this one with -DRESTART (and -DTRIES=1, to bound the state space).
+ * -DVALID_FROM_WORD: a waiter counts its lease from when it read the hand-off words, not from
+ * its first queued attempt (the key was SET by the release before, and lapses sooner).
  * -DTRUST_AFTER_UNDO (a waiter keeps trusting hand-off words after it undid an attempt) is not
  * refuted at these bounds (docs/models.md says why).
  */
@@ -275,7 +277,11 @@ proctype client(byte c) {
        od;
        if
        :: trust && hv(c, 0) + hv(c, 1) + hv(c, 2) >= Q && 2 * qs[c] >= TTL && qs[c] > 0 ->
+#ifndef VALID_FROM_WORD
           lv[c] = qs[c]; enter(c); break
+#else
+          lv[c] = TTL; enter(c); break
+#endif
        :: else
        fi;
        if

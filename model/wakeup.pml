@@ -17,6 +17,10 @@
  * finds the run of issue 35 item 7. Writer 0 releases and wakes reader 1, the head; the reader
  * is refused (writer 2 is queued), queues again and sleeps; no one wakes writer 2. With
  * -DSAFETY_POLL (a waiter may also wake by itself, as the 1 s poll does) every client is served.
+ * -DPASS_ON, a fix's shape: a reader refused behind a queued writer while the name is free wakes
+ * that writer (as MULTI_ACQUIRE_WAITING's pass_on does for a lock's waiters); then every client
+ * is served without the poll. (A refused reader queues again at the back here; placed by its
+ * deadline, as READER_ACQUIRE's ZADD does, the run is the same: it is the writer nobody wakes.)
  */
 
 #define NC 3
@@ -102,7 +106,18 @@ proctype reader() {
   do
   :: atomic {   /* READER_ACQUIRE */
        if
-       :: (key != 0 && key != 9) || writer_queued(c) -> enqueue(c)
+       :: (key != 0 && key != 9) || writer_queued(c) ->
+          enqueue(c);
+#ifdef PASS_ON
+          /* refused behind a queued writer while the name is free: the turn passes to it */
+          if
+          :: key == 0 && queue[0] != 0 && queue[0] != READER + 1 -> woken[queue[0] - 1] = 1
+          :: key == 0 && queue[0] == READER + 1 && queue[1] != 0 -> woken[queue[1] - 1] = 1
+          :: else
+          fi
+#else
+          skip
+#endif
        :: else -> readers++; key = 9; remove(c); wake_readers(); won = 1
        fi }
      if
