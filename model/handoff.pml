@@ -28,13 +28,19 @@
  * model is this one with -DRESTART (and -DTRIES=1, to bound the state space).
  * -DVALID_FROM_WORD: a waiter counts its lease from when it read the hand-off words, not from
  * its first queued attempt (the key was SET by the release before, and lapses sooner).
- * -DTRUST_AFTER_UNDO (a waiter keeps trusting hand-off words after it undid an attempt) is not
- * refuted at these bounds (docs/models.md says why).
+ * -DTRUST_AFTER_UNDO (a waiter keeps trusting hand-off words after it undid an attempt) and
+ * -DVALID_FROM_WORD are refuted only with -DTHIRD, a third client that does not wait (after a
+ * hand-off, someone must compete): searches too long for the suite (docs/models.md).
  */
 
 #define NM 3            /* masters */
+#ifdef THIRD
+#define NC 3            /* clients: two waiters and (2) a plain competitor, SET NX, no queue */
+#define NP 9
+#else
 #define NC 2            /* clients */
 #define NP 6            /* pipes and notice slots: NC * NM */
+#endif
 #ifdef QUORUM_ONE
 #define Q 1
 #else
@@ -55,6 +61,7 @@
 #define ACQ 1           /* ACQUIRE_WAITING */
 #define UNDO 2          /* RELEASE with notify '' and queued_as '' (undo of a lost attempt) */
 #define REL 3           /* RELEASE with notify '1' and queued_as our entry */
+#define PLAIN 4         /* SET NX PX (an acquisition that does not wait) */
 /* replies */
 #define GR 1            /* granted (SET, renewed, or deleted ours) */
 #define DN 2            /* denied (held by another value; not ours) */
@@ -81,7 +88,11 @@ byte rep[NP];           /* its reply, read */
 /* per notice from master m to client c, m * NC + c, not read yet: 1 handed it the key */
 bool note[NP];
 
+#ifdef THIRD
+#define inflight ((pend[0] != 0) + (pend[1] != 0) + (pend[2] != 0) + (pend[3] != 0) + (pend[4] != 0) + (pend[5] != 0) + (pend[6] != 0) + (pend[7] != 0) + (pend[8] != 0))
+#else
 #define inflight ((pend[0] != 0) + (pend[1] != 0) + (pend[2] != 0) + (pend[3] != 0) + (pend[4] != 0) + (pend[5] != 0))
+#endif
 
 /* RELEASE's wake(): pop the head (earliest deadline, ties by id) until one is alive and its
  * inbox hears the PUBLISH; that one is handed the key for its TTL and told so. */
@@ -112,6 +123,11 @@ inline wake(m) {
 /* request r of client c, run on master m: one Lua script, atomic */
 inline serve(c, m, r) {
   if
+  :: r == PLAIN ->
+     if
+     :: val[m] == 0 -> val[m] = c + 1; kt[m] = TTL; out = GR
+     :: else -> out = DN
+     fi
   :: r == ACQ ->
      if
      :: val[m] == 0 || val[m] == c + 1 ->    /* SET NX; or a key handed to us: renewed */
@@ -149,7 +165,7 @@ inline serve(c, m, r) {
  * request delivers that one first (TCP order): the round waits for it. */
 inline send(r) {
   pend[c * NM] == 0 && pend[c * NM + 1] == 0 && pend[c * NM + 2] == 0 ->
-  awaiting[c] = (r == ACQ);
+  awaiting[c] = (r == ACQ || r == PLAIN);
   m = 0;
   do
   :: m < NM ->
@@ -218,10 +234,16 @@ end:
 /* master m's word that it handed client c the key, if it counts now (votes_left) */
 #define hv(c, m) (((handed[c] >> m) & 1) * (qt[m] == 0))
 
+#define valid(c) (incs[c] && lv[c] > 0)
+
 inline enter(c) {
   incs[c] = 1;
   /* the safety property: no one else inside with a valid lease while ours is valid */
+#ifdef THIRD
+  assert(valid(0) + valid(1) + valid(2) <= 1)
+#else
   assert(!(incs[1 - c] && lv[1 - c] > 0 && lv[c] > 0))
+#endif
 }
 
 proctype client(byte c) {
@@ -297,11 +319,40 @@ gone:
     listening[c] = 0; handed[c] = 0; qs[c] = 0; sc[c] = 0; tries = 0; trust = 0 }
 }
 
+#ifdef THIRD
+/* a client that does not wait: SET NX once or twice, undoes a lost attempt, releases */
+proctype competitor(byte c) {
+  byte m, out, w, tries;
+  do
+  :: tries < 2 ->
+     atomic { rs[c] = TTL; send(PLAIN) }
+     atomic {
+       tries++;
+       if
+       :: gr(c, 0) + gr(c, 1) + gr(c, 2) >= Q && rs[c] > 0 ->
+          awaiting[c] = 0; rep[c * NM] = 0; rep[c * NM + 1] = 0; rep[c * NM + 2] = 0;
+          lv[c] = rs[c]; rs[c] = 0; enter(c); break
+       :: else ->
+          awaiting[c] = 0; rep[c * NM] = 0; rep[c * NM + 1] = 0; rep[c * NM + 2] = 0;
+          rs[c] = 0; send(UNDO)
+       fi }
+  :: else -> goto over
+  od;
+  atomic { incs[c] = 0; lv[c] = 0; send(REL) }
+over:
+  skip
+}
+#endif
+
 init {
   atomic {
     run world();
     run pipe(0, 0); run pipe(0, 1); run pipe(0, 2);
     run pipe(1, 0); run pipe(1, 1); run pipe(1, 2);
+#ifdef THIRD
+    run pipe(2, 0); run pipe(2, 1); run pipe(2, 2);
+    run competitor(2);
+#endif
     run client(0); run client(1)
   }
 }
