@@ -13,14 +13,15 @@
  *
  * Liveness (LTL, checked with -a and weak fairness): every client is served.
  *
- * Without -DSAFETY_POLL, a waiter sleeps until a notice (procedures.SAFETY_POLL left out): Spin
- * finds the run of issue 35 item 7. Writer 0 releases and wakes reader 1, the head; the reader
- * is refused (writer 2 is queued), queues again and sleeps; no one wakes writer 2. With
- * -DSAFETY_POLL (a waiter may also wake by itself, as the 1 s poll does) every client is served.
- * -DPASS_ON, a fix's shape: a reader refused behind a queued writer while the name is free wakes
- * that writer (as MULTI_ACQUIRE_WAITING's pass_on does for a lock's waiters); then every client
- * is served without the poll. (A refused reader queues again at the back here; placed by its
- * deadline, as READER_ACQUIRE's ZADD does, the run is the same: it is the writer nobody wakes.)
+ * A waiter sleeps until a notice (procedures.SAFETY_POLL left out, unless -DSAFETY_POLL: a
+ * waiter may also wake by itself, as the 1 s poll does). READER_ACQUIRE passes the wake-up on: a
+ * reader refused behind a queued writer while the name is free tells that writer (issue 35 item
+ * 7's fix, as MULTI_ACQUIRE_WAITING's pass_on does for a lock's waiters); every client is served
+ * without the poll. -DNO_PASS_ON is the script before that fix, and Spin finds issue 35 item 7's
+ * run: writer 0 releases and wakes reader 1, the head; the reader is refused (writer 2 is
+ * queued), queues again and sleeps; no one wakes writer 2. (A refused reader queues again at the
+ * back here; placed by its deadline, as READER_ACQUIRE's ZADD does, the run is the same: it is
+ * the writer nobody wakes.)
  */
 
 #define NC 3
@@ -108,7 +109,7 @@ proctype reader() {
        if
        :: (key != 0 && key != 9) || writer_queued(c) ->
           enqueue(c);
-#ifdef PASS_ON
+#ifndef NO_PASS_ON
           /* refused behind a queued writer while the name is free: the turn passes to it */
           if
           :: key == 0 && queue[0] != 0 && queue[0] != READER + 1 -> woken[queue[0] - 1] = 1
