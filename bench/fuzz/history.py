@@ -270,27 +270,32 @@ def _stretch(s: Section) -> Stretch:
 
 def check_django(
     records: Sequence[Mapping[str, Any]],
-    ledger: Mapping[str, int],
+    ledger: Mapping[str, tuple[int, int]],
     accounts: Mapping[str, tuple[int, int]],
 ) -> list[Violation]:
     """Judge the Django workload's records against the rows as they ended: ``ledger`` (row name
-    to value) and ``accounts`` (owner to balance and fence).
+    to its value and its committed increments, counted by the log rows each increment writes in
+    its own transaction) and ``accounts`` (owner to balance and fence).
 
-    - **counter**: each ledger row ends equal to the increments that committed (a 200 from the
-      ``lock_view``, an ``atomic`` that committed: a ``CommitRefused`` did not);
+    - **counter**: each ledger row ends equal to the increments that committed; and every
+      increment its caller was told succeeded (a 200, an ``atomic`` that returned) committed;
     - **fences**: each account's balance equals the fenced updates that wrote it (``F()``: the
       count is exact), its fence is the highest token that wrote it (it never went back), and no
       update was written with a token lower than one already committed before it started."""
     violations: list[Violation] = []
-    for row, value in sorted(ledger.items()):
-        counted = sum(
+    for row, (value, committed) in sorted(ledger.items()):
+        told = sum(
             1 for r in records if r.get("row") == row and r["kind"] != "fenced" and r["counted"]
         )
-        if counted != value:
+        if value != committed:
             violations.append(
                 Violation(
-                    "counter", f"ledger {row}: {counted} increments committed, it ends at {value}"
+                    "counter", f"ledger {row}: {committed} increments committed, it ends at {value}"
                 )
+            )
+        if told > committed:
+            violations.append(
+                Violation("counter", f"ledger {row}: {told} told they committed, {committed} did")
             )
     for owner, (balance, fence) in sorted(accounts.items()):
         wrote = [

@@ -228,12 +228,20 @@ def django_setup(plan_path: Path, options: Options) -> None:
         raise RuntimeError(f"the Django workload's set-up failed: {err[-3000:]}")
 
 
-def django_rows(port: int) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
-    """The ledger rows and the owners' accounts as the run left them."""
+def django_rows(
+    port: int,
+) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """The ledger rows (their value, and how many increments of them committed: their log
+    rows) and the owners' accounts, as the run left them."""
     import psycopg
 
     with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres") as db:
-        ledger = dict(db.execute("SELECT name, value FROM fencedapp_ledger").fetchall())
+        rows = dict(db.execute("SELECT name, value FROM fencedapp_ledger").fetchall())
+        ledger = {
+            name: (value, sum(1 for other in rows if other.startswith(f"log-{name}-")))
+            for name, value in rows.items()
+            if not name.startswith("log-")
+        }
         accounts = {
             name: (balance, fence)
             for name, balance, fence in db.execute(
