@@ -62,3 +62,20 @@ def test_users_tests_get_real_masters_through_the_plugin(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+def test_a_master_whose_port_another_server_took_is_not_taken_for_ours(tmp_path):
+    """A port free when probed can be taken by another server (another test worker's) before
+    ours binds it: start() must not return with the tests talking to that other server."""
+    import pytest
+
+    from django_redlock.testing.masters import LocalMaster
+
+    first = LocalMaster(tmp_path / "first").start()
+    try:
+        second = LocalMaster(tmp_path / "second", first.port)
+        with pytest.raises(RuntimeError, match=f"redis-server on port {first.port} exited"):
+            second.start()
+        assert not second.alive
+    finally:
+        first.stop()

@@ -168,6 +168,13 @@ class LocalMaster:
 
     def start(self, timeout: float = 10.0) -> LocalMaster:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        previous = self.proc
+        if previous is not None and previous.stderr is not None:
+            # A process that ended without our kill() (killed from outside, crashed): its pipe
+            # is closed here, not left to the garbage collector, whose ResourceWarning would
+            # fail whichever test it happened to run in.
+            previous.poll()
+            previous.stderr.close()
         self.proc = subprocess.Popen(  # noqa: S603 (our own binary, our own arguments)
             self.command(),
             stdout=subprocess.DEVNULL,
@@ -192,6 +199,8 @@ class LocalMaster:
                     )
                 try:
                     client.ping()
+                    if self._answered_by_another(client):
+                        continue  # ours failed to bind, and exits: reported above
                     return self
                 except redis.ConnectionError:
                     if time.monotonic() > deadline:
@@ -202,6 +211,21 @@ class LocalMaster:
                     time.sleep(0.01)
         finally:
             client.close()
+
+    def _answered_by_another(self, client: redis.Redis) -> bool:
+        """Whether the server that answered on our port is another process, while ours is
+        exiting: a port free when probed can be taken before our server binds it (by another
+        test worker's server, say), and then the tests would talk to that one. A server run
+        through a wrapper (another pid that stays up) is ours."""
+        assert self.proc is not None  # noqa: S101
+        answered = client.info("server").get("process_id")
+        if answered is None or int(answered) == self.proc.pid:
+            return False
+        try:
+            self.proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kwargs)  # type: ignore[arg-type]
