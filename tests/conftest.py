@@ -63,6 +63,39 @@ def manage_py(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess
     )
 
 
+def checks_in_a_child(
+    module: str,
+    checks: list[Callable[[], None]],
+    masters: list[LocalMaster],
+    database: Mapping[str, str],
+) -> list[str]:
+    """``python -m <module>``, a module of checks that prints ``VENDOR <database vendor>``, one
+    ``OK <name>`` per check that passed and ``DONE``, in a child on the masters and on
+    ``database`` (``REDLOCK_TEST_PG``: the throwaway PostgreSQL; ``REDLOCK_TEST_DB``: a SQLite
+    file). Its lines, once every check of ``checks`` said OK, in order."""
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", module],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            **database,
+            "REDLOCK_NODES": ",".join(m.url for m in masters),
+            "PYTHONPATH": str(ROOT),
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
+    lines = result.stdout.split("\n")
+    assert [line for line in lines if line.startswith("OK ")] == [
+        f"OK {check.__name__}" for check in checks
+    ]
+    assert "DONE" in lines
+    return lines
+
+
 def wait_until(condition: Callable[[], object], timeout: float, *, step: float = 0.01) -> object:
     """Poll ``condition`` until it is true or ``timeout`` seconds passed; its last value (assert
     it: ``assert wait_until(lambda: ..., 1.0), what``). Polling with a deadline, never a sleep

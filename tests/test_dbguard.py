@@ -5,7 +5,6 @@ open atomic blocks are marked for rollback. Real masters, real SQLite, real requ
 from __future__ import annotations
 
 import contextvars
-import os
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from django_redlock import LockLost, locked, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.dbguard import refuse_stale_queries
 from tests import guard_checks
-from tests.conftest import ROOT
+from tests.conftest import ROOT, checks_in_a_child
 from tests.fencedapp.models import Ledger
 
 pytestmark = [
@@ -310,25 +309,6 @@ def test_on_sqlite(check, redlock_settings):
 
 
 def test_on_postgresql(postgres_port, masters):
-    env = {
-        **os.environ,
-        "REDLOCK_NODES": ",".join(m.url for m in masters),
-        "REDLOCK_TEST_PG": str(postgres_port),
-        "PYTHONPATH": str(ROOT),
-    }
-    result = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "tests.guard_checks"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.split("\n")
+    database = {"REDLOCK_TEST_PG": str(postgres_port)}
+    lines = checks_in_a_child("tests.guard_checks", guard_checks.CHECKS, masters, database)
     assert lines[0] == "VENDOR postgresql"
-    assert [line for line in lines if line.startswith("OK ")] == [
-        f"OK {check.__name__}" for check in guard_checks.CHECKS
-    ]
-    assert "DONE" in lines

@@ -3,10 +3,7 @@ older fence is refused in the UPDATE itself; bad fences are refused before any q
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -24,7 +21,7 @@ from django_redlock.fencing import (
     unfenced_managers,
 )
 from tests import fence_checks
-from tests.conftest import ROOT
+from tests.conftest import checks_in_a_child
 from tests.fencedapp.models import Account, Ledger, Owner
 
 
@@ -35,28 +32,10 @@ def test_on_sqlite(check, redlock_settings):
 
 
 def test_on_postgresql(postgres_port, masters):
-    env = {
-        **os.environ,
-        "REDLOCK_NODES": ",".join(m.url for m in masters),
-        "REDLOCK_TEST_PG": str(postgres_port),
-        "PYTHONPATH": str(ROOT),
-    }
-    result = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "tests.fence_checks"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.split("\n")
+    checks = [*fence_checks.CHECKS, *fence_checks.RACES]
+    database = {"REDLOCK_TEST_PG": str(postgres_port)}
+    lines = checks_in_a_child("tests.fence_checks", checks, masters, database)
     assert lines[0] == "VENDOR postgresql"
-    assert [line for line in lines if line.startswith("OK ")] == [
-        f"OK {check.__name__}" for check in [*fence_checks.CHECKS, *fence_checks.RACES]
-    ]
-    assert "DONE" in lines
 
 
 @pytest.mark.parametrize("bad", [-1, 0])
