@@ -19,11 +19,8 @@ selection (as 531ce3f wrote it), the checkers trip.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -33,6 +30,7 @@ import pytest
 
 from bench.chaos.checkers import Section, Verdict, check
 from tests.conftest import ROOT, wait_until
+from tests.line_child import LineChild
 
 pytestmark = pytest.mark.slow
 
@@ -40,52 +38,19 @@ TTL = 0.5
 PAUSED = 3 * TTL  # the stopped holder's lease runs out a full second before it resumes
 
 
-class Writer:
+class Writer(LineChild):
     def __init__(
         self, env: dict[str, str], module: str = "tests.stale_writer", ttl: float = TTL
     ) -> None:
-        self.proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", module, str(ttl)],
-            cwd=ROOT,
-            env=env,
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        assert self.read() == "READY"
-
-    def read(self) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"writer died: {self.proc.communicate(timeout=10)[1]}")
-        return line.strip()
-
-    def say(self, word: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(word + "\n")
-        self.proc.stdin.flush()
+        super().__init__(env, module, str(ttl))
 
     def hold(self, config: tuple[str, str]) -> dict[str, object]:
-        self.say("hold " + " ".join(config))
-        return json.loads(self.read())
-
-    def ask(self, word: str) -> Any:
-        self.say(word)
-        return json.loads(self.read())
+        return self.ask("hold " + " ".join(config))  # type: ignore[no-any-return]
 
     def write(self, worker: str) -> Section:
-        self.say("write")
-        record = json.loads(self.read())
+        record = self.ask("write")
         note = str(record.pop("note", ""))
         return Section(worker=worker, seq=0, note=note, **record)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.communicate(timeout=10)
 
 
 def ledger_value(port: int) -> int:

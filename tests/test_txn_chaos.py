@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -27,6 +25,7 @@ import pytest
 
 from bench.chaos.checkers import Section, lost_updates
 from tests.conftest import ROOT
+from tests.line_child import LineChild
 
 pytestmark = pytest.mark.slow
 
@@ -34,39 +33,13 @@ TTL = 1.0
 PAUSED = 2 * TTL  # the stopped holder's lease runs out a full TTL before it resumes
 
 
-class Holder:
+class Holder(LineChild):
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "tests.txn_writer", str(TTL)],
-            cwd=ROOT,
-            env=env,
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-
-    def read(self) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"holder died: {self.proc.communicate(timeout=10)[1]}")
-        return line.strip()
-
-    def say(self, words: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(words + "\n")
-        self.proc.stdin.flush()
+        super().__init__(env, "tests.txn_writer", str(TTL))
 
     def section(self, worker: str) -> Section:
         record = json.loads(self.read())
         return Section(worker=worker, seq=0, **record)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.communicate(timeout=10)
 
 
 def counter(port: int) -> int:
@@ -89,10 +62,7 @@ def holders(postgres_port, _shared_masters) -> Iterator[list[Holder]]:
     first = Holder(env)
     started = [first]
     try:
-        assert first.read() == "READY"  # migrated: the others find the tables
-        started += [Holder(env), Holder(env)]
-        for holder in started[1:]:
-            assert holder.read() == "READY"
+        started += [Holder(env), Holder(env)]  # (the first migrated: they find the tables)
         yield started
     finally:
         for holder in started:
