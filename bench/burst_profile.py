@@ -82,7 +82,7 @@ def child(config: dict[str, Any]) -> None:
     tasks, hold = config["tasks"], config["hold"]
     marks = config.get("marks", False)
     if marks:  # (``--window``: under valgrind, the engine's time constants scaled as the process)
-        from django_redlock.engine import admission
+        from django_redlock.engine.waiting import admission
 
         admission.HOLDER_PATIENCE *= SLOWER
         hold *= SLOWER

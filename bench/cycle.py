@@ -28,7 +28,7 @@ from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import Connection
 
 from django_redlock.engine import Redlock
-from django_redlock.engine.scripts import Script
+from django_redlock.engine.scripts.plain import Script
 from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report

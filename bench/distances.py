@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django_redlock.engine.protocol import quorum
+from django_redlock.engine.base.protocol import quorum
 from django_redlock.testing.masters import local_masters
 
 from . import report

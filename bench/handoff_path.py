@@ -48,7 +48,8 @@ def worker(config: dict[str, Any]) -> None:
     )
     django.setup()
     from django_redlock import redlock
-    from django_redlock.engine import inboxes, notices, pipes
+    from django_redlock.engine.members import pipes
+    from django_redlock.engine.waiting import inboxes, notices
 
     events: list[tuple[str, int]] = []
     clock = time.monotonic_ns

@@ -23,7 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from django_redlock.engine import scripts
+from django_redlock.engine.scripts import plain as scripts
 from django_redlock.testing.masters import LocalMaster, local_masters
 
 from . import report

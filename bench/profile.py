@@ -24,12 +24,13 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from django_redlock.engine import Redlock, protocol
-from django_redlock.engine.drivers import fan_out
-from django_redlock.engine.leases import current_owner
-from django_redlock.engine.packing import pack
-from django_redlock.engine.steps import vote
-from django_redlock.engine.values import make_value
+from django_redlock.engine import Redlock
+from django_redlock.engine.algorithm.steps import vote
+from django_redlock.engine.base import protocol
+from django_redlock.engine.base.values import make_value
+from django_redlock.engine.leases.leases import current_owner
+from django_redlock.engine.members.packing import pack
+from django_redlock.engine.running.drivers import fan_out
 from django_redlock.testing.masters import local_masters
 
 from .cycle import TTL, AsyncFloor, Floor, Ours, OursAsync, OursWith, addresses, load_scripts

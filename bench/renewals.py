@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from django_redlock.engine import Lock, Redlock
-from django_redlock.engine.errors import LockLost
+from django_redlock.engine.base.errors import LockLost
 from django_redlock.testing.masters import local_masters
 
 from . import report

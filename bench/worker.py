@@ -244,9 +244,9 @@ class Timeline:
     notices' ``deliver`` in this worker only: the engine is not changed for the bench."""
 
     def __init__(self) -> None:
-        from django_redlock.engine import drivers
-        from django_redlock.engine.notices import ReleaseNotices
-        from django_redlock.engine.steps import AwaitNotice, AwaitTurn, Pause, Round
+        from django_redlock.engine.algorithm.steps import AwaitNotice, AwaitTurn, Pause, Round
+        from django_redlock.engine.running import drivers
+        from django_redlock.engine.waiting.notices import ReleaseNotices
 
         self.steps: list[tuple[str, int, int]] = []
         self.notices: list[int] = []

@@ -26,8 +26,8 @@ from .engine import (
     Overloaded,
     QuorumUnavailable,
 )
+from .engine.kinds.modes import check_mode as _check_mode
 from .engine.locking import locking
-from .engine.modes import check_mode as _check_mode
 from .engine.redlock import check_bounds_for as _check_bounds_for
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from .engine.connections import NodeSpec
-from .engine.urls import mask_url
+from .engine.members.connections import NodeSpec
+from .engine.members.urls import mask_url
 
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 DJANGO_REDIS_PACKAGE_CACHE = "django_redis.cache.RedisCache"

@@ -61,10 +61,11 @@ from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.utils.uuid import uuid
 
 from . import metrics
-from .engine import LockContended, LockLost, QuorumUnavailable, protocol
-from .engine.drivers import fan_out
+from .engine import LockContended, LockLost, QuorumUnavailable
+from .engine.base import protocol
+from .engine.base.values import UnreadableValue, parse_value
 from .engine.locking import resources_of
-from .engine.values import UnreadableValue, parse_value
+from .engine.running.drivers import fan_out
 from .keys import bounded_resource
 from .locks import DjangoLock, layer
 

@@ -23,10 +23,12 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .cache_nodes import cache_node_spec
-from .engine import Redlock, cluster, protocol
-from .engine.connections import NodeSpec
+from .engine import Redlock
+from .engine.base import protocol
+from .engine.members import cluster
+from .engine.members.connections import NodeSpec
+from .engine.members.urls import check_url, mask_url
 from .engine.redlock import duplicate_masters
-from .engine.urls import check_url, mask_url
 
 DEFAULTS: dict[str, Any] = {
     "NODES": [],

@@ -59,7 +59,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from .engine import LockLost
-from .engine.leases import Lease
+from .engine.leases.leases import Lease
 
 
 class Pending:

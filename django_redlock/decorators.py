@@ -60,8 +60,9 @@ from django.http.response import HttpResponseBase, StreamingHttpResponse
 from django.views import View
 
 from . import redlock
-from .engine import Lock, LockContended, LockNotAcquired, protocol
-from .engine.modes import check_mode
+from .engine import Lock, LockContended, LockNotAcquired
+from .engine.base import protocol
+from .engine.kinds.modes import check_mode
 from .keys import (
     KeyTemplateError,
     bounded_resource,

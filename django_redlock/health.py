@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 import redis
 
 from .engine import Redlock
-from .engine.acks import REASON as ACK_REASON
-from .engine.connections import Node
-from .engine.shards import ClusterMember
+from .engine.members.acks import REASON as ACK_REASON
+from .engine.members.connections import Node
+from .engine.members.shards import ClusterMember
 
 T = TypeVar("T")
 

@@ -41,7 +41,7 @@ from types import FrameType
 
 from . import metrics, redlock
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
-from .engine.leases import Lease, current_owner
+from .engine.leases.leases import Lease, current_owner
 from .keys import bounded_resource
 from .supervise import KILL_ALL
 

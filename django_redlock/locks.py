@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from . import dbguard, otel, transactions
 from .conf import get_redlock
-from .engine import Lock, holding
-from .engine.drivers import run
-from .engine.leases import Lease, Owner, current_owner
-from .engine.options import WRITING, Options
-from .engine.permit_lock import PermitLock
-from .engine.procedures import Want, Won
-from .engine.readers import ReaderLock
-from .engine.values import transaction_value
+from .engine import Lock
+from .engine.algorithm import holding
+from .engine.algorithm.procedures import Want, Won
+from .engine.base.values import transaction_value
+from .engine.handles.options import WRITING, Options
+from .engine.kinds.permit import PermitLock
+from .engine.kinds.readers import ReaderLock
+from .engine.leases.leases import Lease, Owner, current_owner
+from .engine.running.drivers import run
 from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:

@@ -69,9 +69,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from . import dbguard
-from .engine import LockLost, process
-from .engine.callers import Callers
-from .engine.leases import Lease, Owner
+from .engine import LockLost
+from .engine.base import process
+from .engine.leases.callers import Callers
+from .engine.leases.leases import Lease, Owner
 
 
 class _Layer(Protocol):

@@ -33,7 +33,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from . import conf, force_release, health, inventory
-from .engine import protocol
+from .engine.base import protocol
 from .held import Copy, HeldLock, Owner
 from .models import HeldLock as HeldLockModel
 

@@ -2,7 +2,7 @@
  * handoff.pml -- a lock's acquire and release with the FIFO hand-off and its notices.
  * (docs/models.md says what this proves, what it leaves out, and what to change with the Lua.)
  *
- * Mirrors django_redlock/engine/scripts.py: ACQUIRE_WAITING (SET NX; else renew a key that a
+ * Mirrors django_redlock/engine/scripts/plain.py: ACQUIRE_WAITING (SET NX; else renew a key that a
  * release handed us; else ZADD NX into the queue), RELEASE (DELETE_OURS: ZREM the holder's own
  * queue entry, compare-and-delete; then _WAKE: ZPOPMIN the head, skip dead entries, PUBLISH to
  * its inbox and, if heard, SET the key to the waiter's value for its TTL); and the client in

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import Redlock, procedures
+from django_redlock.engine import Redlock
+from django_redlock.engine.algorithm import procedures
 from django_redlock.testing.masters import LocalMaster, local_masters
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from django_redlock import LockLost, conf, inventory
-from django_redlock.engine.values import fingerprint
+from django_redlock.engine.base.values import fingerprint
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

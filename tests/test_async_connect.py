@@ -20,7 +20,8 @@ from django_redlock.testing.masters import LocalMaster
 PROBE = textwrap.dedent(
     """
     import asyncio, json, sys, threading
-    from django_redlock.engine import Redlock, dialing
+    from django_redlock.engine import Redlock
+    from django_redlock.engine.members import dialing
 
     urls, keep = json.loads(sys.argv[1]), sys.argv[2:] == ["keep"]
 

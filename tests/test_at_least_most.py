@@ -12,7 +12,7 @@ import time
 import pytest
 
 from django_redlock.engine import LockContended, LockLost
-from django_redlock.engine.values import parse_value
+from django_redlock.engine.base.values import parse_value
 from tests.conftest import wait_until
 
 
@@ -326,8 +326,8 @@ def test_finish_asked_again_after_a_broken_connection_confirms(masters) -> None:
     """A FINISH whose reply was lost with its connection is sent again (the round's rule): the
     master that applied the first finds our finished value, and confirms instead of calling
     the lock gone."""
-    from django_redlock.engine import scripts
-    from django_redlock.engine.values import finished_value, make_value
+    from django_redlock.engine.base.values import finished_value, make_value
+    from django_redlock.engine.scripts import plain as scripts
 
     value = make_value("job", 10.0, None)
     finished = finished_value(value, time.time() + 5)

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 import django_redlock
 from django_redlock.checks import check_settings
 from django_redlock.engine import Redlock
-from django_redlock.engine.protocol import MAX_RESOURCE_LENGTH
+from django_redlock.engine.base.protocol import MAX_RESOURCE_LENGTH
 from django_redlock.testing.proxy import DelayProxy
 
 TOO_LONG = "r" * (MAX_RESOURCE_LENGTH + 1)

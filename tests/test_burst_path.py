@@ -1,6 +1,6 @@
 """Issue 20 (f), the cold burst: what one acquisition costs the event loop when a thousand tasks
 ask at once. Each round's deadline and each queued acquisition's patience is a tuple on one heap
-per loop, with one loop timer for the earliest (``engine/deadlines.py``), not a ``TimerHandle``
+per loop, with one loop timer for the earliest (``engine/base/deadlines.py``), not a ``TimerHandle``
 each; a master that is down is tried once a loop pass, not once a round; and a loop that ended is
 not kept alive by the engine. Real masters, a real loop (counted, not replaced).
 """
@@ -18,11 +18,14 @@ import weakref
 
 import pytest
 
-from django_redlock.engine import admission, deadlines, dialing, holding, values
-from django_redlock.engine.admission import IN_FLIGHT, Full, LoopGate, ThreadGate
-from django_redlock.engine.drivers import fan_out
-from django_redlock.engine.steps import Round
-from django_redlock.engine.values import make_value, parse_value
+from django_redlock.engine.algorithm import holding
+from django_redlock.engine.algorithm.steps import Round
+from django_redlock.engine.base import deadlines, values
+from django_redlock.engine.base.values import make_value, parse_value
+from django_redlock.engine.members import dialing
+from django_redlock.engine.running.drivers import fan_out
+from django_redlock.engine.waiting import admission
+from django_redlock.engine.waiting.admission import IN_FLIGHT, Full, LoopGate, ThreadGate
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,8 +22,8 @@ from redis.crc import key_slot
 from django_redlock import conf, force_release, health, inventory, redlock
 from django_redlock.checks import check_clusters_reachable, check_settings
 from django_redlock.engine import LockLost, LockNotAcquired, Redlock
-from django_redlock.engine.cluster import SlotMap
-from django_redlock.engine.shards import ClusterMember
+from django_redlock.engine.members.cluster import SlotMap
+from django_redlock.engine.members.shards import ClusterMember
 from django_redlock.signals import masters_failed
 from django_redlock.testing.clusters import LocalCluster, local_cluster
 from django_redlock.testing.masters import free_port

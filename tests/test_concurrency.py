@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from django_redlock.engine import Lock
-from django_redlock.engine.watchdog import WATCHDOG
+from django_redlock.engine.running.watchdog import WATCHDOG
 from django_redlock.testing.masters import LocalMaster
 from tests.callers import (
     STEP_TIMEOUT,

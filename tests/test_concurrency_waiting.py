@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from django_redlock.engine import LockContended
-from django_redlock.engine.procedures import SAFETY_POLL
+from django_redlock.engine.algorithm.procedures import SAFETY_POLL
 from django_redlock.testing.masters import LocalMaster
 from tests.callers import STEP_TIMEOUT, aoutcome, outcome
 

@@ -19,13 +19,15 @@ from typing import Any
 
 import pytest
 
-from django_redlock.engine import procedures, rounds, scripts
-from django_redlock.engine.drivers import afan_out, fan_out, run
-from django_redlock.engine.packing import pack
-from django_redlock.engine.pipes import Pipe
-from django_redlock.engine.procedures import Want
-from django_redlock.engine.slots import PENDING, Slot
-from django_redlock.engine.steps import Round, granted
+from django_redlock.engine.algorithm import procedures
+from django_redlock.engine.algorithm.procedures import Want
+from django_redlock.engine.algorithm.steps import Round, granted
+from django_redlock.engine.members import rounds
+from django_redlock.engine.members.packing import pack
+from django_redlock.engine.members.pipes import Pipe
+from django_redlock.engine.members.slots import PENDING, Slot
+from django_redlock.engine.running.drivers import afan_out, fan_out, run
+from django_redlock.engine.scripts import plain as scripts
 from tests.conftest import wait_until
 
 #: How late the paused masters answer (seconds): the others' replies are there long before.

@@ -18,9 +18,9 @@ import time
 import pytest
 
 from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
-from django_redlock.engine.packing import pack
-from django_redlock.engine.rounds import SKIP_SILENT_FOR
-from django_redlock.engine.slots import PENDING, Broken
+from django_redlock.engine.members.packing import pack
+from django_redlock.engine.members.rounds import SKIP_SILENT_FOR
+from django_redlock.engine.members.slots import PENDING, Broken
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import wait_until
 

@@ -1,5 +1,16 @@
-"""The engine's shape: imports run one way (no circles, no lazy import dodging one), no Django in
-it, and files small enough to read. Read from the source, so that it holds for every module."""
+"""The engine's shape: layers as packages, each importing only from the layers below it (and from
+its own, with no circle), no Django in any of them. Read from the source, so that it holds for
+every module; docs/architecture.md draws the same graph (``python -m docs.layers``).
+
+The ranks, bottom to top (see each package's ``__init__`` for what it owns)::
+
+    base < scripts < members < waiting < leases < algorithm < running < handles < kinds < root
+
+``root`` is the engine package itself: ``redlock.py``, ``locking.py`` and its ``__init__``. An
+import counts wherever it is (module level or inside a function). One made only for annotations
+(``if TYPE_CHECKING:``) is held to the same rule, less a shrinking list of old exceptions: a file
+that names an upper layer's type depends on it too.
+"""
 
 from __future__ import annotations
 
@@ -8,50 +19,154 @@ import graphlib
 from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parent.parent / "django_redlock" / "engine"
-MAX_LINES = 400
+RANKS = (
+    "base",
+    "scripts",
+    "members",
+    "waiting",
+    "leases",
+    "algorithm",
+    "running",
+    "handles",
+    "kinds",
+    "root",
+)
+#: The algorithm names the members only through this module: its types and one question, never
+#: a connection (``members/interface.py``).
+MEMBERS_INTERFACE = "members.interface"
+#: Imports made only for annotations that still point up a layer: each names an upper layer's
+#: type (mostly the ``Lock`` handle a callback receives). To be replaced by protocols declared
+#: in the lower layer; the list may only shrink.
+ANNOTATIONS_UP = {
+    "algorithm.steps imports running.watchdog: up from algorithm",
+    "base.events imports kinds.lock: up from base",
+    "handles.fields imports kinds.lock: up from handles",
+    "handles.fields imports redlock: up from handles",
+    "handles.granting imports kinds.lock: up from handles",
+    "handles.options imports kinds.lock: up from handles",
+    "kinds.group imports redlock: up from kinds",
+    "kinds.modes imports redlock: up from kinds",
+    "kinds.permit imports redlock: up from kinds",
+    "kinds.readers imports redlock: up from kinds",
+    "leases.leases imports algorithm.steps: up from leases",
+    "leases.leases imports kinds.lock: up from leases",
+    "leases.reentry imports kinds.lock: up from leases",
+}
 
 
-def engine_imports(path: Path) -> tuple[set[str], set[str]]:
-    """(engine modules, top-level packages) that ``path`` imports when it runs: module level or
-    inside functions alike, leaving out ``if TYPE_CHECKING:`` blocks (annotations only)."""
+def module_name(path: Path) -> str:
+    """``members.pipes`` for engine/members/pipes.py, ``redlock`` for engine/redlock.py."""
+    parts = path.relative_to(ENGINE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
+def layer_of(module: str) -> str:
+    first = module.split(".")[0]
+    return first if first in RANKS else "root"
+
+
+def _resolve(here: list[str], node: ast.ImportFrom) -> list[str]:
+    """The engine modules (or packages) a relative ``from ... import`` names."""
+    base = here[: len(here) - (node.level - 1)]
+    if node.module:
+        target = base + node.module.split(".")
+        # ``from ..scripts import plain``: a module of the package, not a name in it.
+        if all((ENGINE.joinpath(*target, a.name)).with_suffix(".py").is_file() for a in node.names):
+            return [".".join(target + [a.name]) for a in node.names]
+        return [".".join(target)]
+    return [".".join(base + [a.name]) for a in node.names]
+
+
+def engine_imports(path: Path, annotations: bool = True) -> tuple[set[str], set[str]]:
+    """(engine modules, top-level packages) that ``path`` imports, anywhere in the file; with
+    ``annotations=False``, leaving out ``if TYPE_CHECKING:`` blocks."""
+    here = list(path.relative_to(ENGINE).parts[:-1])
+    modules: set[str] = set()
+    packages: set[str] = set()
     tree = ast.parse(path.read_text())
     typing_only: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             typing_only.update(id(child) for child in ast.walk(node))
-    engine, packages = set(), set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
+        if not annotations and id(node) in typing_only:
             continue
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1:  # from .x import y / from . import x
-                names = [node.module] if node.module else [a.name for a in node.names]
-                engine.update(n.split(".")[0] for n in names)
-            elif node.level == 0 and node.module:
-                packages.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            modules.update(m for m in _resolve(here, node) if m)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            packages.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             packages.update(a.name.split(".")[0] for a in node.names)
-    return engine - {"__init__"}, packages
+    return modules, packages
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(annotations: bool = True) -> dict[str, set[str]]:
     return {
-        path.stem: engine_imports(path)[0]
-        for path in ENGINE.glob("*.py")
-        if path.stem != "__init__"
+        module_name(path): engine_imports(path, annotations)[0] - {"__init__"}
+        for path in ENGINE.rglob("*.py")
+        if module_name(path) != "__init__"
     }
 
 
-def test_engine_imports_run_one_way():
-    order = list(graphlib.TopologicalSorter(import_graph()).static_order())  # CycleError if not
-    assert order.index("protocol") < order.index("procedures") < order.index("lock")
-    assert order.index("pipes") < order.index("rounds") < order.index("drivers")
-    assert order[-1] == "redlock"
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks the layering, worded for the reader of a failed test."""
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        rank = RANKS.index(layer_of(module))
+        for target in sorted(imported):
+            target_rank = RANKS.index(layer_of(target))
+            if target_rank > rank:
+                wrong.append(f"{module} imports {target}: up from {layer_of(module)}")
+            elif (
+                layer_of(module) == "algorithm"
+                and layer_of(target) == "members"
+                and target != MEMBERS_INTERFACE
+            ):
+                wrong.append(f"{module} imports {target}: not through {MEMBERS_INTERFACE}")
+    return wrong
+
+
+def test_every_engine_module_is_in_a_layer():
+    stray = [m for m in import_graph() if layer_of(m) == "root" and "." in m]
+    assert stray == []
+    assert {layer_of(m) for m in import_graph()} == set(RANKS)
+
+
+def test_engine_imports_run_down_the_layers():
+    assert layer_violations(import_graph(annotations=False)) == []
+
+
+def test_annotations_point_up_no_more_than_they_did():
+    assert set(layer_violations(import_graph())) - ANNOTATIONS_UP == set()
+
+
+def test_engine_imports_have_no_circle():
+    graph = import_graph(annotations=False)
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError if not
+    assert order.index("base.protocol") < order.index("algorithm.procedures")
+    assert order.index("members.pipes") < order.index("members.rounds")
+    assert order.index("algorithm.steps") < order.index("running.drivers")
+    assert order.index("running.drivers") < order.index("kinds.lock") < order.index("redlock")
+
+
+def test_the_layer_check_catches_an_upward_import():
+    graph = import_graph(annotations=False)
+    graph["base.protocol"] = graph["base.protocol"] | {"kinds.lock"}  # protocol naming the handle
+    assert layer_violations(graph) == ["base.protocol imports kinds.lock: up from base"]
+
+
+def test_the_layer_check_catches_the_algorithm_reaching_a_connection():
+    graph = import_graph(annotations=False)
+    graph["algorithm.holding"] = graph["algorithm.holding"] | {"members.pipes"}
+    assert layer_violations(graph) == [
+        "algorithm.holding imports members.pipes: not through members.interface"
+    ]
 
 
 def test_the_layout_check_catches_a_circle():
-    graph = import_graph()
-    graph["protocol"] = graph["protocol"] | {"lock"}  # protocol importing the handle: a circle
+    graph = import_graph(annotations=False)
+    graph["base.errors"] = graph["base.errors"] | {"base.events"}
+    graph["base.events"] = graph["base.events"] | {"base.errors"}  # a circle inside one layer
     try:
         list(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError:
@@ -60,14 +175,7 @@ def test_the_layout_check_catches_a_circle():
 
 
 def test_engine_is_django_free():
-    for path in ENGINE.glob("*.py"):
+    for path in ENGINE.rglob("*.py"):
         packages = engine_imports(path)[1]
         assert "django" not in packages, f"{path.name} imports Django"
         assert "django_redlock" not in packages, f"{path.name} imports the Django layer"
-
-
-def test_engine_files_stay_readable():
-    long = {
-        p.name: n for p in ENGINE.glob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}

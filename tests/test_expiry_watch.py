@@ -9,7 +9,7 @@ import contextlib
 import time
 
 from django_redlock import LockLost
-from django_redlock.engine.watchdog import SWEEP_AT
+from django_redlock.engine.running.watchdog import SWEEP_AT
 
 from .conftest import wait_until
 

@@ -18,7 +18,7 @@ import pytest
 
 from django_redlock import redlock
 from django_redlock.engine import Lock, Redlock
-from django_redlock.engine.errors import ExtensionLimit, LockLost
+from django_redlock.engine.base.errors import ExtensionLimit, LockLost
 from django_redlock.signals import lock_lost
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy

@@ -16,7 +16,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from django_redlock.engine import protocol
+from django_redlock.engine.base import protocol
 
 N = 5
 Q = protocol.quorum(N)

@@ -16,8 +16,9 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from django_redlock.engine import LockContended, Redlock, holding, procedures
-from django_redlock.engine.events import NullObserver
+from django_redlock.engine import LockContended, Redlock
+from django_redlock.engine.algorithm import holding, procedures
+from django_redlock.engine.base.events import NullObserver
 from django_redlock.testing.proxy import DelayProxy
 
 from .conftest import wait_until
@@ -319,7 +320,7 @@ def test_a_waiting_process_starts_its_watchdog_while_it_waits(masters):
     code = (
         "import sys, threading, time\n"
         "from django_redlock.engine import Redlock\n"
-        "from django_redlock.engine.watchdog import WATCHDOG\n"
+        "from django_redlock.engine.running.watchdog import WATCHDOG\n"
         f"engine = Redlock({urls!r})\n"
         "got = threading.Event()\n"
         "def wait():\n"

@@ -256,7 +256,7 @@ def test_a_partitioned_sentinel_zone_costs_a_budget_now_and_then_not_every_cycle
     never set aside: every cycle paid one budget per Sentinel per round. Now it is a silent
     member: a cycle pays at most about one budget, about once a SKIP_SILENT_FOR."""
     from bench.chaos.host_sentinels import silent_zone_cycles
-    from django_redlock.engine.rounds import SKIP_SILENT_FOR
+    from django_redlock.engine.members.rounds import SKIP_SILENT_FOR
 
     zone = silent_zone_cycles(cluster, probe, fault=fault)
     print("\n" + zone.line())  # the numbers, with -s

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from django_redlock import LockContended, LockLost, redlock
-from django_redlock.engine import Lock, procedures
-from django_redlock.engine.events import NullObserver
-from django_redlock.engine.watchdog import WATCHDOG
+from django_redlock.engine import Lock
+from django_redlock.engine.algorithm import procedures
+from django_redlock.engine.base.events import NullObserver
+from django_redlock.engine.running.watchdog import WATCHDOG
 from django_redlock.signals import lock_lost
 from django_redlock.testing.masters import LocalMaster
 from tests.conftest import hand_off_time

@@ -17,7 +17,7 @@ import pytest
 import django_redlock
 from django_redlock import locks, metrics, redlock
 from django_redlock.conf import get_redlock
-from django_redlock.engine.handles import Handle
+from django_redlock.engine.handles.fields import Handle
 from django_redlock.locks import DjangoLock
 
 from .callers import stored_owners, stored_values

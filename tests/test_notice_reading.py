@@ -17,8 +17,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from django_redlock.engine import Redlock, notices, procedures
-from django_redlock.engine.notices import ReleaseNotices
+from django_redlock.engine import Redlock
+from django_redlock.engine.algorithm import procedures
+from django_redlock.engine.waiting import notices
+from django_redlock.engine.waiting.notices import ReleaseNotices
 
 from .conftest import wait_until
 

@@ -14,7 +14,7 @@ import pytest
 
 import django_redlock
 from django_redlock.engine import Lock, LockLost, LockNotAcquired, Overloaded, QuorumUnavailable
-from django_redlock.engine.admission import IN_FLIGHT
+from django_redlock.engine.waiting.admission import IN_FLIGHT
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import wait_until

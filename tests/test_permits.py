@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from django_redlock.engine import LockContended, LockLost, QuorumUnavailable, Redlock
-from django_redlock.engine.permit_scripts import slot_prefix
+from django_redlock.engine.scripts.permits import slot_prefix
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import wait_until
@@ -440,8 +440,8 @@ def test_a_permit_or_reader_is_one_holder_per_handle_and_owner(
 
 def test_the_release_scripts_share_one_compare_and_delete():
     """A permit's release and a lock's are composed from one fragment (``scripts.DELETE_OURS``)."""
-    from django_redlock.engine import scripts
-    from django_redlock.engine.permit_scripts import PERMIT_RELEASE
+    from django_redlock.engine.scripts import plain as scripts
+    from django_redlock.engine.scripts.permits import PERMIT_RELEASE
 
     assert scripts.RELEASE.source.count(scripts.DELETE_OURS) == 1
     assert PERMIT_RELEASE.source.count(scripts.DELETE_OURS) == 1

@@ -30,9 +30,11 @@ from bench.chaos.permits import (
     pause_in_turn,
     run,
 )
-from django_redlock.engine import Redlock, protocol, scripts
-from django_redlock.engine.markers import permits as marker
-from django_redlock.engine.permit_scripts import PERMIT_ACQUIRE
+from django_redlock.engine import Redlock
+from django_redlock.engine.algorithm.markers import permits as marker
+from django_redlock.engine.base import protocol
+from django_redlock.engine.scripts import plain as scripts
+from django_redlock.engine.scripts.permits import PERMIT_ACQUIRE
 from django_redlock.testing.proxy import DelayProxy
 
 pytestmark = pytest.mark.slow

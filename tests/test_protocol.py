@@ -1,4 +1,4 @@
-"""Property tests of the pure Redlock core (``engine/protocol.py``): no I/O, no clock."""
+"""Property tests of the pure Redlock core (``engine/base/protocol.py``): no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from django_redlock.engine import protocol
-from django_redlock.engine.protocol import MAX_RESOURCE_LENGTH, Vote
+from django_redlock.engine.base import protocol
+from django_redlock.engine.base.protocol import MAX_RESOURCE_LENGTH, Vote
 
 node_counts = st.integers(min_value=1, max_value=99)
 ttls = st.floats(min_value=0.01, max_value=3600, allow_nan=False)

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from django_redlock import conf
 from django_redlock.engine import QuorumUnavailable, Redlock
-from django_redlock.engine.quarantine import Identity, Watch, parse_info
+from django_redlock.engine.members.quarantine import Identity, Watch, parse_info
 from django_redlock.signals import masters_failed
 
 MAX_TTL = 1.0

@@ -18,7 +18,9 @@ from bench.chaos.permits import (
     partitioned_apart,
     run,
 )
-from django_redlock.engine import LockContended, LockLost, Redlock, procedures, protocol
+from django_redlock.engine import LockContended, LockLost, Redlock
+from django_redlock.engine.algorithm import procedures
+from django_redlock.engine.base import protocol
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import wait_until
 
@@ -191,7 +193,8 @@ def test_each_refused_attempt_of_a_reader_tells_the_waiting_writer_anew(masters,
 #: Its polls are put off to 30 s: only a notice can wake it sooner.
 _WAITER = """
 import sys
-from django_redlock.engine import Redlock, procedures
+from django_redlock.engine import Redlock
+from django_redlock.engine.algorithm import procedures
 procedures.SAFETY_POLL = procedures.UNHEARD_POLL = 30.0
 kind, name, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
 engine = Redlock(urls)

@@ -14,7 +14,7 @@ from django.core.checks import Error
 
 from django_redlock import conf
 from django_redlock.engine import LockLost, QuorumUnavailable, Redlock
-from django_redlock.engine.acks import REASON
+from django_redlock.engine.members.acks import REASON
 from django_redlock.testing.masters import free_port
 from django_redlock.testing.sentinels import primary_and_replica
 from tests.conftest import wait_until

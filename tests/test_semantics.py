@@ -18,9 +18,9 @@ from django_redlock.engine import (
     QuorumUnavailable,
     Redlock,
 )
-from django_redlock.engine.events import NullObserver
-from django_redlock.engine.rounds import SKIP_SILENT_FOR
-from django_redlock.engine.values import Owner
+from django_redlock.engine.base.events import NullObserver
+from django_redlock.engine.base.values import Owner
+from django_redlock.engine.members.rounds import SKIP_SILENT_FOR
 
 
 def delete_everywhere(masters, key: str) -> None:
@@ -432,7 +432,7 @@ def test_hold_count_of_a_reentrant_lock(masters, redlock_of):
 def test_released_leases_do_not_pile_up_in_the_watchdog(masters, redlock_of):
     """Every lease someone listens to is scheduled for its expiry notice; a released one's entry
     must not stay until its TTL (a busy process takes thousands of short locks a minute)."""
-    from django_redlock.engine.watchdog import SWEEP_AT, WATCHDOG
+    from django_redlock.engine.running.watchdog import SWEEP_AT, WATCHDOG
 
     engine = redlock_of(masters)
     for _ in range(3 * SWEEP_AT):

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from django_redlock.engine import LockNotAcquired, Redlock
-from django_redlock.engine.rounds import SKIP_SILENT_FOR
+from django_redlock.engine.members.rounds import SKIP_SILENT_FOR
 from django_redlock.testing.masters import free_port
 from django_redlock.testing.proxy import DelayProxy
 from django_redlock.testing.sentinels import sentinel_group

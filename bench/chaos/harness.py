@@ -109,7 +109,7 @@ def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def break_quorum() -> None:
     """For the checker self-test only: every decision in this process needs one master."""
-    from django_redlock.engine import protocol
+    from django_redlock.engine.base import protocol
 
     protocol.quorum = lambda node_count: 1
 
@@ -365,7 +365,7 @@ class Client:
 
     def fork_check(self, lock: Lock) -> str:
         """Fork while holding: the child must neither renew nor release the parent's lock."""
-        from django_redlock.engine.watchdog import WATCHDOG
+        from django_redlock.engine.running.watchdog import WATCHDOG
 
         before = self.masters_holding(lock)
         pid = os.fork()

@@ -75,7 +75,7 @@ def beside_writer(stretches: Sequence[Stretch]) -> list[tuple[Stretch, Stretch]]
 
 # KEYS[1] the semaphore's set of permits on this master. ARGV[1] token; ARGV[2] limit; ARGV[3]
 # TTL in ms. Admits iff fewer than ARGV[2] unexpired permits are there. Each master alone is
-# right; a majority of them is not enough (see engine/permits.py).
+# right; a majority of them is not enough (see engine/algorithm/permits.py).
 NAIVE_ADMIT = """
 local now = redis.call('time')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

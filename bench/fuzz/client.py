@@ -78,7 +78,10 @@ class Client:
         nodes = list(plan["nodes"])
         broken = plan.get("broken")
         if broken == "quorum1":
-            from django_redlock.engine import protocol
+            try:
+                from django_redlock.engine.base import protocol
+            except ImportError:  # an --engine-tree from before the engine's layers (issue 37)
+                from django_redlock.engine import protocol  # type: ignore[attr-defined,no-redef]
 
             protocol.quorum = lambda node_count: 1
             # Differently ordered lists, as differently configured clients would have: each

@@ -70,10 +70,12 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import metrics
-from ..engine import LockContended, LockLost, QuorumUnavailable, protocol, scripts
-from ..engine.drivers import fan_out
+from ..engine import LockContended, LockLost, QuorumUnavailable
+from ..engine.base import protocol
+from ..engine.base.values import UnreadableValue, parse_value
 from ..engine.locking import resources_of
-from ..engine.values import UnreadableValue, parse_value
+from ..engine.running.drivers import fan_out
+from ..engine.scripts import plain as scripts
 from ..keys import bounded_resource
 
 if TYPE_CHECKING or find_spec("django.tasks") is None:  # the backport (Django 5.2)

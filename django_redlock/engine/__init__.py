@@ -1,7 +1,14 @@
-"""The Redlock engine: Django-free, usable and testable without settings."""
+"""The Redlock engine: Django-free, usable and testable without settings.
 
-from .connections import NodeSpec
-from .errors import (
+Its layers are packages, each importing only from those below it (``tests/test_engine_layout.py``
+holds them to that; ``docs/architecture.md`` draws them from the real imports)::
+
+    base < scripts < members < waiting < leases < algorithm < running < handles < kinds < here
+
+``here`` is ``redlock.py`` (``Redlock``: the masters and the settings every lock shares) and
+``locking.py`` (the ``@locking`` decorator), and the public names below."""
+
+from .base.errors import (
     ExtensionLimit,
     LockContended,
     LockLost,
@@ -12,7 +19,8 @@ from .errors import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import Lock
+from .kinds.lock import Lock
+from .members.connections import NodeSpec
 from .redlock import Redlock
 
 __all__ = [

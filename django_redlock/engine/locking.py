@@ -9,11 +9,11 @@ import string
 from collections.abc import AsyncGenerator, Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .leases import current_owner
-from .protocol import check_hold_bounds
+from .base.protocol import check_hold_bounds
+from .leases.leases import current_owner
 
 if TYPE_CHECKING:
-    from .lock import Lock
+    from .kinds.lock import Lock
     from .redlock import Redlock
 
 F = TypeVar("F", bound=Callable[..., Any])

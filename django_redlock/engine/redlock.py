@@ -8,27 +8,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from . import cluster, protocol, scripts
-from .admission import Admission
-from .connections import Node, NodeSpec
-from .drivers import arun, run
-from .errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
-from .events import NullObserver, Observer
-from .keyspace import KeySpace
-from .leases import current_owner, describe
-from .local_queues import LocalQueues
-from .lock import Lock
+from .algorithm.markers import is_marker, limit_of
+from .algorithm.steps import Procedure, Round
+from .base import protocol
+from .base.errors import LockLost, NodeFailure, NotLocked, QuorumUnavailable
+from .base.events import NullObserver, Observer
+from .base.values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value
+from .kinds.lock import Lock
+from .kinds.modes import check_mode, member_keys
+from .leases.leases import current_owner, describe
+from .leases.reentry import Holders
 from .locking import locking
-from .markers import is_marker, limit_of
-from .modes import check_mode, member_keys
-from .notices import ReleaseNotices
-from .packing import Command
-from .reentry import Holders
-from .rounds import Reply
-from .shards import ClusterMember
-from .steps import Procedure, Round
-from .values import MAX_VALUE_BYTES, Owner, UnreadableValue, fingerprint, parse_value
-from .watchdog import WATCHDOG
+from .members import cluster
+from .members.connections import Node, NodeSpec
+from .members.keyspace import KeySpace
+from .members.packing import Command
+from .members.rounds import Reply
+from .members.shards import ClusterMember
+from .running.drivers import arun, run
+from .running.watchdog import WATCHDOG
+from .scripts import plain as plain_scripts
+from .waiting.admission import Admission
+from .waiting.local_queues import LocalQueues
+from .waiting.notices import ReleaseNotices
 
 DEFAULT_KEY_PREFIX = "redlock:"
 
@@ -54,7 +56,7 @@ class Holder:
 
 
 def holder_of(masters: Redlock, resource: str, replies: Sequence[Reply]) -> Holder | None:
-    """From each master's ``scripts.PEEK`` reply: the holder a quorum of masters agrees on, or
+    """From each master's ``scripts.plain.PEEK`` reply: the holder a quorum of masters agrees on, or
     None when no one can hold ``resource`` on a quorum, even if every master that did not answer
     held it. Raises ``QuorumUnavailable`` when those masters could make the difference: "cannot
     tell" is never reported as "free". A semaphore's or readers' marker: a ``Holder`` whose
@@ -89,7 +91,7 @@ def holder_of(masters: Redlock, resource: str, replies: Sequence[Reply]) -> Hold
 
 
 def _as_peek(value: Reply) -> Reply:
-    """An MGET answer as ``scripts.PEEK`` gives it: 0 for no key, else [length, head]."""
+    """An MGET answer as ``scripts.plain.PEEK`` gives it: 0 for no key, else [length, head]."""
     if isinstance(value, bytes):
         return [len(value), value[:MAX_VALUE_BYTES]]
     return 0 if value is None else value
@@ -296,7 +298,7 @@ class Redlock(KeySpace):
         return await arun(self, self._holder(resource))
 
     def _holder(self, resource: str) -> Procedure[Holder | None]:
-        replies: list[Reply] = yield Round(self._peek(resource), scripts.PEEK)
+        replies: list[Reply] = yield Round(self._peek(resource), plain_scripts.PEEK)
         held = holder_of(self, resource, replies)
         if held is None or held.mode == "lock":
             return held
@@ -335,7 +337,7 @@ class Redlock(KeySpace):
     def _peek(self, resource: str) -> Command:
         self.check_resources((resource,))
         key = self.lock_key(protocol.check_resource(resource))
-        return scripts.PEEK.evalsha((key,), (MAX_VALUE_BYTES,))
+        return plain_scripts.PEEK.evalsha((key,), (MAX_VALUE_BYTES,))
 
     def release_command(
         self,
@@ -344,7 +346,7 @@ class Redlock(KeySpace):
         *,
         notify: bool = True,
         queued_as: str = "",
-    ) -> tuple[Command, scripts.Script]:
+    ) -> tuple[Command, plain_scripts.Script]:
         """The request (and the script it runs) that releases ``resources`` on one master where
         it still holds ``value`` (compare-and-delete, then a notice that wakes the next waiter
         of each resource unless ``notify`` is false). Used by every release: the holder's own,
@@ -353,10 +355,10 @@ class Redlock(KeySpace):
         exactly the holder it showed. ``queued_as``: the waiter id the holder had, if it
         waited: its queue entries go too."""
         if len(resources) == 1:  # (the usual case: no maps, no tuples of them, one tuple)
-            script, resource = scripts.RELEASE, resources[0]
+            script, resource = plain_scripts.RELEASE, resources[0]
             keys: tuple[str, ...] = (self.lock_key(resource), self.queue_key(resource))
         else:
-            script = scripts.MULTI_RELEASE
+            script = plain_scripts.MULTI_RELEASE
             keys = (*map(self.lock_key, resources), *map(self.queue_key, resources))
         if notify:
             args = (value, "1", protocol.notice_digest(value), self.inbox_prefix, queued_as)

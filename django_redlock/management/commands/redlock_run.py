@@ -31,8 +31,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...commands import EXIT_LOST, guard_command
 from ...conf import get_redlock
-from ...engine import LockLost, protocol
-from ...engine.permit_scripts import check_limit
+from ...engine import LockLost
+from ...engine.base import protocol
+from ...engine.scripts.permits import check_limit
 from ...leadership import run_as_leader
 
 

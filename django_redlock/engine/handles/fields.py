@@ -1,0 +1,132 @@
+"""A lock handle's fields (``Lock``'s): its resources, its keys on the masters, its TTL, wait
+and options, each checked when it is made (``ValueError`` naming a bad one, before any network
+call); and the two ways to make one: ``Lock(...)`` checks everything, ``checked_apart`` only the
+resources, for a caller that checked the rest once for many handles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Self
+
+from ..base import protocol
+from ..leases.callers import Callers
+from . import options
+from .options import Options, WithOptions
+
+if TYPE_CHECKING:
+    from ..base.errors import LockLost
+    from ..kinds.lock import Lock
+    from ..redlock import Redlock
+
+
+class Handle(WithOptions):
+    """The fields of a ``Lock``, checked."""
+
+    # Slots: no __dict__ per handle held (a mode's subclass has one for its own fields).
+    __slots__ = (
+        "__weakref__", "_callers", "_options", "_redlock", "key", "keys", "resource", "resources",
+        "ttl", "wait",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        *resources: str,
+        ttl: float,
+        wait: float,
+        label: str | None = None,
+        auto_extend: bool = False,
+        max_extensions: int | None = None,
+        max_hold: float | None = None,
+        reentrant: bool = False,
+        on_lost: Callable[[Lock, LockLost], None] | None = None,
+        at_least: float | None = None,
+        at_most: float | None = None,
+    ) -> None:
+        resources = protocol.check_resources(resources)
+        if redlock.clustered:  # (every handle, whoever makes it: ``Redlock.lock``, ``redlock()``)
+            redlock.check_resources(resources)
+        checked, ttl = options.checked(
+            redlock.check_ttl(ttl),  # (within max_ttl, if set)
+            label=label,
+            auto_extend=auto_extend,
+            max_extensions=max_extensions,
+            max_hold=max_hold,
+            reentrant=reentrant,
+            on_lost=on_lost,
+            at_least=at_least,
+            at_most=at_most,
+        )
+        wait = protocol.check_seconds("wait", wait, allow_zero=True)
+        if len(resources) == 1:  # (the usual case: no map, no generator)
+            keys: tuple[str, ...] = (redlock.lock_key(resources[0]),)
+        else:
+            keys = tuple(map(redlock.lock_key, resources))
+        self._assemble(redlock, resources, keys, ttl, wait, checked)
+
+    @classmethod
+    def checked_apart(
+        cls,
+        redlock: Redlock,
+        resources: tuple[str, ...],
+        key_prefix: str,
+        ttl: float,
+        wait: float,
+        options: Options,
+    ) -> Self:
+        """A handle on ``resources`` (checked here: ``ValueError`` naming a bad one) whose
+        ``ttl``, ``wait`` and ``options`` were checked beforehand for this ``redlock``, as
+        ``__init__`` checks them, and whose keys are ``key_prefix`` (``redlock.lock_prefix``)
+        + each resource as its keys spell it (``redlock.spelled``): for a caller that checks
+        one set of options once for many handles (the Django layer's ``redlock()``).
+        ``options`` may be shared: a handle whose option is set gets a record of its own
+        (``options.option``). For a plain lock, or a subclass whose ``__init__`` makes nothing
+        more (not a permit or a reader)."""
+        if redlock.clustered:  # (as ``__init__``; the member's rule for the keys' hash tags)
+            redlock.check_resources(resources)
+        lock = object.__new__(cls)
+        if len(resources) != 1:
+            resources = protocol.check_resources(resources)
+            keys = tuple(key_prefix + redlock.spelled(r) for r in resources)
+            lock._assemble(redlock, resources, keys, ttl, wait, options)
+            return lock
+        # One resource, the usual lock: ``_assemble`` written out (a call less per lock; a test
+        # compares the handles made both ways field by field).
+        resource = protocol.check_resource(resources[0])
+        lock._redlock = redlock
+        lock.resources = (resource,)
+        lock.resource = resource
+        lock.key = key = key_prefix + (redlock.spelled(resource) if redlock.clustered else resource)
+        lock.keys = (key,)
+        lock._options = options
+        lock.ttl = ttl
+        lock.wait = wait
+        lock._callers = Callers()
+        return lock
+
+    def _assemble(
+        self,
+        redlock: Redlock,
+        resources: tuple[str, ...],
+        keys: tuple[str, ...],
+        ttl: float,
+        wait: float,
+        options: Options,
+    ) -> None:
+        """Set the fields of a handle on ``resources`` (checked), whose keys on the masters are
+        ``keys``."""
+        self._redlock = redlock
+        # ``resource``: the name (several: joined with " + "), for messages, events and metrics;
+        # ``keys``: the keys on the masters; ``key`` names them as one.
+        self.resources = resources
+        self.keys = keys
+        if len(resources) == 1:  # the usual case, built on every ``with redlock(r):``
+            self.resource = resources[0]
+            self.key = keys[0]
+        else:
+            self.resource = " + ".join(resources)
+            self.key = " + ".join(keys)
+        self._options = options
+        self.ttl = ttl
+        self.wait = wait
+        self._callers = Callers()
