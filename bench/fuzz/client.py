@@ -101,7 +101,7 @@ class Client:
         self.store = redis.Redis.from_url(plan["store"], socket_timeout=10)
         self.fenced_write = self.store.register_script(FENCED_WRITE)
         self.journal = Journal(Path(plan["journal_dir"]) / f"{index}.jsonl")
-        self.stop_by: float = plan["stop_by"]
+        self.stop_by = 0.0  # set when the run starts (``started_together``)
         self.naive = redis.Redis.from_url(plan["nodes"][0], socket_timeout=2)
         self.drawn = 0  # operations drawn by this process's callers
 
@@ -391,6 +391,7 @@ class Client:
         return run
 
     def run(self) -> None:
+        self.stop_by = started_together(self.plan, f"engine-{self.index}")
         threads_n = 1 if self.solo else self.plan["threads"]
         tasks = 0 if self.solo else self.plan["tasks"]
         callers: list[Callable[[], None]] = [
@@ -405,6 +406,19 @@ class Client:
         for thread in threads:
             thread.join()
         self.engine.close()
+
+
+def started_together(plan: dict[str, Any], name: str) -> float:
+    """Say this client is ready (imported, connected), then wait for the run to start; returns
+    when to stop (monotonic: one clock for every process of the machine). The run's clock starts
+    once every client is ready: on a loaded machine a Python process may take seconds to start,
+    and a window counted from spawning could end before a late client did anything."""
+    start_dir = Path(plan["start_dir"])
+    (start_dir / f"{name}.ready").touch()
+    go = start_dir / "go"
+    while not go.exists():
+        time.sleep(0.01)
+    return float(go.read_text())
 
 
 def main() -> None:

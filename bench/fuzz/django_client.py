@@ -158,12 +158,12 @@ def operation(kind: str, rng: random.Random, journal: Journal, caller: str, seq:
     journal.write("django", **record)
 
 
-def caller(index: int, thread: int, journal: Journal) -> None:
+def caller(index: int, thread: int, journal: Journal, stop_by: float) -> None:
     rng = random.Random(f"{PLAN['seed']}/django/{index}/{thread}")
     local.rng, local.journal = rng, journal
     seq = 0
     try:
-        while time.monotonic() < PLAN["stop_by"]:
+        while time.monotonic() < stop_by:
             operation(
                 rng.choice(("view", "with", "fenced")), rng, journal, f"{index}/d{thread}", seq
             )
@@ -194,8 +194,12 @@ def main() -> None:
     index = int(sys.argv[2])
     connections.settings["default"]["ATOMIC_REQUESTS"] = True
     journal = Journal(Path(PLAN["journal_dir"]) / f"django-{index}.jsonl")
+    # This script's folder is first on the path (it runs by its path, as client.py does).
+    from client import started_together
+
+    stop_by = started_together(PLAN, f"django-{index}")
     threads = [
-        threading.Thread(target=caller, args=(index, t, journal))
+        threading.Thread(target=caller, args=(index, t, journal, stop_by))
         for t in range(1 if SOLO else PLAN["threads"])
     ]
     for thread in threads:

@@ -138,19 +138,21 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
             "broken": options.broken,
             "database": database,
         }
+        start_dir = workdir / "start"
+        start_dir.mkdir()
+        plan["start_dir"] = str(start_dir)
         plan_path = workdir / "plan.json"
         plan_path.write_text(json.dumps(plan))
         if database is not None:
             django_setup(plan_path, options)
-        # Fresh masters are younger than MAX_TTL: under quarantine they abstain until then.
-        time.sleep(max(0.0, options.ttl + 0.2 - (time.monotonic() - started)))
-        stop_by = plan["stop_by"] = time.monotonic() + options.seconds
-        plan_path.write_text(json.dumps(plan))
-        burners = stack.enter_context(cpu_burners(2 if "cpu" in options.faults else 0))
         clients = [spawn_client(plan_path, i, options) for i in range(options.processes)]
         djangos = [spawn_client(plan_path, i, options, "django") for i in range(options.django)]
         stoppable = clients[: options.solo] + djangos[: options.solo]
         clients += djangos
+        # Fresh masters are younger than MAX_TTL: under quarantine they abstain until then.
+        time.sleep(max(0.0, options.ttl + 0.2 - (time.monotonic() - started)))
+        stop_by = start_together(start_dir, clients, options.seconds)
+        burners = stack.enter_context(cpu_burners(2 if "cpu" in options.faults else 0))
         controller = Controller(options, masters, proxy, clients, stoppable, stop_by)
         controller.start()
         try:
@@ -195,6 +197,24 @@ def run(options: Options, workdir: Path | None = None) -> Outcome:
             Violation("crash", f"{r['pid']}: {r['error']}") for r in others if r["type"] == "crash"
         ]
         return Outcome(verdict, dict(controller.made), stderr)
+
+
+def start_together(
+    start_dir: Path, clients: Sequence[subprocess.Popen[str]], seconds: float
+) -> float:
+    """Start the run once every client said it is ready (``client.started_together``), or one
+    exited (its stderr tells why); returns when the run stops. Its window is then ``seconds``
+    of work for every client, however long a loaded machine took to start them."""
+    deadline = time.monotonic() + 120
+    while len(list(start_dir.glob("*.ready"))) < len(clients) and time.monotonic() < deadline:
+        if any(client.poll() is not None for client in clients):
+            break
+        time.sleep(0.01)
+    stop_by = time.monotonic() + seconds
+    told = start_dir / "go.partial"
+    told.write_text(repr(stop_by))
+    told.rename(start_dir / "go")  # whole or absent: a client never reads half of it
+    return stop_by
 
 
 def spawn_client(
