@@ -241,7 +241,14 @@ def _traced(resource: str) -> tuple[list[Call], Counter[str]]:
             REDLOCK={"NODES": [master.url for master in masters], "NODE_TIMEOUT": 2.0},
         )
         django.setup()
+        import django_redlock
         from django_redlock import redlock
+
+        if Path(django_redlock.__file__ or "").parent != PACKAGE:  # (the trace would be empty)
+            raise SystemExit(
+                f"django_redlock is imported from {django_redlock.__file__}, not from this tree "
+                f"({PACKAGE}): run python -m tools.architecture from {PACKAGE.parent}"
+            )
 
         for _ in range(2):
             with redlock(resource):
