@@ -91,3 +91,23 @@ def test_a_step_is_looked_for_after_the_one_before() -> None:
     assert strays([Step("the masters", ("DEL",))], calls, ran) == [
         "step 1: the masters did not run DEL"
     ]
+
+
+def test_a_page_without_its_parts_is_refused(tmp_path: Path) -> None:
+    """No walk to check is no pass: a page that lost its walk's markers fails (before any
+    master is started), and so does one whose walk lost its rows."""
+    page = DOC.read_text()
+    doc = tmp_path / "architecture.md"
+    doc.write_text(page.replace("<!-- /walk -->", ""))
+    result = check(doc)
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"{doc}: no <!-- walk --> ... <!-- /walk --> part\n",
+    )
+    start, end = page.index("<!-- walk -->"), page.index("<!-- /walk -->")
+    doc.write_text(page[:start] + "<!-- walk -->\nNothing here.\n" + page[end:])
+    result = check(doc)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{doc}: walk: no steps (a table of file | function rows)"
+    ]

@@ -140,7 +140,7 @@ def between(text: str, marker: str) -> tuple[int, int]:
     opening, closing = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
     start, end = text.find(opening), text.find(closing)
     if start < 0 or end < start:
-        raise ValueError(f"docs/architecture.md has no {opening.strip()} ... {closing} part")
+        raise ValueError(f"no {opening.strip()} ... {closing} part")
     return start + len(opening), end
 
 
@@ -329,7 +329,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("the masters ran:", ", ".join(f"{c} {n}" for c, n in sorted(commands.items())))
         return 0
     page = args.doc.read_text()
-    fresh = drawn(page, Layers.read())
+    try:
+        fresh, steps = drawn(page, Layers.read()), walk_of(page)
+    except ValueError as missing:
+        print(f"{args.doc}: {missing}", file=sys.stderr)
+        return 1
     if not args.check:
         if fresh != page:
             args.doc.write_text(fresh)
@@ -340,8 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems.append(
             f"{args.doc}: the layers drawn there are not the code's (python -m tools.architecture)"
         )
+    if not steps:
+        problems.append(f"{args.doc}: walk: no steps (a table of file | function rows)")
     calls, commands = _traced("r")
-    problems += [f"{args.doc}: walk: {wrong}" for wrong in strays(walk_of(page), calls, commands)]
+    problems += [f"{args.doc}: walk: {wrong}" for wrong in strays(steps, calls, commands)]
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0
