@@ -1,6 +1,7 @@
 """The engine's shape: layers as packages, each importing only from the layers below it (and from
-its own, with no circle), no Django in any of them. Read from the source, so that it holds for
-every module; docs/architecture.md draws the same graph (``python -m docs.layers``).
+its own, with no circle), no Django in any of them. Read from the source (``tools/layers.py``, the
+one reader of the import graph), so that it holds for every module; docs/architecture.md draws the
+same graph (``python -m tools.architecture``).
 
 The ranks, bottom to top (see each package's ``__init__`` for what it owns)::
 
@@ -14,23 +15,10 @@ that names an upper layer's type depends on it too.
 
 from __future__ import annotations
 
-import ast
 import graphlib
-from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parent.parent / "django_redlock" / "engine"
-RANKS = (
-    "base",
-    "scripts",
-    "members",
-    "waiting",
-    "leases",
-    "algorithm",
-    "running",
-    "handles",
-    "kinds",
-    "root",
-)
+from tools.layers import ENGINE, RANKS, Graph, engine_imports, import_graph, layer_of
+
 #: The algorithm names the members only through this module: its types and one question, never
 #: a connection (``members/interface.py``).
 MEMBERS_INTERFACE = "members.interface"
@@ -54,61 +42,7 @@ ANNOTATIONS_UP = {
 }
 
 
-def module_name(path: Path) -> str:
-    """``members.pipes`` for engine/members/pipes.py, ``redlock`` for engine/redlock.py."""
-    parts = path.relative_to(ENGINE).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
-
-
-def layer_of(module: str) -> str:
-    first = module.split(".")[0]
-    return first if first in RANKS else "root"
-
-
-def _resolve(here: list[str], node: ast.ImportFrom) -> list[str]:
-    """The engine modules (or packages) a relative ``from ... import`` names."""
-    base = here[: len(here) - (node.level - 1)]
-    if node.module:
-        target = base + node.module.split(".")
-        # ``from ..scripts import plain``: a module of the package, not a name in it.
-        if all((ENGINE.joinpath(*target, a.name)).with_suffix(".py").is_file() for a in node.names):
-            return [".".join(target + [a.name]) for a in node.names]
-        return [".".join(target)]
-    return [".".join(base + [a.name]) for a in node.names]
-
-
-def engine_imports(path: Path, annotations: bool = True) -> tuple[set[str], set[str]]:
-    """(engine modules, top-level packages) that ``path`` imports, anywhere in the file; with
-    ``annotations=False``, leaving out ``if TYPE_CHECKING:`` blocks."""
-    here = list(path.relative_to(ENGINE).parts[:-1])
-    modules: set[str] = set()
-    packages: set[str] = set()
-    tree = ast.parse(path.read_text())
-    typing_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only.update(id(child) for child in ast.walk(node))
-    for node in ast.walk(tree):
-        if not annotations and id(node) in typing_only:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.level >= 1:
-            modules.update(m for m in _resolve(here, node) if m)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            packages.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Import):
-            packages.update(a.name.split(".")[0] for a in node.names)
-    return modules, packages
-
-
-def import_graph(annotations: bool = True) -> dict[str, set[str]]:
-    return {
-        module_name(path): engine_imports(path, annotations)[0] - {"__init__"}
-        for path in ENGINE.rglob("*.py")
-        if module_name(path) != "__init__"
-    }
-
-
-def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+def layer_violations(graph: Graph) -> list[str]:
     """Every import that breaks the layering, worded for the reader of a failed test."""
     wrong = []
     for module, imported in sorted(graph.items()):
