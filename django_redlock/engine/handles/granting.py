@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 from ..base import process
 from ..leases.leases import Lease, LeaseCommands, Owner
+from .fields import Handle
 
 if TYPE_CHECKING:
     from ..algorithm.procedures import Won
-    from ..kinds.lock import Lock
 
 
 def granted(
-    handle: Lock,
+    handle: Handle,
     owner: Owner,
     value: str,
     won: Won,
