@@ -10,8 +10,8 @@ The ranks, bottom to top (see each package's ``__init__`` for what it owns)::
 import counts wherever it is (module level or inside a function), and one made only for
 annotations (``if TYPE_CHECKING:``) counts as any other: a file that names an upper layer's type
 depends on it too. A lower layer that needs something of an upper one says what in a protocol of
-its own (``leases.Holder``: what a lease needs of the handle that acquired it; ``handles.Engine``:
-what a handle needs of its ``Redlock``).
+its own (``leases.leases.Holder``: what a lease needs of the handle that acquired it;
+``handles.fields.Engine``: what a handle needs of its ``Redlock``).
 """
 
 from __future__ import annotations
