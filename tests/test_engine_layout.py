@@ -10,7 +10,7 @@ The ranks, bottom to top (see each package's ``__init__`` for what it owns)::
 import counts wherever it is (module level or inside a function), and one made only for
 annotations (``if TYPE_CHECKING:``) counts as any other: a file that names an upper layer's type
 depends on it too. A lower layer that needs something of an upper one says what in a protocol of
-its own (``leases.leases.Holder``: what a lease needs of the handle that acquired it;
+its own (``leases.leases.LeaseHandle``: what a lease needs of the handle that acquired it;
 ``handles.fields.Engine``: what a handle needs of its ``Redlock``).
 """
 

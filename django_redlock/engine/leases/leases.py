@@ -45,7 +45,7 @@ def current_owner() -> Owner:
     return threading.current_thread()
 
 
-class Holder(Protocol):
+class LeaseHandle(Protocol):
     """What a lease needs of the handle that acquired it (a ``kinds.lock.Lock``): whom to tell
     of its loss, and the handle's own ``at_least`` (``handles.bounds``)."""
 
@@ -221,7 +221,7 @@ class Lease:
         valid_until: float,
         owner: Owner,
         pid: int,
-        handle: Holder,
+        handle: LeaseHandle,
         queued_as: str = "",
         max_extensions: int | None = None,
         max_hold: float | None = None,
@@ -241,7 +241,7 @@ class Lease:
         self.pid = pid
         #: The handle that acquired it, for events. Weak: a lease lives exactly as long as a
         #: handle holds it, so dropping an unreleased lock also stops its auto-extension at once.
-        self.handle: weakref.ref[Holder] = weakref.ref(handle)
+        self.handle: weakref.ref[LeaseHandle] = weakref.ref(handle)
         self.depth = 1
         self.released = False
         self.lost = False
@@ -363,7 +363,7 @@ class Lease:
             DISPATCHER.call(self._tell_lost, handle, error)
         return error
 
-    def _tell_lost(self, handle: Holder, error: LockLost) -> None:
+    def _tell_lost(self, handle: LeaseHandle, error: LockLost) -> None:
         notify(handle._redlock.observer, "lost", handle, error=error)
         on_lost = handle.on_lost
         if on_lost is not None:
