@@ -4,15 +4,18 @@ process's own rounds). Out of ``procedures`` (which raises them), so that it sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..base.errors import LockContended, Overloaded, QuorumUnavailable
-from ..base.protocol import Tally
-from ..members.interface import Reply
 from ..waiting import admission
 from ..waiting.admission import Full
 from .steps import Masters, failures
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..base.protocol import Tally
+    from ..members.interface import Reply
 
 
 class Request(Protocol):

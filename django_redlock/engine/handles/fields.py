@@ -5,20 +5,22 @@ resources, for a caller that checked the rest once for many handles."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from ..algorithm.steps import Masters
 from ..base import protocol
-from ..base.events import Observer
 from ..leases.callers import Callers
-from ..leases.reentry import Holders
-from ..running.watchdog import Watchdog
 from . import options
 from .options import Options, WithOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..base.errors import LockLost
+    from ..base.events import Observer
+    from ..leases.reentry import Holders
+    from ..running.watchdog import Watchdog
 
 
 class Engine(Masters, Protocol):

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from ..base import process
 from ..leases.leases import Lease, LeaseCommands, Owner
-from .fields import Handle
 
 if TYPE_CHECKING:
     from ..algorithm.procedures import Won
+    from .fields import Handle
 
 
 def granted(
