@@ -7,20 +7,27 @@ import functools
 import inspect
 import string
 from collections.abc import AsyncGenerator, Callable, Generator
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from .base.protocol import check_hold_bounds
 from .leases.leases import current_owner
 
 if TYPE_CHECKING:
     from .kinds.lock import Lock
-    from .redlock import Redlock
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Locks(Protocol):
+    """What the decorator needs of the engine (a ``Redlock``): a lock on the call's resources,
+    with the decorator's options (``Redlock.lock``'s)."""
+
+    @property
+    def lock(self) -> Callable[..., Lock]: ...
+
+
 def locking(
-    locks: Callable[[], Redlock], templates: tuple[str, ...], options: dict[str, Any]
+    locks: Callable[[], Locks], templates: tuple[str, ...], options: dict[str, Any]
 ) -> Callable[[F], F]:
     """``locks()`` gives the engine (a ``Redlock``) at call time: the Django layer reads its
     settings then, never at import time.

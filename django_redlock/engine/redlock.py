@@ -145,7 +145,7 @@ class Redlock(KeySpace):
         node_timeout: float = 0.05,
         drift_factor: float = 0.01,
         retry_delay: float = 0.1,
-        observer: Observer | None = None,
+        observer: Observer[Lock] | None = None,
         max_ttl: float | None = None,
         quarantine: bool = False,
     ) -> None:
@@ -178,7 +178,7 @@ class Redlock(KeySpace):
         if self.drift_factor >= 1:
             raise ValueError(f"drift_factor must be below 1, got {drift_factor!r}")
         self.retry_delay = protocol.check_seconds("retry_delay", retry_delay, allow_zero=False)
-        self.observer: Observer = observer or NullObserver()
+        self.observer: Observer[Lock] = observer or NullObserver()
         watch = self.max_ttl if self.quarantine else None
         self.nodes = tuple(
             (ClusterMember if spec.seeds is not None else Node)(

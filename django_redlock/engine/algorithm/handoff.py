@@ -6,18 +6,26 @@ masters' word as the lock (``handed_over``); ``procedures.acquire`` waits and as
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..base import protocol
 from ..scripts import plain as plain_scripts
 from ..waiting.waiter import Waiter, votes_left
 from .steps import AwaitNotice, Masters, Procedure
 
-if TYPE_CHECKING:
-    from .procedures import Want
+
+class Queued(Protocol):
+    """What a queue entry says of an acquisition's request (a ``procedures.Want``)."""
+
+    @property
+    def several(self) -> bool: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def value(self) -> str: ...
 
 
-def queued_as(want: Want, waiter: Waiter) -> str:
+def queued_as(want: Queued, waiter: Waiter) -> str:
     """How ``waiter`` is named in the masters' queues: marked when it waits for several resources,
     so that a key's turn is never passed on to it (see
     ``scripts.plain.MULTI_ACQUIRE_WAITING``); else with its TTL and value, so that a release can

@@ -4,7 +4,7 @@ process's own rounds). Out of ``procedures`` (which raises them), so that it sta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..base.errors import LockContended, Overloaded, QuorumUnavailable
 from ..waiting import admission
@@ -12,10 +12,33 @@ from ..waiting.admission import Full
 from .steps import Masters, failures
 
 if TYPE_CHECKING:
-    from .procedures import Lost, Want
+    from collections.abc import Sequence
+
+    from ..base.protocol import Tally
+    from ..members.interface import Reply
 
 
-def overloaded(want: Want, full: Full) -> Overloaded:
+class Request(Protocol):
+    """What the errors say of an acquisition's request (a ``procedures.Want``)."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def wait(self) -> float: ...
+
+
+class LostRound(Protocol):
+    """What the errors say of the last round an acquisition lost (a ``procedures.Lost``)."""
+
+    @property
+    def result(self) -> Tally: ...
+    @property
+    def replies(self) -> Sequence[Reply]: ...
+
+
+def overloaded(want: Request, full: Full) -> Overloaded:
     """This process's own queue of rounds had no turn for the attempt within its patience."""
     if full.waited:
         when = f"waited {full.waited:.3f}s for its turn"
@@ -36,8 +59,8 @@ def overloaded(want: Want, full: Full) -> Overloaded:
 
 def not_acquired(
     masters: Masters,
-    want: Want,
-    lost: Lost | None,
+    want: Request,
+    lost: LostRound | None,
     attempts: int,
     *,
     contended: str = "",

@@ -8,7 +8,7 @@ import functools
 import operator
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..base.errors import UNAWAITED, NodeFailure
 from ..base.protocol import Vote
@@ -19,10 +19,13 @@ from ..waiting.local_queues import LocalQueues, Turn
 from ..waiting.notices import ReleaseNotices
 from ..waiting.waiter import Waiter
 
-if TYPE_CHECKING:
-    from ..running.watchdog import Watchdog
-
 T = TypeVar("T")
+
+
+class Watching(Protocol):
+    """What the drivers need of the watchdog (``running.watchdog.Watchdog``): that it runs."""
+
+    def ready(self) -> None: ...
 
 
 class Masters(Protocol):
@@ -38,7 +41,9 @@ class Masters(Protocol):
     queues: LocalQueues
     inbox_prefix: str
     admission: Admission
-    watchdog: Watchdog
+
+    @property
+    def watchdog(self) -> Watching: ...
 
     @property
     def notices(self) -> ReleaseNotices: ...

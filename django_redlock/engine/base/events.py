@@ -8,51 +8,64 @@ failing metrics exporter must never break a lock.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..kinds.lock import Lock
     from .errors import LockLost, LockNotAcquired, NodeFailure
 
 logger = logging.getLogger("django_redlock")
 
 
-class Observer(Protocol):
-    def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None: ...
+class Subject(Protocol):
+    """What an event says of the lock it is about, here (a ``kinds.lock.Lock``): its name."""
 
-    def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None: ...
+    @property
+    def resource(self) -> str: ...
 
-    def released(self, lock: Lock, *, held: float) -> None: ...
 
-    def lost(self, lock: Lock, *, error: LockLost) -> None: ...
+#: The lock an observer is told about: a ``Redlock``'s observer is an ``Observer[Lock]``, named
+#: there (this layer is below the handle).
+L_contra = TypeVar("L_contra", bound=Subject, contravariant=True)
+L = TypeVar("L", bound=Subject)
+
+
+class Observer(Protocol[L_contra]):
+    def acquired(self, lock: L_contra, *, waited: float, attempts: int) -> None: ...
+
+    def not_acquired(self, lock: L_contra, *, waited: float, error: LockNotAcquired) -> None: ...
+
+    def released(self, lock: L_contra, *, held: float) -> None: ...
+
+    def lost(self, lock: L_contra, *, error: LockLost) -> None: ...
 
     def masters_failed(
-        self, lock: Lock, *, action: str, failures: Sequence[NodeFailure]
+        self, lock: L_contra, *, action: str, failures: Sequence[NodeFailure]
     ) -> None: ...
 
 
 class NullObserver:
-    """The default: nobody listens."""
+    """The default: nobody listens. (``lock: Any``: a subclass's methods may name the lock as
+    ``Lock``, as every observer's do.)"""
 
-    def acquired(self, lock: Lock, *, waited: float, attempts: int) -> None:
+    def acquired(self, lock: Any, *, waited: float, attempts: int) -> None:
         pass
 
-    def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None:
+    def not_acquired(self, lock: Any, *, waited: float, error: LockNotAcquired) -> None:
         pass
 
-    def released(self, lock: Lock, *, held: float) -> None:
+    def released(self, lock: Any, *, held: float) -> None:
         pass
 
-    def lost(self, lock: Lock, *, error: LockLost) -> None:
+    def lost(self, lock: Any, *, error: LockLost) -> None:
         pass
 
-    def masters_failed(self, lock: Lock, *, action: str, failures: Sequence[NodeFailure]) -> None:
+    def masters_failed(self, lock: Any, *, action: str, failures: Sequence[NodeFailure]) -> None:
         pass
 
 
-def notify(observer: Observer, event: str, lock: Lock, **details: object) -> None:
+def notify(observer: Observer[L], event: str, lock: L, **details: object) -> None:
     """Call ``observer.<event>(lock, **details)``; log, never raise, what it raises. An observer
     written before an event existed (``masters_failed``) simply does not hear it."""
     method = getattr(observer, event, None)
@@ -69,7 +82,7 @@ def notify(observer: Observer, event: str, lock: Lock, **details: object) -> Non
 # an observer without the method does not hear it, and what it raises is logged.
 
 
-def notify_acquired(observer: Observer, lock: Lock, waited: float, attempts: int) -> None:
+def notify_acquired(observer: Observer[L], lock: L, waited: float, attempts: int) -> None:
     """``notify(observer, "acquired", lock, waited=waited, attempts=attempts)``."""
     method = getattr(observer, "acquired", None)
     if method is None:
@@ -80,7 +93,7 @@ def notify_acquired(observer: Observer, lock: Lock, waited: float, attempts: int
         logger.exception("django_redlock observer failed on %s for %r", "acquired", lock.resource)
 
 
-def notify_released(observer: Observer, lock: Lock, held: float) -> None:
+def notify_released(observer: Observer[L], lock: L, held: float) -> None:
     """``notify(observer, "released", lock, held=held)``."""
     method = getattr(observer, "released", None)
     if method is None:

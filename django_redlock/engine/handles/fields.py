@@ -6,17 +6,44 @@ resources, for a caller that checked the rest once for many handles."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
+from ..algorithm.steps import Masters
 from ..base import protocol
 from ..leases.callers import Callers
 from . import options
 from .options import Options, WithOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..base.errors import LockLost
-    from ..kinds.lock import Lock
-    from ..redlock import Redlock
+    from ..base.events import Observer
+    from ..leases.reentry import Holders
+    from ..running.watchdog import Watchdog
+
+
+class Engine(Masters, Protocol):
+    """What a handle and its kinds need of the ``Redlock`` it locks over: the procedures' needs
+    (``Masters``), how its names become keys, its checks, the leases it holds, its watchdog and
+    its observer."""
+
+    key_prefix: str
+    lock_prefix: str
+    clustered: bool
+    holders: Holders
+
+    @property
+    def watchdog(self) -> Watchdog: ...
+    #: (``Observer[Lock]``, named above: a handle is told to it as ``self``.)
+    @property
+    def observer(self) -> Observer[Any]: ...
+
+    def spelled(self, resource: str) -> str: ...
+    def key(self, kind: str, resource: str, suffix: str = "") -> str: ...
+    def lock_key(self, resource: str) -> str: ...
+    def check_ttl(self, ttl: object) -> float: ...
+    def check_resources(self, resources: Sequence[str]) -> None: ...
 
 
 class Handle(WithOptions):
@@ -30,7 +57,7 @@ class Handle(WithOptions):
 
     def __init__(
         self,
-        redlock: Redlock,
+        redlock: Engine,
         *resources: str,
         ttl: float,
         wait: float,
@@ -39,7 +66,7 @@ class Handle(WithOptions):
         max_extensions: int | None = None,
         max_hold: float | None = None,
         reentrant: bool = False,
-        on_lost: Callable[[Lock, LockLost], None] | None = None,
+        on_lost: Callable[[Self, LockLost], None] | None = None,
         at_least: float | None = None,
         at_most: float | None = None,
     ) -> None:
@@ -67,7 +94,7 @@ class Handle(WithOptions):
     @classmethod
     def checked_apart(
         cls,
-        redlock: Redlock,
+        redlock: Engine,
         resources: tuple[str, ...],
         key_prefix: str,
         ttl: float,
@@ -106,7 +133,7 @@ class Handle(WithOptions):
 
     def _assemble(
         self,
-        redlock: Redlock,
+        redlock: Engine,
         resources: tuple[str, ...],
         keys: tuple[str, ...],
         ttl: float,

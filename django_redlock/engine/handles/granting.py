@@ -10,11 +10,11 @@ from ..leases.leases import Lease, LeaseCommands, Owner
 
 if TYPE_CHECKING:
     from ..algorithm.procedures import Won
-    from ..kinds.lock import Lock
+    from .fields import Handle
 
 
 def granted(
-    handle: Lock,
+    handle: Handle,
     owner: Owner,
     value: str,
     won: Won,

@@ -14,13 +14,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ..base import protocol
 
 if TYPE_CHECKING:
     from ..base.errors import LockLost
-    from ..kinds.lock import Lock
 
 
 @dataclass(slots=True, kw_only=True, eq=False)  # (eq=False: compared by identity, DEFAULTS)
@@ -32,7 +31,9 @@ class Options:
     max_extensions: int | None = None
     max_hold: float | None = None
     reentrant: bool = False
-    on_lost: Callable[[Lock, LockLost], None] | None = None
+    #: Called with the handle whose option it is (typed on the handle: ``WithOptions.on_lost``;
+    #: a record may be shared by handles of several kinds).
+    on_lost: Callable[[Any, LockLost], None] | None = None
     at_least: float | None = None
     at_most: float | None = None
 
@@ -120,6 +121,6 @@ class WithOptions:
     max_extensions: int | None = option("max_extensions")
     max_hold: float | None = option("max_hold")
     reentrant: bool = option("reentrant")
-    on_lost: Callable[[Lock, LockLost], None] | None = option("on_lost")
+    on_lost: Callable[[Self, LockLost], None] | None = option("on_lost")
     at_least: float | None = option("at_least")
     at_most: float | None = option("at_most")

@@ -13,7 +13,7 @@ from .lock import Lock
 if TYPE_CHECKING:
     from ..algorithm.steps import Procedure
     from ..base.errors import LockContended, LockNotAcquired
-    from ..redlock import Redlock
+    from ..handles.fields import Engine
 
 W = TypeVar("W", bound=Want)
 
@@ -28,7 +28,7 @@ class GroupLock(Lock):
     group: ClassVar[str]
     key_suffix: ClassVar[str]
 
-    def __init__(self, redlock: Redlock, *resources: str, option: str, **options: Any) -> None:
+    def __init__(self, redlock: Engine, *resources: str, option: str, **options: Any) -> None:
         """``option``: how the caller asked for it (``limit=3``, ``shared=True``), for errors."""
         if options.get("reentrant"):
             raise ValueError(

@@ -17,7 +17,7 @@ from .permit import PermitLock
 from .readers import ReaderLock, reader_keys
 
 if TYPE_CHECKING:
-    from ..redlock import Redlock
+    from ..handles.fields import Engine
 
 _READER = re.compile(r"(.+)@reader:[0-9a-f]{12}")
 
@@ -31,7 +31,7 @@ def reader_of(resource: str) -> str | None:
 
 
 def member_keys(
-    redlock: Redlock, name: str, limit: int | None
+    redlock: Engine, name: str, limit: int | None
 ) -> Procedure[tuple[list[str], list[str]]]:
     """The holders of the semaphore ``name`` with ``limit`` permits, or of the readers/writer
     lock ``name`` (``limit`` None): how each is shown (a permit as ``<name>#<slot>``, a reader
@@ -46,7 +46,7 @@ def member_keys(
 
 
 def release_command(
-    redlock: Redlock, resource: str, value: str | bytes, *, slot: int | None = None, limit: int = 0
+    redlock: Engine, resource: str, value: str | bytes, *, slot: int | None = None, limit: int = 0
 ) -> tuple[Command, Script]:
     """The compare-and-delete of exactly ``value`` under ``resource``, or under its permit
     ``slot`` if it is a semaphore (``limit``: its N, 0 if unknown), with the script of the mode

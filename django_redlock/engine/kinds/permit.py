@@ -18,7 +18,7 @@ from ..scripts.permits import check_limit, slot_of, slot_prefix
 from .group import GroupLock
 
 if TYPE_CHECKING:
-    from ..redlock import Redlock
+    from ..handles.fields import Engine
 
 
 class Usage:
@@ -59,7 +59,7 @@ class PermitLock(GroupLock):
     group = "a semaphore"
     key_suffix = "#permits"
 
-    def __init__(self, redlock: Redlock, *resources: str, limit: int, **options: Any) -> None:
+    def __init__(self, redlock: Engine, *resources: str, limit: int, **options: Any) -> None:
         limit = check_limit(limit)
         super().__init__(redlock, *resources, option=f"limit={limit}", **options)
         self.limit = limit

@@ -37,7 +37,7 @@ from ..waiting.waiter import Waiter
 from .group import GroupLock
 
 if TYPE_CHECKING:
-    from ..redlock import Redlock
+    from ..handles.fields import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ class ReaderKeys:
 _ATTEMPTS = itertools.count()
 
 
-def reader_keys(redlock: Redlock, name: str, reader_key: str) -> ReaderKeys:
+def reader_keys(redlock: Engine, name: str, reader_key: str) -> ReaderKeys:
     """The keys of the reader ``reader_key`` of the readers/writer lock ``name``."""
     return ReaderKeys(
         reader=reader_key,
@@ -206,7 +206,7 @@ class ReaderLock(GroupLock):
     group = "a readers/writer lock"
     key_suffix = "@readers"
 
-    def __init__(self, redlock: Redlock, *resources: str, **options: Any) -> None:
+    def __init__(self, redlock: Engine, *resources: str, **options: Any) -> None:
         super().__init__(redlock, *resources, option="shared=True", **options)
 
     def __repr__(self) -> str:

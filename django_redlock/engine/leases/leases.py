@@ -13,10 +13,10 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar, overload
 
 from ..base import protocol, values
 from ..base.errors import LockLost, NodeFailure
@@ -25,7 +25,6 @@ from .callbacks import DISPATCHER
 
 if TYPE_CHECKING:
     from ..algorithm.steps import Round
-    from ..kinds.lock import Lock
 
 T = TypeVar("T")
 
@@ -44,6 +43,22 @@ def current_owner() -> Owner:
         if task is not None:
             return task
     return threading.current_thread()
+
+
+class LeaseHandle(Protocol):
+    """What a lease needs of the handle that acquired it (a ``kinds.lock.Lock``): whom to tell
+    of its loss, and the handle's own ``at_least`` (``handles.bounds``)."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def at_least(self) -> float | None: ...
+    @property
+    def on_lost(self) -> Callable[[Self, LockLost], None] | None: ...
+    #: Its ``Redlock``, typed where it is known (``handles.fields.Engine``): the lease tells its
+    #: ``observer``, the watchdog renews the lease through it.
+    @property
+    def _redlock(self) -> Any: ...
 
 
 class Watcher(Protocol):
@@ -206,7 +221,7 @@ class Lease:
         valid_until: float,
         owner: Owner,
         pid: int,
-        handle: Lock,
+        handle: LeaseHandle,
         queued_as: str = "",
         max_extensions: int | None = None,
         max_hold: float | None = None,
@@ -226,7 +241,7 @@ class Lease:
         self.pid = pid
         #: The handle that acquired it, for events. Weak: a lease lives exactly as long as a
         #: handle holds it, so dropping an unreleased lock also stops its auto-extension at once.
-        self.handle: weakref.ref[Lock] = weakref.ref(handle)
+        self.handle: weakref.ref[LeaseHandle] = weakref.ref(handle)
         self.depth = 1
         self.released = False
         self.lost = False
@@ -348,7 +363,7 @@ class Lease:
             DISPATCHER.call(self._tell_lost, handle, error)
         return error
 
-    def _tell_lost(self, handle: Lock, error: LockLost) -> None:
+    def _tell_lost(self, handle: LeaseHandle, error: LockLost) -> None:
         notify(handle._redlock.observer, "lost", handle, error=error)
         on_lost = handle.on_lost
         if on_lost is not None:

@@ -13,14 +13,25 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..base import process
 from ..base.errors import LockContended
 from .leases import Lease, Owner, describe
 
-if TYPE_CHECKING:
-    from ..kinds.lock import Lock
+
+class Entering(Protocol):
+    """What re-entry reads of the handle an owner acquires through (a ``kinds.lock.Lock``)."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def resources(self) -> tuple[str, ...]: ...
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+    @property
+    def reentrant(self) -> bool: ...
+
 
 #: Guards the tables' writes (a lease added, removed, the dead swept): a sweep must not delete a
 #: key that another thread has just given to a new lease. Reads take no lock. One for all
@@ -164,7 +175,7 @@ def _live(held: Held) -> tuple[weakref.ref[Lease], ...]:
     return tuple(r for r in _refs(held) if (lease := r()) is not None and not lease.released)
 
 
-def reentered(lock: Lock, owner: Owner, mine: Lease | None, holders: Holders) -> Lease | None:
+def reentered(lock: Entering, owner: Owner, mine: Lease | None, holders: Holders) -> Lease | None:
     """The lease ``owner`` re-entered (one level deeper) to take ``lock``: ``mine`` (its lease
     through that very handle) or one it holds every resource of ``lock`` under; None if it holds
     none of them (or what it held ran out): acquire for real. ``LockContended`` at once if it
@@ -197,7 +208,7 @@ def reentered(lock: Lock, owner: Owner, mine: Lease | None, holders: Holders) ->
     return outer
 
 
-def covering(lock: Lock, leases: list[Lease | None]) -> Lease | None:
+def covering(lock: Entering, leases: list[Lease | None]) -> Lease | None:
     """The one lease among ``leases`` (the owner's, per key of ``lock``) that covers them all;
     None if there is none that still lives; ``LockContended`` if it holds only some of them."""
     first = leases[0]
