@@ -73,6 +73,13 @@ class Requests:
         the same write where the member's replicas must acknowledge it (``acks``), in the form
         ``for_node`` picks (a cold burst used to send a script's source with every request
         until a first answer came)."""
+        if node.scripting.unsure:  # (a new connection's first requests: see ``scripting``)
+            return node.scripting.send(
+                pipe, self.command, lambda: self._send(node, pipe, now, preamble)
+            )
+        return self._send(node, pipe, now, preamble)
+
+    def _send(self, node: Node, pipe: Pipe, now: float, preamble: bytes) -> Slot | None:
         request = self.for_node(node, pipe)
         if node.acks is not None and acks.wanted(self.command, self.script):
             slot = node.acks.send(pipe, request, now, preamble)
