@@ -222,8 +222,9 @@ def test_a_member_without_lua_abstains_from_its_first_connection(
 
     try:
         with caplog.at_level(logging.WARNING, logger="django_redlock"):
-            run(1)  # its first connection: the probe's answer comes before the grant's
-            assert wait_until(lambda: _key_counts(masters) == [0, 0, 0], 5.0)
+            # Its first connection: a grant sent there before the probe's answer came is undone
+            # when that answer is read (a round that returned at quorum leaves it to the next).
+            assert wait_until(lambda: run(1) or _key_counts(masters) == [0, 0, 0], 5.0)
             sets = masters[0].commands_run("set")
             seen.told.clear()
             held.clear()
@@ -256,7 +257,7 @@ def test_a_member_whose_lua_comes_back_votes_again(lua_masters, monkeypatch, cap
     try:
         with caplog.at_level(logging.WARNING, logger="django_redlock"):
             assert not first_holds()
-            assert wait_until(lambda: _key_counts(masters) == [0, 0, 0], 5.0)
+            assert wait_until(lambda: first_holds() or _key_counts(masters) == [0, 0, 0], 5.0)
             assert not first_holds()  # abstains
             masters[0].restart()
             assert wait_until(first_holds, 10.0, step=0.1)

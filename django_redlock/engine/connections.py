@@ -112,8 +112,7 @@ class Node:
         #: Routed, watched or acknowledged: a round looks into each of those (else it writes its
         #: request straight away: ``rounds.exchange``).
         self.unusual = self.routed or self.watch is not None or self.acks is not None
-        #: Whether it can run our Lua scripts, as its new connections find out (``scripting``):
-        #: one that cannot abstains (it makes the node ``unusual`` while not sure).
+        #: Whether it can run our Lua scripts (``scripting``; ``unusual`` while not sure).
         self.scripting = Scripting(self)
         self._forget()
         _ALL_NODES.add(self)

@@ -143,14 +143,11 @@ def exchange(
             watched = watched or node.watch is not None
             pipe = node.pipe if pipe_of is None else pipe_of(node)
             if node.scripting.unsure:  # (see ``scripting``)
-                lacking = node.scripting.out(began)
+                lacking, pipe = scripting.look(node, pipe, began)
                 if lacking is not None:
                     replies[i] = lacking  # (told nothing: it would grant what it cannot undo)
                     continue
                 watched = True
-                if node.scripting.missing and pipe is not None:  # asked again: a new connection
-                    pipe.close()
-                    pipe = None
         else:
             pipe = node.pipe if pipe_of is None else pipe_of(node)
             if (

@@ -13,8 +13,9 @@ and undone once the probe says the master lacks scripting (``DELIFEQ``, Valkey's
 delete that needs no script: a server without it keeps the key until its TTL); no vote read on
 that connection counts before the probe's (a master answers in order, so it is read first). A
 member that lost scripting while connected is found by its scripts' error replies (a release,
-an extension): marked so, it grants nothing more. Every ``RECHECK`` seconds one round asks it
-again, on a new connection: a master restarted with its scripting engine votes again.
+an extension): the grants it gave until then stay until their TTL, and from then on it is told
+nothing. Every ``RECHECK`` seconds one round asks it again with the probe alone, on a new
+connection: a master restarted with its scripting engine votes again from the next round on.
 """
 
 from __future__ import annotations
@@ -164,13 +165,14 @@ class Scripting:
     def send(
         self, pipe: Pipe, command: tuple[Any, ...], write: Callable[[], Slot | None]
     ) -> Slot | None:
-        """``write()`` (a round's request on ``pipe``) unless ``pipe`` reaches a server known to
-        lack scripting (then None: not sent); a plain grant sent before ``pipe``'s probe answered
-        is noted, to be undone if it says the server lacks scripting."""
+        """``write()`` (a round's request on ``pipe``) unless the member is known to lack
+        scripting (then None: not sent, even on the new connection that asks it again); a plain
+        grant sent before ``pipe``'s probe answered is noted, to be undone if it says the server
+        lacks scripting."""
         with self._guard:  # (the probe's answer cannot come between the write and the note)
-            grants = self._grants.get(pipe)
-            if grants is None and self.missing:
+            if self.missing:  # (asked again: the probe alone, on a new connection)
                 return None
+            grants = self._grants.get(pipe)
             slot = write()
             if grants is not None and slot is not None and command[0] == "SET":
                 grants.append((command[1], command[2]))
@@ -192,6 +194,19 @@ class Member(Protocol):
 
     label: str
     scripting: Scripting
+
+
+def look(node: Member, pipe: Pipe | None, now: float) -> tuple[NodeFailure | None, Pipe | None]:
+    """What a round at ``now`` does with a member unsure of its scripting, whose pipe is
+    ``pipe``: the failed vote that stands for its own (it is told nothing), or None and the pipe
+    to ask it on (None: a new connection, when this round asks it again)."""
+    if pipe is not None and pipe.pending:
+        pipe.try_pump()  # (a probe's answer, which no round may be waiting for)
+    lacking = node.scripting.out(now)
+    if lacking is None and node.scripting.missing and pipe is not None:
+        pipe.close()  # (asked again: the probe goes on a new connection)
+        pipe = None
+    return lacking, pipe
 
 
 def abstain(nodes: Sequence[Member], replies: list[Any]) -> None:
