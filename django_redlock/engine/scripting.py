@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import hiredis
+import redis
 
 from .errors import NodeFailure, lacks_scripting
 from .events import logger
@@ -80,20 +81,25 @@ class Scripting:
     # --- a new connection --------------------------------------------------------------------
 
     def probe(self, pipe: Pipe) -> Pipe:
-        """Write the probe on ``pipe`` (new, not shared yet), before any round's request."""
-        now = time.monotonic()
-        slot = stamped(now)
+        """Write the probe on ``pipe`` (new, not shared yet, nothing written through it), before
+        any round's request: on its socket, as ``incarnations`` writes ``INFO``, so that the
+        round's request is still the first of its loop tick (written at once)."""
+        slot = stamped(time.monotonic())
         slot.abandoned = True  # (no round waits for it: its reply goes to ``on_late``)
         slot.on_late = lambda reply: self._answered(pipe, reply)
+        sock = pipe._sock  # noqa: SLF001 (as ``incarnations``: no public handle on it)
+        try:
+            if sock.send(PROBE) != len(PROBE):  # (an empty send buffer takes it whole)
+                raise redis.ConnectionError("the new connection would not take the probe at once")
+        except (redis.RedisError, OSError) as exc:
+            pipe.close(exc)
+            raise
         with self._guard:
             for closed in [p for p in self._grants if p.closed]:  # (broke before answering)
                 del self._grants[closed]
             self._grants[pipe] = []
             self._refresh()
-        if pipe.send(PROBE, now, (slot,)) is None:  # (broke at once: no request goes on it)
-            with self._guard:
-                self._grants.pop(pipe, None)
-                self._refresh()
+        pipe.pending.append(slot)  # (after the INFO of ``incarnations``, if any: in order)
         return pipe
 
     def _answered(self, pipe: Pipe, reply: object) -> None:
