@@ -242,6 +242,34 @@ def test_a_member_without_lua_abstains_from_its_first_connection(
         engine.close()
 
 
+def test_the_error_and_the_log_name_a_member_without_its_password(lua_masters, caplog):
+    """The member is named as its label is (password masked), in the error and in the log."""
+    masters = lua_masters
+    masters[0].call("MODULE", "UNLOAD", "lua")
+    masters[0].call("CONFIG", "SET", "requirepass", "s3cret-pw")
+    url = f"redis://:s3cret-pw@127.0.0.1:{masters[0].port}/0"
+    engine = Redlock([url, masters[1].url], node_timeout=0.25)  # (two: it is needed)
+    try:
+        with caplog.at_level(logging.WARNING, logger="django_redlock"):
+            with pytest.raises(QuorumUnavailable) as told:
+                engine.lock("v:masked", ttl=5).acquire()
+        label = engine.nodes[0].label
+        assert "s3cret" not in label
+        assert "***" in label
+        _names_each_once(str(told.value), [label])
+        logged = [r.getMessage() for r in caplog.records if LACKS in r.getMessage()]
+        assert len(logged) == 1
+        assert label in logged[0]
+        assert "s3cret" not in str(told.value) + logged[0]
+        member = masters[0].client(password="s3cret-pw")
+        try:
+            assert wait_until(lambda: member.dbsize() == 0, 5.0)  # its grant undone
+        finally:
+            member.close()
+    finally:
+        engine.close()
+
+
 def test_a_member_whose_lua_comes_back_votes_again(lua_masters, monkeypatch, caplog):
     """Asked again every RECHECK seconds on a new connection: restarted with its Lua engine
     (an unloaded module stays unloaded until then), the member votes again, and says so."""
