@@ -134,8 +134,7 @@ def exchange(
     needed = quorum(len(nodes))
     may_leave_out = len(nodes) - needed
     unconnected: list[int] | None = None  # (made by the first: a connect's, seldom)
-    # A member under quarantine's watch (MAX_TTL), or unsure of its scripting: see ``abstain``.
-    watched = False
+    watched = False  # a member under quarantine's watch (MAX_TTL), or unsure of its scripting
     for i, node in enumerate(nodes):
         if node.unusual:  # (routed, watched, acknowledged, or unsure of its scripting: seldom)
             if node.routed:
