@@ -38,15 +38,14 @@ def error_detail(exc: BaseException) -> str:
 
 def lacks_scripting(reply: object) -> str | None:
     """The server's words if ``reply`` (an error reply) says it cannot run Lua scripts: its
-    scripting engine is gone (Valkey: "Could not find scripting engine 'lua'"), or the command
-    is (renamed away, or a server without it); else None (an answer, or another error)."""
+    scripting engine is gone (Valkey: "Could not find scripting engine 'lua'"), or ``EVAL`` or
+    ``EVALSHA`` is (renamed away); else None (an answer, or another error: ``SCRIPT`` renamed
+    away alone, say, which our scripts do not need)."""
     if not isinstance(reply, Exception):
         return None
     text = str(reply)
     lowered = text.lower()
-    if "scripting engine" in lowered or any(
-        f"unknown command '{name}" in lowered for name in ("eval", "script")
-    ):
+    if "scripting engine" in lowered or "unknown command 'eval" in lowered:
         return text
     return None
 
