@@ -15,7 +15,8 @@ that connection counts before the probe's (a master answers in order, so it is r
 member that lost scripting while connected is found by its scripts' error replies (a release,
 an extension): the grants it gave until then stay until their TTL, and from then on it is told
 nothing. Every ``RECHECK`` seconds one round asks it again with the probe alone, on a new
-connection: a master restarted with its scripting engine votes again from the next round on.
+connection (``EVAL`` itself, then): a master restarted with its scripting engine votes again
+from the next round on.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from .slots import Slot, stamped
 #: The probe written on each new connection: it fails exactly where our scripts would, and is no
 #: ``EVAL`` (which counts as one in a master's ``INFO commandstats``).
 PROBE = hiredis.pack_command(("SCRIPT", "LOAD", "return 1"))  # type: ignore[arg-type]
+
+#: The probe of a member found without scripting, asked again: ``EVAL`` itself, which a server
+#: with ``EVAL`` renamed away (found by a script's reply: ``SCRIPT LOAD`` works there) refuses.
+RECHECK_PROBE = hiredis.pack_command(("EVAL", "return 1", 0))  # type: ignore[arg-type]
 
 #: How long a member found without scripting abstains before a round asks it again.
 RECHECK = 5.0
@@ -88,8 +93,9 @@ class Scripting:
         slot.abandoned = True  # (no round waits for it: its reply goes to ``on_late``)
         slot.on_late = lambda reply: self._answered(pipe, reply)
         sock = pipe._sock  # noqa: SLF001 (as ``incarnations``: no public handle on it)
+        probe = RECHECK_PROBE if self.missing else PROBE
         try:
-            if sock.send(PROBE) != len(PROBE):  # (an empty send buffer takes it whole)
+            if sock.send(probe) != len(probe):  # (an empty send buffer takes it whole)
                 raise redis.ConnectionError("the new connection would not take the probe at once")
         except (redis.RedisError, OSError) as exc:
             pipe.close(exc)
