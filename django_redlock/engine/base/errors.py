@@ -28,12 +28,26 @@ def error_detail(exc: BaseException) -> str:
     whose ``lua`` module was unloaded, a server without ``EVAL``) what that means: every lock
     command but the grant is a script."""
     text = f"{type(exc).__name__}: {exc}"
-    if "scripting engine" in str(exc) or "unknown command 'eval" in str(exc).lower():
+    if lacks_scripting(exc) is not None:
         text += (
             "; this master cannot run Lua scripts, so it can neither release nor extend a lock: "
             "load its scripting engine (Valkey: the lua module) or list another master"
         )
     return text
+
+
+def lacks_scripting(reply: object) -> str | None:
+    """The server's words if ``reply`` (an error reply) says it cannot run Lua scripts: its
+    scripting engine is gone (Valkey: "Could not find scripting engine 'lua'"), or ``EVAL`` or
+    ``EVALSHA`` is (renamed away); else None (an answer, or another error: ``SCRIPT`` renamed
+    away alone, say, which our scripts do not need)."""
+    if not isinstance(reply, Exception):
+        return None
+    text = str(reply)
+    lowered = text.lower()
+    if "scripting engine" in lowered or "unknown command 'eval" in lowered:
+        return text
+    return None
 
 
 #: The reason of a reply the round did not wait for (``unawaited.unawaited``): no failure of its

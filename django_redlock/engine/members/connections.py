@@ -29,6 +29,7 @@ from .dialing import Connected
 from .incarnations import Incarnation
 from .pipes import Flusher, Pipe
 from .quarantine import Watch, read_identity
+from .scripting import Scripting
 from .urls import check_url, cluster_identity, mask_url, sentinel_identity
 
 #: How much longer than its budget a thread waits for a connect another thread is making.
@@ -112,6 +113,8 @@ class Node:
         #: Routed, watched or acknowledged: a round looks into each of those (else it writes its
         #: request straight away: ``rounds.exchange``).
         self.unusual = self.routed or self.watch is not None or self.acks is not None
+        #: Whether it can run our Lua scripts (``scripting``; ``unusual`` while not sure).
+        self.scripting = Scripting(self)
         self._forget()
         _ALL_NODES.add(self)
 
@@ -126,6 +129,7 @@ class Node:
         self._loop_pipes: dict[asyncio.AbstractEventLoop, Pipe] = {}
         self._loop_connecting: dict[asyncio.AbstractEventLoop, _Attempt] = {}
         self._last: Pipe | None = None  # the last loop pipe used: the usual one, found at once
+        self.scripting.forget()  # (a forked child's: its probes were the parent's)
 
     def __repr__(self) -> str:
         return f"<Node {self.label}>"
@@ -159,7 +163,9 @@ class Node:
                 return TimeoutError("no connection within the node budget")
             return connecting.result
         try:
-            result: Pipe | Exception = self.server.piped(self._open(budget), Pipe)
+            result: Pipe | Exception = self.scripting.probe(
+                self.server.piped(self._open(budget), Pipe)
+            )
         except (redis.RedisError, OSError) as exc:
             result = exc
         with self._guard:
@@ -231,7 +237,8 @@ class Node:
                 raise redis.ConnectionError("the event loop closed while connecting")
             if made.cancelled():  # (a connect on a loop that is shutting down)
                 raise redis.ConnectionError("the connect was cancelled")
-            pipe = self.server.piped(made.result(), lambda c: Pipe(c, loop, _flusher_of(loop)))
+            made_pipe = self.server.piped(made.result(), lambda c: Pipe(c, loop, _flusher_of(loop)))
+            pipe = self.scripting.probe(made_pipe)
         except (redis.RedisError, OSError) as exc:
             connecting.pipe.set_exception(exc)
             connecting.pipe.exception()  # retrieved: a round that gave up waiting must not warn

@@ -68,11 +68,18 @@ class Requests:
         if self.warm_sha is not None:
             node.warm.add(self.warm_sha)
 
-    def send(self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"") -> Slot | None:
+    def send(
+        self, node: Node, pipe: Pipe, now: float, preamble: bytes = b"", *, probed: bool = False
+    ) -> Slot | None:
         """Write the request on ``node``'s ``pipe`` (see ``Pipe.send``); followed by ``WAIT`` in
         the same write where the member's replicas must acknowledge it (``acks``), in the form
         ``for_node`` picks (a cold burst used to send a script's source with every request
-        until a first answer came)."""
+        until a first answer came). A member unsure of its scripting (``scripting``: a new
+        connection's first requests) is written to through its ``Scripting.send``."""
+        if node.scripting.unsure and not probed:
+            return node.scripting.send(
+                pipe, self.command, lambda: self.send(node, pipe, now, preamble, probed=True)
+            )
         request = self.for_node(node, pipe)
         if node.acks is not None and acks.wanted(self.command, self.script):
             slot = node.acks.send(pipe, request, now, preamble)

@@ -16,7 +16,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ReadOnlyError,
 from ..base.errors import NodeFailure, error_detail
 from ..base.protocol import quorum
 from ..scripts.plain import Script
-from . import detours
+from . import detours, scripting
 from .connections import Node
 from .packing import Command, Requests, pack
 from .pipes import Pipe
@@ -134,13 +134,19 @@ def exchange(
     needed = quorum(len(nodes))
     may_leave_out = len(nodes) - needed
     unconnected: list[int] | None = None  # (made by the first: a connect's, seldom)
-    watched = False  # a member under quarantine's watch (MAX_TTL): see ``abstain``
+    watched = False  # a member under quarantine's watch (MAX_TTL), or unsure of its scripting
     for i, node in enumerate(nodes):
-        if node.unusual:  # (routed, watched or acknowledged: seldom)
+        if node.unusual:  # (routed, watched, acknowledged, or unsure of its scripting: seldom)
             if node.routed:
                 node = nodes[i] = node.route(command)
             watched = watched or node.watch is not None
             pipe = node.pipe if pipe_of is None else pipe_of(node)
+            if node.scripting.unsure:  # (see ``scripting``)
+                lacking, pipe = scripting.look(node, pipe, began)
+                if lacking is not None:
+                    replies[i] = lacking  # (told nothing: it would grant what it cannot undo)
+                    continue
+                watched = True
         else:
             pipe = node.pipe if pipe_of is None else pipe_of(node)
             if (
@@ -190,6 +196,7 @@ def exchange(
         assert requests is not None  # noqa: S101 (made by the loop above, for an unconnected)
         node = nodes[i]
         made = yield from _connect(node, budget)
+        watched = watched or node.scripting.unsure  # (a new connection's probe: see ``abstain``)
         if not isinstance(made, Pipe):
             replies[i] = made
         elif (slot := requests.send(node, made, time.monotonic())) is not None:
@@ -230,6 +237,7 @@ def exchange(
                 pipe, slot = each
                 requests = requests or Requests(command, script, packed)
                 reply = yield from _vote(nodes, i, pipe, slot, requests, began, budget)
+                watched = watched or nodes[i].scripting.unsure  # (asked again: a new connection)
                 if _ask_again(pipe, slot, began):
                     if asked_again is None:
                         asked_again = set()
@@ -240,7 +248,7 @@ def exchange(
             replies[i] = reply
             # (Grants counted until decided, an abstaining member's never: see ``abstain``.)
             if enough is not None and needed > 0 and enough(reply):
-                if not (watched and abstains(nodes[i])):
+                if not (watched and (abstains(nodes[i]) or nodes[i].scripting.missing)):
                     needed -= 1
         where, sent = later_where, later
         if enough is not None and needed <= 0 and sent:
@@ -260,6 +268,7 @@ def exchange(
         replies.asked_again = frozenset(asked_again)
     if watched:
         abstain(nodes, replies)
+        scripting.abstain(nodes, replies)
     ordered = threads and written
     replies.began = written[0][1].sent_at if ordered else _first_sent(written, began)
     return replies
@@ -334,6 +343,7 @@ def _vote(
         # An error reply. Every one counts as a failed vote, whatever its class: redis-py maps
         # LOADING, NOAUTH, "max number of clients" to classes that are not ResponseErrors, and
         # none of them is a grant. After a ConnectionError one (closing on us) the pipe goes.
+        node.scripting.refused(reply)  # (one that says it lacks scripting: it abstains now)
         if isinstance(reply, redis.ConnectionError | ReadOnlyError):
             # (READONLY: the member was demoted to a replica. A new connection is where its
             # new identity is read, and a Sentinel member finds its new primary.)
