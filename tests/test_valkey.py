@@ -13,10 +13,10 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django_redlock.engine.events import NullObserver
 
 from django_redlock import conf
 from django_redlock.engine import LockContended, QuorumUnavailable, Redlock
+from django_redlock.engine.base.events import NullObserver
 from django_redlock.engine.members import scripting
 from django_redlock.testing.masters import find_valkey_server, local_masters, server_version
 
