@@ -57,8 +57,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, NamedTuple
 
-from .engine import LockContended, LockNotAcquired, NodeFailure
-from .engine.kinds.permit import USAGE
+from ..engine import LockContended, LockNotAcquired, NodeFailure
+from ..engine.kinds.permit import USAGE
 
 # Lock waits range from one round trip (sub-millisecond on a LAN) to a configured wait of seconds.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -60,14 +60,14 @@ from celery.signals import task_revoked
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.utils.uuid import uuid
 
-from . import metrics
-from .engine import LockContended, LockLost, QuorumUnavailable
-from .engine.base import protocol
-from .engine.base.values import UnreadableValue, parse_value
-from .engine.locking import resources_of
-from .engine.running.drivers import fan_out
-from .keys import bounded_resource
-from .locks import DjangoLock, layer
+from ..engine import LockContended, LockLost, QuorumUnavailable
+from ..engine.base import protocol
+from ..engine.base.values import UnreadableValue, parse_value
+from ..engine.locking import resources_of
+from ..engine.running.drivers import fan_out
+from ..keys import bounded_resource
+from ..locks import DjangoLock, layer
+from . import prometheus
 
 __all__ = ["AlreadyQueued", "RedlockTask"]
 
@@ -213,7 +213,7 @@ class RedlockTask(Task):  # type: ignore[misc]
     ) -> AsyncResult:
         if not self.lock_unique:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        from .conf import get_redlock
+        from ..conf import get_redlock
 
         key = self.lock_resource(args, kwargs)
         queued = self.queued_resource(key)
@@ -282,7 +282,7 @@ class RedlockTask(Task):  # type: ignore[misc]
     # --- run -------------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .conf import get_redlock
+        from ..conf import get_redlock
 
         engine = get_redlock()
         key = self.lock_resource(args, kwargs)
@@ -290,14 +290,14 @@ class RedlockTask(Task):  # type: ignore[misc]
         try:
             lock = self._take_run_lock(engine, key, task_id)
         except LockContended:
-            metrics.job(self.name, "skipped")
+            prometheus.job(self.name, "skipped")
             if self.lock_busy == "retry":
                 raise self.retry(countdown=self.lock_retry_countdown) from None
             _clear_marker(engine, self.queued_resource(key), task_id)
             logger.info("task %s [%s] skipped: key %r is busy", self.name, task_id, key)
             return None
         except _SameTaskRan as same:
-            metrics.job(self.name, "skipped")
+            prometheus.job(self.name, "skipped")
             _clear_marker(engine, self.queued_resource(key), task_id)
             logger.warning(
                 "task %s [%s]: key %r: a run of this very task id %s (its message was delivered "
@@ -309,7 +309,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             )
             raise Ignore() from None  # no state of ours: not a success, not a failure
         except QuorumUnavailable:
-            metrics.job(self.name, "unavailable")
+            prometheus.job(self.name, "unavailable")
             raise
         began = time.monotonic()
         outcome = "ran"
@@ -335,7 +335,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             outcome = "lost"
             raise
         finally:
-            metrics.job(self.name, outcome, time.monotonic() - began)
+            prometheus.job(self.name, outcome, time.monotonic() - began)
 
     def _take_run_lock(self, engine: Any, key: str, task_id: str) -> Any:
         """The run lock of ``key``, acquired; ``LockContended`` when another holds it (after
@@ -518,7 +518,7 @@ def _free_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     another task is never touched). A failure here is logged: the marker lapses by itself."""
     if not isinstance(sender, RedlockTask) or not sender.lock_unique or request is None:
         return
-    from .conf import get_redlock
+    from ..conf import get_redlock
 
     try:
         key = sender.lock_resource(request.args, request.kwargs)
