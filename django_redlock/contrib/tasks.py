@@ -16,7 +16,7 @@
 
 ``@unique_task`` goes above ``@task`` and makes its ``Task`` a ``UniqueTask``: the same task (its
 backend, queue, priority, ``using()``), whose ``enqueue`` and ``call`` take the locks. The options
-are ``RedlockTask``'s (``django_redlock.celery``), checked at decoration:
+are ``RedlockTask``'s (``django_redlock.contrib.celery``), checked at decoration:
 
 - **At run time** the task runs holding the lock ``lock_key`` (formatted from its arguments),
   renewed while it runs: a worker killed with ``kill -9`` frees the key within ``lock_ttl``. When
