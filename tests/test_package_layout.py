@@ -6,7 +6,15 @@ Nodes are the package's top-level modules and subpackages; the engine is one nod
 test_engine_layout's), and so is ``management``; each module of the two groups, ``contrib`` and
 ``operations``, is a node of its own (``contrib.celery``). The package's ``__init__`` is left
 out: it is the façade that imports the Django surfaces lazily, on purpose (``from django_redlock
-import lock_view``), and modules reach ``redlock()`` through it."""
+import lock_view``), and modules reach ``redlock()`` through it.
+
+The grouping is checked too (``grouping_problems``): the engine imports nothing of the Django
+layer; ``operations/`` reads the masters through the engine only; of ``contrib/``, the package
+imports only the adapters every lock calls (``otel``, ``prometheus``), which import only the
+engine, so the lock's path never imports Celery's or django-health-check's code; nothing on the
+lock's path (``locks``, ``apps``: every process imports them) imports an operation; and the
+first paths kept for moved modules (``celery``, ``metrics``) are imported by nothing in the
+package."""
 
 from __future__ import annotations
 
@@ -14,9 +22,17 @@ import ast
 import graphlib
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redlock"
 #: Folders that group modules by the question they answer: each module in them is a node.
 GROUPS = ("contrib", "operations")
+#: The integrations that every lock calls (each a no-op without its library).
+ADAPTERS = {"contrib.otel", "contrib.prometheus", "contrib.histograms"}
+#: The documented first paths of modules that moved, kept as re-exports: node -> its new node.
+FIRST_PATHS = {"celery": "contrib.celery", "metrics": "contrib.prometheus"}
+#: What every process imports: ``redlock()``'s lock, and the app's ``ready()``.
+LOCK_PATH = ("locks", "apps")
 
 
 def node_of(parts: list[str] | tuple[str, ...]) -> str:
@@ -55,6 +71,7 @@ def imported_nodes(path: Path) -> set[str]:
             # ``from . import redlock``: a name of the façade, not a module.
             if parts and _exists(parts[:1]):
                 found.add(node_of(parts))
+                found.add(parts[0])  # a group's module runs its group's ``__init__`` first
     return found
 
 
@@ -84,3 +101,69 @@ def test_the_layout_check_catches_a_circle() -> None:
     except graphlib.CycleError:
         return
     raise AssertionError("a circle went unnoticed")
+
+
+def reached_from(graph: dict[str, set[str]], starts: tuple[str, ...]) -> set[str]:
+    """The nodes that importing ``starts`` imports, ``starts`` included."""
+    reached, todo = set(starts), list(starts)
+    while todo:
+        for target in graph[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    return reached
+
+
+def grouping_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Each edge that breaks a rule of the grouping, as ``"a -> b: the rule"``."""
+    on_lock_path = reached_from(graph, LOCK_PATH)
+    problems = []
+    for node, targets in sorted(graph.items()):
+        group = node.split(".")[0]
+        for target in sorted(targets):
+            edge = f"{node} -> {target}"
+            if node == "engine":
+                problems.append(f"{edge}: the engine imports nothing of the Django layer")
+            if node in GROUPS:
+                problems.append(f"{edge}: a group's __init__ imports nothing (each module runs it)")
+            if group == "operations" and target.split(".")[0] not in ("engine", "operations"):
+                problems.append(f"{edge}: operations reach the masters through the engine only")
+            if node in ADAPTERS and target not in {"engine", "contrib"} | ADAPTERS:
+                problems.append(f"{edge}: an adapter every lock calls imports only the engine")
+            if (
+                target.startswith("contrib.")
+                and target not in ADAPTERS
+                and group != "contrib"
+                and FIRST_PATHS.get(node) != target
+            ):
+                problems.append(f"{edge}: an integration is imported by the project that uses it")
+            if target in FIRST_PATHS:
+                problems.append(f"{edge}: a first path is for projects; the package uses the new")
+            if node in on_lock_path and target.startswith("operations."):
+                problems.append(f"{edge}: on the lock's path, which needs no operator's tool")
+    return problems
+
+
+def test_the_django_layer_is_grouped_by_the_question_it_answers() -> None:
+    graph = import_graph()
+    assert ADAPTERS | set(FIRST_PATHS) | set(FIRST_PATHS.values()) <= set(graph)
+    assert {"contrib.otel", "contrib.prometheus", "conf"} <= reached_from(graph, LOCK_PATH)
+    assert grouping_problems(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("node", "target"),
+    [
+        ("engine", "conf"),  # the engine would need Django
+        ("contrib", "contrib.celery"),  # every integration would import Celery
+        ("operations.inventory", "conf"),  # an operation reading the setting itself
+        ("contrib.otel", "locks"),  # an adapter reaching up (a circle, too)
+        ("views", "contrib.celery"),  # the admin page would need Celery installed
+        ("decorators", "celery"),  # the package using a first path
+        ("observer", "operations.health"),  # every lock's process importing an operator's tool
+    ],
+)
+def test_the_grouping_check_catches_a_wrong_edge(node: str, target: str) -> None:
+    graph = import_graph()
+    assert not [p for p in grouping_problems(graph) if p.startswith(f"{node} -> {target}:")]
+    graph[node] = graph[node] | {target}
+    assert [p for p in grouping_problems(graph) if p.startswith(f"{node} -> {target}:")]
