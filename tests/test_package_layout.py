@@ -12,9 +12,10 @@ The grouping is checked too (``grouping_problems``): the engine imports nothing 
 layer; ``operations/`` reads the masters through the engine only; of ``contrib/``, the package
 imports only the adapters every lock calls (``otel``, ``prometheus``), which import only the
 engine, so the lock's path never imports Celery's or django-health-check's code; nothing on the
-lock's path (``locks``, ``apps``: every process imports them) imports an operation; and the
-first paths kept for moved modules (``celery``, ``metrics``) are imported by nothing in the
-package."""
+lock's path (``locks``, ``apps``: every process imports them) imports an operation (a project
+with the admin installed imports them at setup all the same: admin -> views); a group's
+``__init__`` imports nothing (each of its modules runs it); and the first paths kept for moved
+modules (``celery``, ``metrics``) are imported by nothing in the package."""
 
 from __future__ import annotations
 
