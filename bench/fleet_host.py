@@ -59,7 +59,7 @@ def enqueue(kind: str, calls: int, go: str) -> None:
     from celery_once import AlreadyQueued
 
     from bench import fleet_tasks
-    from django_redlock.celery import AlreadyQueued as OursAlreadyQueued
+    from django_redlock.contrib.celery import AlreadyQueued as OursAlreadyQueued
     from django_redlock.engine import QuorumUnavailable
 
     tasks = {"once": fleet_tasks.once, "ours": fleet_tasks.ours}

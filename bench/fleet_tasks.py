@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 from celery_once import QueueOnce
 
-from django_redlock.celery import RedlockTask
+from django_redlock.contrib.celery import RedlockTask
 
 django.setup()
 

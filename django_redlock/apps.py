@@ -12,12 +12,11 @@ class RedlockConfig(AppConfig):
         from . import (
             conf,  # noqa: F401 (connects the setting_changed receiver)
             locks,  # noqa: F401 (``redlock()``'s handle and observer: imported now, see below)
-            metrics,
             observer,  # noqa: F401
-            otel,
             signals,  # noqa: F401
         )
         from .checks import check_clusters_reachable, check_settings
+        from .contrib import otel, prometheus
         from .dbguard import install_everywhere
         from .transactions import install as notice_transactions
 
@@ -29,5 +28,5 @@ class RedlockConfig(AppConfig):
         # rather than inside a worker's first lock (about 0.1 s for prometheus_client, 0.05 s
         # for OpenTelemetry's API, 5 ms for ours on a busy 2-CPU machine: the longest waits of
         # freshly started workers racing for a lock). Nothing is registered or exported by this.
-        metrics.warm()
+        prometheus.warm()
         otel.warm()

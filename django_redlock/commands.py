@@ -46,11 +46,12 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from . import conf, metrics, redlock
+from . import conf, redlock
+from .contrib import prometheus
 from .dbguard import QueryRefused
-from .display import printable
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
 from .keys import bounded_resource
+from .operations.display import printable
 
 __all__ = [
     "EXIT_HELD",
@@ -137,7 +138,7 @@ def guard_command(
             try:
                 held.enter_context(lock)
             except LockContended as error:
-                metrics.job(name, "skipped")
+                prometheus.job(name, "skipped")
                 held_by = (
                     f"all {limit} permits are held"
                     if limit is not None
@@ -152,7 +153,7 @@ def guard_command(
                 # of a command whose own ``lock_at_most`` is 2): a usage error, not a traceback.
                 raise CommandError(f"{name} not started: {error}", returncode=2) from error
             except QuorumUnavailable as error:
-                metrics.job(name, "unavailable")
+                prometheus.job(name, "unavailable")
                 raise CommandError(
                     f"{name} not started: no quorum of lock masters for {resource!r}: {error}",
                     returncode=EXIT_UNAVAILABLE,
@@ -163,7 +164,7 @@ def guard_command(
     except LockLost as error:
         if error.resource != resource or not lost_after:
             raise  # another lock of the command's own: not ours to report
-        metrics.job(name, "lost", time.monotonic() - began)
+        prometheus.job(name, "lost", time.monotonic() - began)
         if isinstance(error, QueryRefused):  # the DB guard stopped it at its next query
             raise CommandError(
                 f"{name} stopped after {time.monotonic() - began:.1f}s: its lock {resource!r} "
@@ -180,13 +181,13 @@ def guard_command(
         ) from error
     finally:
         if ran and not lost_after:
-            metrics.job(name, "ran", ran[0])
+            prometheus.job(name, "ran", ran[0])
 
 
 def _holder(resource: str) -> str:
     """Who holds ``resource``, as its holder wrote it (host, pid, label, age), best effort."""
     from .conf import get_redlock
-    from .inventory import inspect
+    from .operations.inventory import inspect
 
     try:
         held = inspect(get_redlock(), resource)

@@ -364,7 +364,7 @@ def get_redlock() -> Redlock:
 
 def _build_redlock() -> Redlock:
     global _engine
-    from . import metrics
+    from .contrib import prometheus
     from .observer import DjangoObserver
 
     config = get_config()
@@ -373,7 +373,7 @@ def _build_redlock() -> Redlock:
     # failure (a project's metric of the same name) is logged, as the observer's would be: the
     # locks work without their metrics.
     try:
-        metrics.enabled()
+        prometheus.enabled()
     except Exception:  # noqa: BLE001
         logging.getLogger("django_redlock").exception("django_redlock metrics not registered")
     _engine = Redlock(

@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-from . import metrics, redlock
+from . import redlock
+from .contrib import prometheus
 from .engine import Lock, LockContended, LockLost, QuorumUnavailable
 from .engine.leases.leases import Lease, current_owner
 from .keys import bounded_resource
@@ -142,11 +143,11 @@ def leader(
             held.push(lock)
             yield leadership
     except LockLost:
-        metrics.job(f"leader:{name}", "lost", time.monotonic() - began)
+        prometheus.job(f"leader:{name}", "lost", time.monotonic() - began)
         raise
     else:
         outcome = "lost" if leadership.lost.is_set() else "ran"
-        metrics.job(f"leader:{name}", outcome, time.monotonic() - began)
+        prometheus.job(f"leader:{name}", outcome, time.monotonic() - began)
     finally:
         done.set()
         watcher.join()
@@ -223,14 +224,14 @@ def run_as_leader(
         lost = lost or not error.unconfirmed  # unconfirmed: it led within its lease to the end
     held = time.monotonic() - began
     if lost:
-        metrics.job(f"leader:{name}", "lost", held)
+        prometheus.job(f"leader:{name}", "lost", held)
         how = (
             "it ran to its end"
             if stepped_down_at is None
             else f"the command was stopped with {stepped_down_at:.2f}s of validity left"
         )
         raise LockLost(lock.resource, f"leader {name}: leadership lost after {held:.1f}s; {how}")
-    metrics.job(f"leader:{name}", "ran", held)
+    prometheus.job(f"leader:{name}", "ran", held)
     return child.returncode
 
 

@@ -12,8 +12,10 @@ from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from . import dbguard, otel, transactions
+from . import dbguard, transactions
 from .conf import get_redlock
+from .contrib import otel
+from .contrib.prometheus import UNTEMPLATED
 from .engine import Lock
 from .engine.algorithm import holding
 from .engine.algorithm.procedures import Want, Won
@@ -23,7 +25,6 @@ from .engine.kinds.permit import PermitLock
 from .engine.kinds.readers import ReaderLock
 from .engine.leases.leases import Lease, Owner, current_owner
 from .engine.running.drivers import run
-from .metrics import UNTEMPLATED
 
 if TYPE_CHECKING:
     from .engine.redlock import Redlock

@@ -1,5 +1,5 @@
 """Turns engine events into Django signals, log records, Prometheus metrics and the attributes
-of OpenTelemetry spans (``otel.py``).
+of OpenTelemetry spans (``contrib/otel.py``).
 
 Log records go to the ``django_redlock`` logger: DEBUG for acquired/released, INFO for a lock not
 acquired (contention is normal), ERROR for a lost lease (exclusivity may have been broken). They
@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from . import metrics, otel
+from .contrib import otel, prometheus
 from .engine import Lock, LockLost, LockNotAcquired, NodeFailure
 from .signals import lock_contended, lock_lost, masters_failed, send_acquired, send_released
 
@@ -32,7 +32,7 @@ def _template(lock: Lock) -> str:
 class _Unlayered:
     """An engine lock's options of the Django layer: none."""
 
-    template = metrics.UNTEMPLATED
+    template = prometheus.UNTEMPLATED
 
 
 _UNLAYERED = _Unlayered()
@@ -43,25 +43,25 @@ class DjangoObserver:
         if logger.isEnabledFor(logging.DEBUG):  # (naming the lock costs, even unlogged)
             logger.debug("acquired %s after %.3fs (%d attempts)", _name(lock), waited, attempts)
         # (Its record read, not the ``template`` property: a lookup less on every event.)
-        metrics.acquired(waited, getattr(lock, "_layer", _UNLAYERED).template)
+        prometheus.acquired(waited, getattr(lock, "_layer", _UNLAYERED).template)
         otel.acquired(waited, attempts)
         send_acquired(lock, waited, attempts)
 
     def not_acquired(self, lock: Lock, *, waited: float, error: LockNotAcquired) -> None:
         logger.info("not acquired %s after %.3fs: %s", _name(lock), waited, error)
-        metrics.not_acquired(waited, error, _template(lock))
+        prometheus.not_acquired(waited, error, _template(lock))
         otel.not_acquired(waited, error)
         lock_contended.send_robust(Lock, lock=lock, waited=waited, error=error)
 
     def released(self, lock: Lock, *, held: float) -> None:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("released %s after %.3fs", _name(lock), held)
-        metrics.released(held, getattr(lock, "_layer", _UNLAYERED).template)
+        prometheus.released(held, getattr(lock, "_layer", _UNLAYERED).template)
         send_released(lock, held)
 
     def lost(self, lock: Lock, *, error: LockLost) -> None:
         logger.error("LOST %s: %s", _name(lock), error)
-        metrics.lost()
+        prometheus.lost()
         otel.lost(error.failures)
         lock_lost.send_robust(Lock, lock=lock, error=error)
 
@@ -71,7 +71,7 @@ class DjangoObserver:
         otel.masters_failed(failures)
         now = time.monotonic()
         for failure in failures:
-            metrics.node_failure(failure)
+            prometheus.node_failure(failure)
             if now >= _warned.get(failure.node, 0.0):
                 _warned[failure.node] = now + WARN_EVERY
                 logger.warning(

@@ -32,10 +32,11 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from . import conf, force_release, health, inventory
+from . import conf
 from .engine.base import protocol
-from .held import Copy, HeldLock, Owner
 from .models import HeldLock as HeldLockModel
+from .operations import force_release, health, inventory
+from .operations.held import Copy, HeldLock, Owner
 
 if TYPE_CHECKING:
     from django.contrib.admin import AdminSite

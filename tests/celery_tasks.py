@@ -18,7 +18,7 @@ import django
 import redis
 from celery import Celery
 
-from django_redlock.celery import RedlockTask
+from django_redlock.contrib.celery import RedlockTask
 
 django.setup()
 

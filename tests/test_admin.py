@@ -12,8 +12,9 @@ from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 from django.urls import reverse
 
-from django_redlock import LockLost, conf, inventory, views
+from django_redlock import LockLost, conf, views
 from django_redlock.models import HeldLock
+from django_redlock.operations import inventory
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission
 
-from django_redlock import LockLost, conf, inventory
+from django_redlock import LockLost, conf
 from django_redlock.engine.base.values import fingerprint
+from django_redlock.operations import inventory
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -299,10 +299,10 @@ def test_guarded_commands_count_runs_skips_and_losses_per_job(redlock_settings) 
     assert count("lost") == before["lost"]
     assert sample("redlock_job_seconds_count", job="check") - seconds == 1
     # Labelled by the job's name, never by a formatted key.
-    from django_redlock import metrics
+    from django_redlock.contrib import prometheus
 
     with pytest.raises(ValueError, match="outcome"):
-        metrics.job("check", "report:42")
+        prometheus.job("check", "report:42")
 
 
 def test_the_demo_scene_runs_the_job_thrice_per_slot_without_at_least_once_with(

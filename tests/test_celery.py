@@ -215,7 +215,7 @@ def test_a_task_the_broker_lost_frees_its_key_after_the_queue_timeout(tasks: Any
 
 
 def test_a_duplicate_can_raise(tasks: Any) -> None:
-    from django_redlock.celery import AlreadyQueued
+    from django_redlock.contrib.celery import AlreadyQueued
 
     first = tasks.strict.delay(1, 0.5)
     with pytest.raises(AlreadyQueued, match=first.id) as raised:
@@ -368,7 +368,7 @@ def test_a_duplicate_whose_own_id_is_awaited_is_refused(tasks: Any) -> None:
     from celery import chain, chord, group
     from celery.exceptions import ChordError
 
-    from django_redlock.celery import AlreadyQueued
+    from django_redlock.contrib.celery import AlreadyQueued
 
     with pytest.raises(AlreadyQueued, match=r"\(group_id, task_id\)") as raised:
         group(tasks.report.s(60, 1.0), tasks.report.s(60, 1.0)).apply_async()
@@ -464,7 +464,7 @@ def finalized_app() -> Any:
 
 
 def test_a_lock_key_naming_no_argument_fails_at_decoration(finalized_app: Any) -> None:
-    from django_redlock.celery import RedlockTask
+    from django_redlock.contrib.celery import RedlockTask
 
     def build(user_id: int) -> None: ...
 
@@ -482,7 +482,7 @@ def test_a_lock_key_naming_no_argument_fails_at_decoration(finalized_app: Any) -
     ],
 )
 def test_bad_options_fail_at_decoration(finalized_app: Any, options: Any, message: str) -> None:
-    from django_redlock.celery import RedlockTask
+    from django_redlock.contrib.celery import RedlockTask
 
     def job() -> None: ...
 

@@ -19,11 +19,12 @@ from django.core.checks import WARNING
 from django.core.management import call_command
 from redis.crc import key_slot
 
-from django_redlock import conf, force_release, health, inventory, redlock
+from django_redlock import conf, redlock
 from django_redlock.checks import check_clusters_reachable, check_settings
 from django_redlock.engine import LockLost, LockNotAcquired, Redlock
 from django_redlock.engine.members.cluster import SlotMap
 from django_redlock.engine.members.shards import ClusterMember
+from django_redlock.operations import force_release, health, inventory
 from django_redlock.signals import masters_failed
 from django_redlock.testing.clusters import LocalCluster, local_cluster
 from django_redlock.testing.masters import free_port

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 
 from django_redlock import conf
-from django_redlock.inventory import list_locks
+from django_redlock.operations.inventory import list_locks
 
 pytestmark = pytest.mark.django_db
 

@@ -15,8 +15,9 @@ import threading
 import pytest
 
 import django_redlock
-from django_redlock import locks, metrics, redlock
+from django_redlock import locks, redlock
 from django_redlock.conf import get_redlock
+from django_redlock.contrib import prometheus
 from django_redlock.engine.handles.fields import Handle
 from django_redlock.locks import DjangoLock
 
@@ -132,7 +133,7 @@ def test_a_bad_option_set_on_a_lock_is_refused_and_changes_nothing(
         setattr(lock, name, value)
     assert (lock.template, lock.db_guard) == ("report:{id}", True)
     lock.template = None
-    assert lock.template == metrics.UNTEMPLATED
+    assert lock.template == prometheus.UNTEMPLATED
 
 
 def test_options_set_on_one_lock_from_two_threads_at_once_all_stay_set(redlock_settings):

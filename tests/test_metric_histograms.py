@@ -1,6 +1,7 @@
-"""The wait and hold histograms (``histograms.py``, behind ``metrics.py``): a scrape must read
-exactly what ``prometheus_client.Histogram`` objects fed the same observations would export,
-counts must survive threads, and prometheus_client's multiprocess mode must still see them."""
+"""The wait and hold histograms (``contrib/histograms.py``, behind ``contrib/prometheus.py``): a
+scrape must read exactly what ``prometheus_client.Histogram`` objects fed the same observations
+would export, counts must survive threads, and prometheus_client's multiprocess mode must still
+see them."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from django_redlock import metrics, redlock
-from django_redlock.histograms import Histograms
-from django_redlock.metrics import HOLD_BUCKETS, WAIT_BUCKETS
+from django_redlock import redlock
+from django_redlock.contrib import prometheus
+from django_redlock.contrib.histograms import Histograms
+from django_redlock.contrib.prometheus import HOLD_BUCKETS, WAIT_BUCKETS
 
 from .conftest import fresh_python
 
@@ -38,7 +40,7 @@ OBSERVED = [
 
 
 def _reference(registry: CollectorRegistry) -> tuple[dict, dict]:
-    """The histograms as metrics.py declared them with prometheus_client's ``Histogram``
+    """The histograms as prometheus.py declared them with prometheus_client's ``Histogram``
     (before histograms.py): names, help, labels and buckets written out here, on purpose."""
     wait = Histogram(
         "redlock_acquire_wait_seconds",
@@ -94,8 +96,10 @@ def _observe_ours(waits: Histograms, holds: Histograms) -> None:
 def _scrapes() -> tuple[CollectorRegistry, CollectorRegistry]:
     reference, ours = CollectorRegistry(), CollectorRegistry()
     _observe_reference(*_reference(reference))
-    # metrics.py's own construction (registered in the given registry, in metrics.py's order)
-    waits, holds = metrics._timings(prometheus_client, ours, metrics._WAITS, metrics._HOLDS)
+    # prometheus.py's own construction (registered in the given registry, in its order)
+    waits, holds = prometheus._timings(
+        prometheus_client, ours, prometheus._WAITS, prometheus._HOLDS
+    )
     assert isinstance(waits, Histograms)
     _observe_ours(waits, holds)
     return reference, ours
@@ -134,7 +138,7 @@ def test_created_times_are_the_series_own_and_can_be_switched_off_as_prometheus_
 
 def test_the_registry_refuses_a_second_collector_of_the_same_names_as_it_would_histograms():
     registry = CollectorRegistry()
-    metrics._timings(prometheus_client, registry, metrics._WAITS, metrics._HOLDS)
+    prometheus._timings(prometheus_client, registry, prometheus._WAITS, prometheus._HOLDS)
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         Histogram("redlock_template_hold_seconds", "again", ["template"], registry=registry)
     with pytest.raises(ValueError, match="Duplicated timeseries"):
@@ -143,7 +147,9 @@ def test_the_registry_refuses_a_second_collector_of_the_same_names_as_it_would_h
 
 def test_observations_from_many_threads_are_all_counted():
     registry = CollectorRegistry()
-    waits, _ = metrics._timings(prometheus_client, registry, metrics._WAITS, metrics._HOLDS)
+    waits, _ = prometheus._timings(
+        prometheus_client, registry, prometheus._WAITS, prometheus._HOLDS
+    )
     threads, each = 8, 5_000
     start = threading.Barrier(threads)
 
@@ -173,7 +179,7 @@ def test_observations_from_many_threads_are_all_counted():
 def test_a_real_scrape_after_real_locks(redlock_settings):
     """``generate_latest(REGISTRY)``, as a project's /metrics view calls it, after locks taken
     through ``redlock()``: the hold and wait series of their template moved."""
-    assert metrics.enabled()
+    assert prometheus.enabled()
 
     def counts() -> tuple[float, float]:
         text = generate_latest(prometheus_client.REGISTRY).decode()
@@ -192,12 +198,12 @@ def test_a_real_scrape_after_real_locks(redlock_settings):
 
 def test_multiprocess_mode_keeps_prometheus_clients_histograms(tmp_path):
     """With PROMETHEUS_MULTIPROC_DIR, values must reach the process's files (the scrape of any
-    process reads them all): metrics.py uses prometheus_client's own histograms there."""
+    process reads them all): prometheus.py uses prometheus_client's own histograms there."""
     code = (
         "from prometheus_client import CollectorRegistry, multiprocess\n"
-        "from django_redlock import metrics\n"
-        "metrics.acquired(0.002, 'job:{n}'); metrics.acquired(0.004, 'job:{n}')\n"
-        "metrics.released(1.5, 'job:{n}')\n"
+        "from django_redlock.contrib import prometheus\n"
+        "prometheus.acquired(0.002, 'job:{n}'); prometheus.acquired(0.004, 'job:{n}')\n"
+        "prometheus.released(1.5, 'job:{n}')\n"
         "registry = CollectorRegistry(); multiprocess.MultiProcessCollector(registry)\n"
         "value = registry.get_sample_value\n"
         "print(value('redlock_acquire_wait_seconds_count', {'outcome': 'acquired'}),\n"
@@ -219,7 +225,7 @@ def test_an_exception_from_a_signal_handler_never_leaves_the_lock_held():
     import dis
     import sys
 
-    from django_redlock.histograms import Series
+    from django_redlock.contrib.histograms import Series
 
     code = Series.observe.__code__
     instructions = list(dis.get_instructions(code))

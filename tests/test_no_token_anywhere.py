@@ -51,7 +51,8 @@ def test_the_debug_500_page_of_a_lost_lock_shows_no_token(redlock_settings, sett
 
 
 def test_no_repr_of_a_held_lock_or_what_the_operator_tools_return_has_a_token(redlock_settings):
-    from django_redlock import LockContended, conf, force_release, inventory
+    from django_redlock import LockContended, conf
+    from django_redlock.operations import force_release, inventory
 
     engine = conf.get_redlock()
     with pytest.raises(LockLost) as lost, redlock("repr:held", ttl=20, label="repr") as lock:  # noqa: PT012

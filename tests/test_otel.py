@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from django_redlock import LockContended, otel, redlock
+from django_redlock import LockContended, redlock
+from django_redlock.contrib import otel
 from tests.fencedapp.models import Ledger
 
 from .conftest import printed_ok
@@ -135,7 +136,7 @@ def test_without_a_tracer_provider_locks_make_no_span():
     code = (
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
-        "from django_redlock import otel\n"
+        "from django_redlock.contrib import otel\n"
         "assert otel.tracer() is None, otel.tracer()\n"
         "trace.set_tracer_provider(TracerProvider())\n"
         "assert otel.tracer() is not None\n"
@@ -149,7 +150,7 @@ def test_a_provider_named_by_the_environment_is_used():
     locks are traced with it although no code set one (``tracer()`` does not ask the API while
     no provider is set and the environment names none). In a fresh process, as above."""
     code = (
-        "from django_redlock import otel\n"
+        "from django_redlock.contrib import otel\n"
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
         "assert otel.tracer() is not None\n"

@@ -29,6 +29,8 @@ def test_sdist_and_wheel_build_with_their_data_and_pass_twine_check(tmp_path: Pa
         "django_redlock/templates/admin/django_redlock/held_locks.html",
         "django_redlock/templates/admin/django_redlock/confirm_release.html",
         "django_redlock/management/commands/redlock_status.py",
+        "django_redlock/contrib/prometheus.py",  # the groups' subpackages (issue 37)
+        "django_redlock/operations/inventory.py",
         "django_redlock/testing/clockshift.c",
     ):
         assert path in in_wheel, path

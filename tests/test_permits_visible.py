@@ -15,8 +15,8 @@ import pytest
 from django.core.management import call_command
 
 from django_redlock import conf, holder
-from django_redlock.force_release import force_release
-from django_redlock.inventory import inspect, list_locks
+from django_redlock.operations.force_release import force_release
+from django_redlock.operations.inventory import inspect, list_locks
 
 LIST_URL = "/admin/django_redlock/heldlock/"
 
@@ -209,9 +209,9 @@ def test_force_release_of_a_reader_lets_the_writer_in(engine):
 def test_metrics_count_permits_in_use_and_waiting(engine):
     from prometheus_client import REGISTRY
 
-    from django_redlock import metrics
+    from django_redlock.contrib import prometheus
 
-    assert metrics.enabled()
+    assert prometheus.enabled()
 
     def sample(name: str) -> float:
         return REGISTRY.get_sample_value(name, {"name": "reports"}) or 0.0

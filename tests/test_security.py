@@ -26,12 +26,11 @@ from django_redlock import (
     LockLost,
     QuorumUnavailable,
     conf,
-    force_release,
-    inventory,
     redlock,
     views,
 )
 from django_redlock.engine import Redlock
+from django_redlock.operations import force_release, inventory
 from django_redlock.testing.masters import (
     LocalMaster,
     find_redis_server,

@@ -272,10 +272,11 @@ def test_a_metric_that_cannot_register_is_logged_and_the_locks_still_work(fresh_
 def test_metrics_are_no_ops_without_prometheus_client() -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"
-        "from django_redlock import metrics, LockContended\n"
-        "assert not metrics.enabled()\n"
-        "metrics.acquired(0.1); metrics.released(1.0); metrics.lost()\n"
-        "metrics.not_acquired(0.1, LockContended('r', 'held'))\n"
+        "from django_redlock import LockContended\n"
+        "from django_redlock.contrib import prometheus\n"
+        "assert not prometheus.enabled()\n"
+        "prometheus.acquired(0.1); prometheus.released(1.0); prometheus.lost()\n"
+        "prometheus.not_acquired(0.1, LockContended('r', 'held'))\n"
         "print('ok')\n"
     )
     printed_ok(code)

@@ -5,7 +5,7 @@ watch it happen) is abstaining, on real replicas and a real Sentinel failover.""
 from __future__ import annotations
 
 from django_redlock.engine import Redlock
-from django_redlock.health import DEGRADED, probe_all
+from django_redlock.operations.health import DEGRADED, probe_all
 from django_redlock.testing.sentinels import primary_and_replica, sentinel_group
 from tests.conftest import wait_until
 

@@ -16,7 +16,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_redlock import conf
-from django_redlock.health import probe_all
+from django_redlock.operations.health import probe_all
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import manage_py
 

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 
 from django_redlock import LockContended, locked, redlock
 from django_redlock.commands import guard_command
-from django_redlock.metrics import UNTEMPLATED, enabled
+from django_redlock.contrib.prometheus import UNTEMPLATED, enabled
 from tests.fencedapp.models import Ledger
 
 

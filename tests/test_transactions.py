@@ -63,7 +63,7 @@ def test_a_release_before_commit_that_is_not_a_bool_is_refused_naming_it(bad, se
 def test_a_redlock_task_with_a_bad_release_before_commit_is_refused(bad) -> None:
     from celery import Celery
 
-    from django_redlock.celery import RedlockTask
+    from django_redlock.contrib.celery import RedlockTask
 
     app = Celery("bad_input", broker="memory://", set_as_current=False)
     message = f"release_before_commit must be True or False, got {bad!r}"

@@ -7,8 +7,8 @@ from celery import Celery
 from django.core.management.base import BaseCommand
 from django.db.models import F
 
-from django_redlock.celery import RedlockTask
 from django_redlock.commands import GuardedCommandMixin
+from django_redlock.contrib.celery import RedlockTask
 from tests.fencedapp.models import Ledger
 
 app = Celery("redlock_transaction_tests", broker="memory://")

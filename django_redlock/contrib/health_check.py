@@ -25,7 +25,7 @@ from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable, ServiceWarning
 
 from .. import conf
-from ..health import DEGRADED, Health, probe_all
+from ..operations.health import DEGRADED, Health, probe_all
 
 
 # (django-health-check ships no type information: its base class is Any to mypy.)

@@ -16,7 +16,7 @@
 
 ``@unique_task`` goes above ``@task`` and makes its ``Task`` a ``UniqueTask``: the same task (its
 backend, queue, priority, ``using()``), whose ``enqueue`` and ``call`` take the locks. The options
-are ``RedlockTask``'s (``django_redlock.celery``), checked at decoration:
+are ``RedlockTask``'s (``django_redlock.contrib.celery``), checked at decoration:
 
 - **At run time** the task runs holding the lock ``lock_key`` (formatted from its arguments),
   renewed while it runs: a worker killed with ``kill -9`` frees the key within ``lock_ttl``. When
@@ -69,7 +69,6 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
-from .. import metrics
 from ..engine import LockContended, LockLost, QuorumUnavailable
 from ..engine.base import protocol
 from ..engine.base.values import UnreadableValue, parse_value
@@ -77,6 +76,7 @@ from ..engine.locking import resources_of
 from ..engine.running.drivers import fan_out
 from ..engine.scripts import plain as scripts
 from ..keys import bounded_resource
+from . import prometheus
 
 if TYPE_CHECKING or find_spec("django.tasks") is None:  # the backport (Django 5.2)
     from django_tasks.base import Task, TaskResult, TaskResultStatus
@@ -299,7 +299,7 @@ class UniqueTask(Task[P, T], Generic[P, T]):
         try:
             lock = self._run_lock(engine, key, result_id)
         except LockContended:
-            metrics.job(self.module_path, "skipped")
+            prometheus.job(self.module_path, "skipped")
             if marker is not None:
                 _remove(engine, queued, marker)
             if self.lock_busy == "raise":
@@ -307,7 +307,7 @@ class UniqueTask(Task[P, T], Generic[P, T]):
             logger.info("task %s [%s] skipped: key %r is busy", self.module_path, result_id, key)
             return None  # type: ignore[return-value]
         except QuorumUnavailable:
-            metrics.job(self.module_path, "unavailable")
+            prometheus.job(self.module_path, "unavailable")
             raise
         began = time.monotonic()
         outcome = "ran"
@@ -322,7 +322,7 @@ class UniqueTask(Task[P, T], Generic[P, T]):
             outcome = "lost"
             raise
         finally:
-            metrics.job(self.module_path, outcome, time.monotonic() - began)
+            prometheus.job(self.module_path, outcome, time.monotonic() - began)
 
     def _patience(self) -> float:
         return self.lock_wait if self.lock_busy == "wait" else 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import template
 
-from ..display import printable as _printable
+from ..operations.display import printable as _printable
 
 register = template.Library()
 

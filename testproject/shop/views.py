@@ -23,7 +23,7 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
 from django_redlock import LockNotAcquired, redlock
-from django_redlock import metrics as redlock_metrics
+from django_redlock.contrib import prometheus
 from django_redlock.decorators import lock_view
 
 from .models import Account, Show, Ticket
@@ -147,7 +147,7 @@ def reset_seats(request: HttpRequest) -> JsonResponse:
 
 def metrics(request: HttpRequest) -> HttpResponse:
     """The Prometheus metrics of this process (``prometheus_client``, in the dev extra)."""
-    if not redlock_metrics.enabled():  # also registers our collectors before the first lock
+    if not prometheus.enabled():  # also registers our collectors before the first lock
         raise Http404("prometheus_client is not installed")
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 

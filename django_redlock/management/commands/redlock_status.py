@@ -24,11 +24,12 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import conf, health, inventory
-from ...display import printable
-from ...health import Health, NodeHealth
-from ...held import HeldLock
-from ...inventory import Inventory
+from ... import conf
+from ...operations import health, inventory
+from ...operations.display import printable
+from ...operations.health import Health, NodeHealth
+from ...operations.held import HeldLock
+from ...operations.inventory import Inventory
 
 #: Exit status per verdict.
 EXIT_STATUS = {health.OK: 0, health.DEGRADED: 1, health.NO_QUORUM: 2}

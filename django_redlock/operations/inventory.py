@@ -35,14 +35,14 @@ from typing import Any, TypeVar
 
 import redis
 
-from .engine import NodeFailure, Redlock
-from .engine.algorithm.markers import is_marker, limit_of
-from .engine.base import protocol
-from .engine.base.values import MAX_VALUE_BYTES, UnreadableValue, parse_value
-from .engine.kinds.modes import reader_of
-from .engine.members.connections import Node
-from .engine.members.rounds import failure
-from .engine.scripts.permits import MAX_LIMIT, SLOT_KIND, slot_prefix
+from ..engine import NodeFailure, Redlock
+from ..engine.algorithm.markers import is_marker, limit_of
+from ..engine.base import protocol
+from ..engine.base.values import MAX_VALUE_BYTES, UnreadableValue, parse_value
+from ..engine.kinds.modes import reader_of
+from ..engine.members.connections import Node
+from ..engine.members.rounds import failure
+from ..engine.scripts.permits import MAX_LIMIT, SLOT_KIND, slot_prefix
 from .health import admin_client
 from .held import HELD, Copy, HeldLock, UnreadableKey, summarize
 

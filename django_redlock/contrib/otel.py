@@ -35,7 +35,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import Lock, LockNotAcquired, NodeFailure
+    from ..engine import Lock, LockNotAcquired, NodeFailure
 
 #: Our span of the operation running in this context, for the observer's events.
 _span: ContextVar[_Operation | None] = ContextVar("django_redlock_span", default=None)

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 import redis
 
-from .engine import Redlock
-from .engine.members.acks import REASON as ACK_REASON
-from .engine.members.connections import Node
-from .engine.members.shards import ClusterMember
+from ..engine import Redlock
+from ..engine.members.acks import REASON as ACK_REASON
+from ..engine.members.connections import Node
+from ..engine.members.shards import ClusterMember
 
 T = TypeVar("T")
 

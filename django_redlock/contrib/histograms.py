@@ -1,4 +1,4 @@
-"""The lock-timing histograms of ``metrics.py`` (waits and holds, overall and per template),
+"""The lock-timing histograms of ``prometheus.py`` (waits and holds, overall and per template),
 recorded at a fifth of what ``prometheus_client.Histogram`` costs and exported exactly as it
 would export them.
 
@@ -14,7 +14,7 @@ names, help, labels, cumulative ``_bucket`` values, ``_count``, ``_sum`` and ``_
 prometheus_client's created series are disabled), as floats; and the registry refuses another
 collector of the same names as it would. Not in prometheus_client's multiprocess mode
 (``PROMETHEUS_MULTIPROC_DIR``): there every value must be written to the process's files, and
-``metrics.py`` uses ``Histogram`` itself.
+``prometheus.py`` uses ``Histogram`` itself.
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .engine import NodeFailure, Redlock
-from .engine.algorithm.markers import limit_of
-from .engine.base import protocol
-from .engine.base.values import FINGERPRINT_LENGTH, Owner, UnreadableValue, parse_value
-from .engine.kinds.modes import release_command
-from .engine.running.drivers import fan_out
-from .engine.scripts.permits import slot_prefix
+from ..engine import NodeFailure, Redlock
+from ..engine.algorithm.markers import limit_of
+from ..engine.base import protocol
+from ..engine.base.values import FINGERPRINT_LENGTH, Owner, UnreadableValue, parse_value
+from ..engine.kinds.modes import release_command
+from ..engine.running.drivers import fan_out
+from ..engine.scripts.permits import slot_prefix
 from .inventory import INVENTORY_TIMEOUT, MARKER_BYTES, check_slot
 
 __all__ = ["ForceRelease", "ReleaseOutcome", "check_fingerprint", "force_release"]

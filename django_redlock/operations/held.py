@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .engine.base import protocol
-from .engine.base.values import Owner
+from ..engine.base import protocol
+from ..engine.base.values import Owner
 
 __all__ = ["HELD", "STALE", "UNKNOWN", "Copy", "HeldLock", "Owner", "UnreadableKey", "summarize"]
 
