@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..engine import Redlock
+from ..engine.base.errors import lacks_scripting
 from ..engine.members.acks import REASON as ACK_REASON
 from ..engine.members.connections import Node
 from ..engine.members.shards import ClusterMember
@@ -278,8 +279,8 @@ def scripting_missing(client: redis.Redis) -> str | None:
     try:
         client.eval("return 1", 0)
     except redis.ResponseError as exc:
-        text = str(exc)
-        if "scripting engine" in text or "unknown command" in text.lower():
+        text = lacks_scripting(exc)  # the engine's own test: what makes a member abstain
+        if text is not None:
             return (
                 f"scripting: cannot run Lua scripts ({text}): it would grant locks it can neither "
                 "release nor extend; load its scripting engine (Valkey: the lua module)"
