@@ -113,7 +113,9 @@ def test_a_permit_taken_away_is_lost_and_reported(masters, redlock_of):
 def test_a_waiter_is_woken_by_a_release_not_a_poll(masters, redlock_of, monkeypatch):
     """retry_delay of 5 s, no safety poll within the test: only a release notice gets it there
     in time (a loaded machine cannot make a poll pass for a notice, nor a notice miss 1 s)."""
-    monkeypatch.setattr(procedures, "SAFETY_POLL", 30.0)
+    # (A permit's waiter sleeps in ``wait_turn`` with its default bound, SAFETY_POLL as it was
+    # when the module was loaded: that default is the one to put off.)
+    monkeypatch.setattr(procedures.wait_turn, "__defaults__", (30.0,))
     engine = redlock_of(masters, retry_delay=5.0)
     holders = [engine.lock("reports", limit=2, ttl=10).acquire() for _ in range(2)]
     got: list[float] = []
