@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import threading
 import time
@@ -18,7 +19,26 @@ from django_redlock.engine import LockContended, Redlock, procedures
 from django_redlock.engine.procedures import SAFETY_POLL
 from django_redlock.testing.masters import LocalMaster
 from tests.callers import STEP_TIMEOUT, aoutcome, outcome
-from tests.conftest import wait_until
+from tests.conftest import await_until, wait_until
+
+#: Which waiter the current thread or task is, for ``joins``.
+WAITER: contextvars.ContextVar[int] = contextvars.ContextVar("WAITER")
+
+
+def joins(engine: Redlock, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The waiters (``WAITER``) in the order they joined ``engine``'s local queue: where a
+    process's waiters take their places, so the arrival order its FIFO keeps. (A waiter that
+    noted its arrival before calling acquire could be overtaken between the two on a loaded
+    machine.)"""
+    joined: list[int] = []
+    join = engine.queues.join
+
+    def recording(resources: tuple[str, ...]) -> object:
+        joined.append(WAITER.get(-1))
+        return join(resources)
+
+    monkeypatch.setattr(engine.queues, "join", recording)
+    return joined
 
 
 def queued(masters: list[LocalMaster], engine: Redlock, counts: dict[str, int]) -> bool:
@@ -42,9 +62,13 @@ def attempts_on(master: LocalMaster) -> int:
 
 
 @pytest.mark.slow
-def test_200_waiting_tasks_leave_the_masters_alone_then_all_acquire_in_turn(masters, redlock_of):
+def test_200_waiting_tasks_leave_the_masters_alone_then_all_acquire_in_turn(
+    masters, redlock_of, monkeypatch
+):
     holder = redlock_of(masters).lock("busy", ttl=10)
     engine = redlock_of(masters)
+    joined = joins(engine, monkeypatch)
+    queue_key = engine.queue_key("busy")
 
     async def take() -> None:
         async with engine.lock("busy", ttl=10, wait=10):
@@ -53,7 +77,9 @@ def test_200_waiting_tasks_leave_the_masters_alone_then_all_acquire_in_turn(mast
     async def main() -> tuple[int, Counter[str]]:
         await holder.aacquire()
         waiters = [asyncio.create_task(aoutcome(take())) for _ in range(200)]
-        await asyncio.sleep(0.75)  # all have tried once by now, and wait
+        # All have joined the local queue, and the first of them waits on the masters.
+        waiting = lambda: len(joined) == 200 and masters[0].call("ZCARD", queue_key) == 1  # noqa: E731
+        assert await await_until(waiting, 10)
         before = attempts_on(masters[0])
         await asyncio.sleep(1.0)
         attempts = attempts_on(masters[0]) - before
@@ -73,15 +99,15 @@ QUEUED = 30
 HOLD = 0.01
 
 
-def test_waiting_tasks_take_a_released_lock_in_arrival_order(masters, redlock_of):
+def test_waiting_tasks_take_a_released_lock_in_arrival_order(masters, redlock_of, monkeypatch):
     holder = redlock_of(masters).lock("fifo", ttl=10)
     engine = redlock_of(masters)
-    arrived: list[int] = []
+    arrived = joins(engine, monkeypatch)
     acquired: list[int] = []
 
     async def take(i: int) -> None:
         lock = engine.lock("fifo", ttl=10, wait=15)
-        arrived.append(i)
+        WAITER.set(i)
         async with lock:
             acquired.append(i)
             await asyncio.sleep(HOLD)
@@ -92,7 +118,7 @@ def test_waiting_tasks_take_a_released_lock_in_arrival_order(masters, redlock_of
         for i in range(QUEUED):
             waiters.append(asyncio.create_task(aoutcome(take(i))))
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.3)
+        assert await await_until(lambda: len(arrived) == QUEUED, 10)  # all in line
         await holder.arelease()
         return Counter(await asyncio.gather(*waiters))
 
@@ -100,15 +126,15 @@ def test_waiting_tasks_take_a_released_lock_in_arrival_order(masters, redlock_of
     assert acquired == arrived
 
 
-def test_waiting_threads_take_a_released_lock_in_arrival_order(masters, redlock_of):
+def test_waiting_threads_take_a_released_lock_in_arrival_order(masters, redlock_of, monkeypatch):
     holder = redlock_of(masters).lock("fifo", ttl=10).acquire()
     engine = redlock_of(masters)
-    arrived: list[int] = []
+    arrived = joins(engine, monkeypatch)
     acquired: list[int] = []
 
     def take(i: int) -> None:
         lock = engine.lock("fifo", ttl=10, wait=15)
-        arrived.append(i)
+        WAITER.set(i)
         with lock:
             acquired.append(i)
             time.sleep(HOLD)
@@ -118,7 +144,7 @@ def test_waiting_threads_take_a_released_lock_in_arrival_order(masters, redlock_
         for i in range(QUEUED):
             waiters.append(pool.submit(outcome, functools.partial(take, i)))
             time.sleep(0.01)
-        time.sleep(0.3)
+        assert wait_until(lambda: len(arrived) == QUEUED, 10)  # all in line
         holder.release()
         assert Counter(w.result(STEP_TIMEOUT) for w in waiters) == {"ok": QUEUED}
     assert acquired == arrived
@@ -262,9 +288,11 @@ def test_a_pair_waiter_woken_in_vain_passes_the_turn_on(fresh_masters, redlock_o
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_waiting_pair_lock_is_woken_by_the_release(fresh_masters, redlock_of, mode):
+def test_a_waiting_pair_lock_is_woken_by_the_release(fresh_masters, redlock_of, mode, monkeypatch):
     """A pair lock waiting for a held "a" is woken by name when it is released, sync or async,
-    not after RETRY_DELAY (3 s here) or the holder's TTL (10 s)."""
+    not after RETRY_DELAY (3 s here), its safety poll (put off past the test, so that a loaded
+    machine cannot make a poll pass for the notice) or the holder's TTL (10 s)."""
+    monkeypatch.setattr(procedures, "SAFETY_POLL", 30.0)
     masters = fresh_masters(3)
     holder, waiting = redlock_of(masters), redlock_of(masters, retry_delay=3)
     held = holder.lock("a", ttl=10).acquire()
@@ -280,11 +308,12 @@ def test_a_waiting_pair_lock_is_woken_by_the_release(fresh_masters, redlock_of, 
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         done = pool.submit(pair if mode == "sync" else lambda: asyncio.run(apair()))
-        time.sleep(0.4)  # it lost, queued on the masters, and sleeps
+        # It lost, queued on the masters, and sleeps.
+        assert wait_until(lambda: queued(masters, waiting, {"a": 1}), 10)
         released = time.monotonic()
         held.release()
         done.result(timeout=10)
-    assert got[0] - released < 0.5
+    assert got[0] - released < 2.0
 
 
 def test_pair_waiters_woken_in_vain_do_not_wake_each_other_without_end(fresh_masters, redlock_of):
@@ -301,7 +330,7 @@ def test_pair_waiters_woken_in_vain_do_not_wake_each_other_without_end(fresh_mas
             pool.submit(engine.lock(*resources, ttl=5, wait=2).acquire)
             for engine, resources in zip(pairs, [("a", "b"), ("b", "c")], strict=True)
         ]
-        time.sleep(0.4)  # both are queued on "b"
+        assert wait_until(lambda: queued(masters, holder, {"b": 2}), 10)  # both, on "b"
         held[1].release()
         before = attempts_on(masters[0])
         time.sleep(1.0)
