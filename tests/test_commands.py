@@ -29,7 +29,7 @@ from django_redlock.commands import (
 )
 from django_redlock.conf import get_redlock
 from django_redlock.testing.masters import LocalMaster
-from tests.conftest import manage_py
+from tests.conftest import manage_py, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,9 +93,13 @@ def test_guarded_command_runs_under_its_lock_and_releases(redlock_settings: list
     seen_during: list[list[bytes | None]] = []
     out = io.StringIO()
 
-    def look() -> None:
-        time.sleep(0.3)
-        seen_during.append(lock_keys(redlock_settings, "command:nightly_report"))
+    def look() -> None:  # while the command runs (once it took its lock: a loaded start-up)
+        def held() -> list[bytes | None] | None:
+            keys = lock_keys(redlock_settings, "command:nightly_report")
+            return keys if all(v is not None for v in keys) else None
+
+        keys = wait_until(held, 10) or lock_keys(redlock_settings, "command:nightly_report")
+        seen_during.append(keys)  # type: ignore[arg-type]  # (wait_until: object)
 
     looker = threading.Thread(target=look)
     looker.start()
