@@ -199,7 +199,7 @@ def test_async_majority_down_is_quorum_unavailable_within_bound(fresh_masters, e
         await acquire_extend_release(engine, masters)
         for m in masters[:3]:
             getattr(m, fault)()
-        lock = engine.lock("job", ttl=0.5)
+        lock = engine.lock("job", ttl=0.5)  # (never granted: the TTL is the partial keys')
         started = time.monotonic()
         with pytest.raises(QuorumUnavailable, match="only 2 of 5"):
             await lock.aacquire()

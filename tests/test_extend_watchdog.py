@@ -58,7 +58,7 @@ def test_a_shorter_aextend_cut_by_a_timeout_shortens_the_lease(masters, redlock_
                 proxy.delay = 0.15  # each request lands 0.15 s after it left
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.1):
-                    await lock.aextend(ttl=0.5)
+                    await lock.aextend(ttl=0.5)  # short: what the lease is cut to is tested
             assert lock.validity <= 0.5
             rival = await other.lock("r", ttl=5, wait=3).aacquire()  # once our 0.5 s is over
             assert not lock.held
@@ -91,7 +91,7 @@ def test_a_shorter_extend_interrupted_by_a_signal_shortens_the_lease(masters, re
             # up 0.1 s before writing them was interrupted before it sent anything).
             signal.setitimer(signal.ITIMER_REAL, 0.3)
             with pytest.raises(Interrupted):
-                lock.extend(ttl=0.5)
+                lock.extend(ttl=0.5)  # short: what the lease is cut to is tested
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
