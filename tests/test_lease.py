@@ -82,8 +82,10 @@ def test_max_extensions_caps_renewal_and_the_loss_is_reported_at_once(masters, r
 
 def test_lock_lost_signal_and_on_lost_when_a_majority_pauses(fresh_masters, settings):
     masters = fresh_masters(5)
-    # The default budget (50 ms): healthy masters missed 20 ms under full-suite load.
-    settings.REDLOCK = {"NODES": [m.url for m in masters], "NODE_TIMEOUT": 0.05}
+    # 0.2 s: healthy masters missed 20 ms under full-suite load, and may miss the default 50 ms
+    # beside two CPU burners (the acquisition needs three of five within it).
+    budget = 0.2
+    settings.REDLOCK = {"NODES": [m.url for m in masters], "NODE_TIMEOUT": budget}
     received: list[object] = []
 
     def receiver(sender: object, lock: object, error: LockLost, **kwargs: object) -> None:
@@ -104,7 +106,7 @@ def test_lock_lost_signal_and_on_lost_when_a_majority_pauses(fresh_masters, sett
             m.resume()
         assert received, "lock_lost was not sent"
         # Reported by the time the validity runs out (plus a renewal round and 0.25 s of slack).
-        assert noticed <= valid_until + 0.1 + 0.25
+        assert noticed <= valid_until + 2 * budget + 0.25
         assert lock.lost
         with pytest.raises(LockLost):
             lock.__exit__(None, None, None)
@@ -167,7 +169,8 @@ def test_fence_hazard_when_masters_restart_empty_and_others_are_paused(fresh_mas
     """The documented limit: if the token's write-back reached only a bare quorum and one of
     those restarts empty while the others are unreachable, the next token can repeat."""
     masters = fresh_masters(5)
-    engine = redlock_of(masters, node_timeout=0.05)  # 20 ms was tight for healthy masters
+    # (0.5 s: 20 ms, then 50 ms, were tight for healthy masters on a loaded machine.)
+    engine = redlock_of(masters, node_timeout=0.5)
     for m in masters[:2]:
         m.kill()
     with engine.lock("fenced", ttl=2) as lock:
