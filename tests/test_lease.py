@@ -263,7 +263,8 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_and_its_fenced_write_is_r
 
 def test_a_release_wakes_a_waiter_at_once_not_after_its_retry_delay(masters, redlock_of):
     engine = redlock_of(masters, retry_delay=3.0)  # blind polling would take 1.5-3 s
-    assert hand_off_time(engine, "handoff", settle=0.3) < 0.5
+    # (1 s: a loaded machine's slack, still below the 1.5 s a blind retry takes at the soonest.)
+    assert hand_off_time(engine, "handoff", settle=0.3) < 1.0
 
 
 class Attempts(NullObserver):
@@ -310,7 +311,9 @@ def test_waiters_are_woken_one_at_a_time_in_the_order_they_queued(masters, redlo
     for thread in threads:
         thread.join(10)
     assert order == [0, 1, 2]
-    assert time.monotonic() - released < 1.0
+    # Three hand-offs and holds of 50 ms: quick, with a loaded machine's slack (the attempts
+    # below tell that no waiter retried blindly).
+    assert time.monotonic() - released < 2.0
     # A plain SET, then a SET that queues it; then each release hands the lock to the next in
     # line, which holds it without an attempt of its own (``handoff.handed_over``), or with
     # one if a quorum's word did not come within a node budget (a loaded machine). A waiter
@@ -326,7 +329,7 @@ def test_a_release_skips_a_queued_waiter_whose_process_is_gone(masters, redlock_
         seconds, micros = master.call("TIME")
         deadline = int(seconds) * 1000 + int(micros) // 1000 + 10_000
         master.call("ZADD", queue_key, deadline, "deadbeef0000.0")
-    assert hand_off_time(engine, "orphaned", settle=0.3) < 0.5  # the next in line was woken
+    assert hand_off_time(engine, "orphaned", settle=0.3) < 1.0  # the next in line was woken
     assert all(master.call("EXISTS", queue_key) == 0 for master in masters)
 
 
