@@ -111,6 +111,18 @@ def wait_until(condition: Callable[[], object], timeout: float, *, step: float =
         time.sleep(step)
 
 
+async def await_until(
+    condition: Callable[[], object], timeout: float, *, step: float = 0.01
+) -> object:
+    """``wait_until`` for a coroutine: poll ``condition`` without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        await asyncio.sleep(step)
+
+
 async def until_set(event: asyncio.Event, setter: asyncio.Task[Any], timeout: float = 30.0) -> None:
     """Await ``event``, which task ``setter`` sets (a holder that took its lock, say); if
     ``setter`` ended first, raise what it raised (its acquisition failed on a loaded machine)

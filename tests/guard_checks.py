@@ -33,8 +33,11 @@ from django.db.models import F  # noqa: E402
 from django_redlock import LockLost, LockNotAcquired, dbguard, redlock  # noqa: E402
 from tests.fencedapp.models import Ledger  # noqa: E402
 
-TTL = 0.3  # the lease; every pause below outlives it by 0.3 s
-PAUSE = TTL + 0.3
+#: The lease: 1 s, so that an acquisition, and a release within the lease, are done in time on
+#: a loaded machine (0.3 s left them 0.3 s). Every pause below outlives it: its validity is
+#: counted from before the acquisition, the pause from after, and load only makes a pause longer.
+TTL = 1.0
+PAUSE = TTL + 0.1
 
 #: The ways to run ``lock.aacquire()``: each but ``timeout`` in a child task.
 FORMS = ["wait_for", "gather", "create_task", "shield", "timeout"]

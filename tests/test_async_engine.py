@@ -17,7 +17,7 @@ import pytest
 
 from django_redlock.engine import LockContended, LockLost, NodeFailure, QuorumUnavailable
 from django_redlock.testing.proxy import DelayProxy
-from tests.conftest import until_set, wait_until
+from tests.conftest import await_until, until_set, wait_until
 
 NODE_TIMEOUT = 0.1  # as in test_engine_faults: healthy masters answer in time on a busy machine
 ROUND_BOUND = 3 * NODE_TIMEOUT + 0.25
@@ -134,11 +134,14 @@ def test_async_contention_names_every_master(masters, engine_of):
 def test_async_wait_gets_the_lock_when_the_holder_releases(masters, engine_of):
     engine = engine_of(urls(masters), retry_delay=0.02)
 
+    letting_go: list[float] = []
+
     async def hold(holding):
         # (wait=5: a single try of the holder may fail on a loaded machine.)
         async with engine.lock("job", ttl=5, wait=5):
             holding.set()
             await asyncio.sleep(0.2)
+            letting_go.append(time.monotonic())
 
     async def main():
         holding = asyncio.Event()
@@ -147,8 +150,12 @@ def test_async_wait_gets_the_lock_when_the_holder_releases(masters, engine_of):
         started = time.monotonic()
         async with engine.lock("job", ttl=5, wait=5) as lock:
             assert lock.held
-            assert 0.1 < time.monotonic() - started < 4
+            acquired = time.monotonic()
         await holder
+        # Not before the holder let go (timed by the holder: a late wake-up of this task after
+        # ``holding`` cannot shorten it, as it could a lower bound on ``acquired - started``).
+        assert acquired >= letting_go[0]
+        assert acquired - started < 4
 
     run(main)
 
@@ -158,10 +165,10 @@ def test_async_lost_lease_raises_on_exit(masters, engine_of):
 
     async def main():
         with pytest.raises(LockLost):
-            # ttl 0.3: the acquisition has 0.3 s to win (0.05 was missed under load), and the
-            # block outlives it by 0.15 s.
-            async with engine.lock("job", ttl=0.3):
-                await asyncio.sleep(0.45)
+            # ttl 1: the acquisition has 1 s to win (0.05 was missed under load), and the block
+            # outlives it: it waits until the keys ran out on every master.
+            async with engine.lock("job", ttl=1.0):
+                assert await await_until(lambda: keys_of(masters) == [None] * 5, 10)
 
     run(main)
 
@@ -192,7 +199,7 @@ def test_async_majority_down_is_quorum_unavailable_within_bound(fresh_masters, e
         await acquire_extend_release(engine, masters)
         for m in masters[:3]:
             getattr(m, fault)()
-        lock = engine.lock("job", ttl=0.5)
+        lock = engine.lock("job", ttl=0.5)  # (never granted: the TTL is the partial keys')
         started = time.monotonic()
         with pytest.raises(QuorumUnavailable, match="only 2 of 5"):
             await lock.aacquire()
@@ -254,8 +261,7 @@ def test_cancelled_acquisition_leaves_no_stale_reply_and_no_key(
             assert lock.held
             # It returned at quorum: the slow master's SET lands a round trip later.
             assert keys_of(masters).count(None) <= 2
-            await asyncio.sleep(0.2)
-            assert None not in keys_of(masters)
+            assert await await_until(lambda: None not in keys_of(masters), 5)
         return time.monotonic() - cancelled_at
 
     run(main)
@@ -270,19 +276,22 @@ def test_cancelled_acquisition_cleans_up_at_once(masters, engine_of):
     the five masters are slow, so that the round is still undecided (a round returns as soon
     as a quorum granted) when it is cancelled."""
     with contextlib.ExitStack() as stack:
-        slow = [stack.enter_context(DelayProxy(m.port, delay=0.03)).url for m in masters[:3]]
-        engine = engine_of([*slow, *urls(masters[3:])], node_timeout=0.5)
+        # 0.5 s each way: the round stays undecided for a second, which a loaded machine
+        # cannot sleep through before the cancellation (30 ms each way could be).
+        slow = [stack.enter_context(DelayProxy(m.port, delay=0.5)).url for m in masters[:3]]
+        engine = engine_of([*slow, *urls(masters[3:])], node_timeout=3.0)
 
         async def main():
             task = asyncio.create_task(engine.lock("job", ttl=30).aacquire())
-            await asyncio.sleep(0.01)  # fast masters have granted; the slow ones have not
+            # The fast masters have granted; the slow ones have not.
+            assert await await_until(lambda: None not in keys_of(masters[3:]), 0.9)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             assert task.cancelled()
             assert keys_of(masters[3:]) == [None] * 2
-            await asyncio.sleep(0.2)  # anything still in the proxies has arrived
-            assert keys_of(masters) == [None] * 5
+            # Anything still in the proxies arrives, and is undone.
+            assert await await_until(lambda: keys_of(masters) == [None] * 5, 5)
 
         run(main)
 

@@ -10,7 +10,7 @@ import pytest
 from django_redlock import LockContended, LockLost
 from django_redlock.testing.masters import LocalMaster
 
-from .conftest import until_set
+from .conftest import await_until, until_set
 
 
 def keys_left(masters: list[LocalMaster], key: str) -> int:
@@ -21,15 +21,19 @@ def test_async_auto_extend_fence_and_lost(masters, redlock_of):
     engine = redlock_of(masters)
 
     async def main() -> None:
-        async with engine.lock("a", ttl=0.3, auto_extend=True) as lock:
-            await asyncio.sleep(0.8)
+        # 1 s: renewed every 1/3 s, a renewal may come 2/3 s late on a loaded machine.
+        async with engine.lock("a", ttl=1.0, auto_extend=True) as lock:
+            lease = engine.holders[lock.key]
+            # Past one TTL (the fourth renewal is due 4/3 TTL after the grant), still held.
+            assert await await_until(lambda: lease.extensions >= 4, 10), lease.extensions
+            assert keys_left(masters, lock.key) == len(masters)
             assert not lock.lost
             first = await lock.afence()
         async with engine.lock("a", ttl=2) as lock:
             assert await lock.afence() > first
         with pytest.raises(LockLost):
-            async with engine.lock("a", ttl=0.2):
-                await asyncio.sleep(0.4)
+            async with engine.lock("a", ttl=1.0) as lock:
+                assert await await_until(lambda: keys_left(masters, lock.key) == 0, 10)  # ran out
 
     asyncio.run(main())
     assert keys_left(masters, "redlock:lock:a") == 0
@@ -46,7 +50,9 @@ def test_async_waiter_is_woken_by_a_release_notice(masters, redlock_of):
                 return time.monotonic()
 
         task = asyncio.create_task(waiter())
-        await asyncio.sleep(0.3)
+        # Queued on every master: it tried, lost, and sleeps until a notice (or 3 s).
+        queued = lambda: all(m.call("ZCARD", engine.queue_key("h")) == 1 for m in masters)  # noqa: E731
+        assert await await_until(queued, 10)
         released = time.monotonic()
         await holder.arelease()
         return await task - released
@@ -64,7 +70,8 @@ def test_a_task_cancelled_while_waiting_leaves_nothing_behind(masters, redlock_o
             await engine.lock("c", ttl=5, wait=10).aacquire()
 
         task = asyncio.create_task(waiter())
-        await asyncio.sleep(0.2)
+        # Queued (what its cancellation must undo), then cancelled.
+        assert await await_until(lambda: keys_left(masters, engine.queue_key("c")) == 5, 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -121,14 +128,17 @@ def test_async_reentry_is_per_task(masters, redlock_of):
 
 def test_a_task_cancelled_mid_round_undoes_the_sets_that_landed(fresh_masters, redlock_of):
     masters = fresh_masters(5)
-    engine = redlock_of(masters, node_timeout=1.0)
+    # A budget the test never waits out (it cancels first), long enough that a loaded machine
+    # cannot end the round before the test has seen the two grants land.
+    engine = redlock_of(masters, node_timeout=2.0)
     for m in masters[2:]:
         m.pause()  # the round waits on these three, while the other two have said OK
 
     async def main() -> None:
         task = asyncio.create_task(engine.lock("mid", ttl=30).aacquire())
-        await asyncio.sleep(0.2)
-        assert keys_left(masters[:2], "redlock:lock:mid") == 2  # landed, round still open
+        # Landed on the two that answer, the round still open.
+        assert await await_until(lambda: keys_left(masters[:2], "redlock:lock:mid") == 2, 1.5)
+        assert not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -255,14 +255,14 @@ def test_a_new_thread_is_not_taken_for_an_ended_thread_that_held_a_reentrant_loc
 
 def test_release_after_wait_for_acquire_frees_the_lock_and_stops_its_renewal(masters, redlock_of):
     engine = redlock_of(masters)
-    lock = engine.lock("waited-for", ttl=0.6, auto_extend=True)  # renewed every 0.2 s
+    lock = engine.lock("waited-for", ttl=1.0, auto_extend=True)  # renewed every 1/3 s
     watched = WATCHDOG.watching
 
     async def main() -> tuple[bool, str]:
         await asyncio.wait_for(lock.aacquire(), 5)  # on 3.11: acquired in an inner task
         held = lock.held
         released = await aoutcome(lock.arelease())
-        await asyncio.sleep(0.5)  # more than two renewal periods
+        await asyncio.sleep(0.7)  # more than two renewal periods: nothing may happen meanwhile
         return held, released
 
     held, released = asyncio.run(main())

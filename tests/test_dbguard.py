@@ -21,7 +21,7 @@ from django_redlock import LockLost, locked, redlock
 from django_redlock.conf import get_redlock
 from django_redlock.dbguard import refuse_stale_queries
 from tests import guard_checks
-from tests.conftest import ROOT, checks_in_a_child
+from tests.conftest import ROOT, checks_in_a_child, wait_until
 from tests.fencedapp.models import Ledger
 
 pytestmark = [
@@ -29,8 +29,12 @@ pytestmark = [
     pytest.mark.urls("tests.fencedapp.urls"),
 ]
 
-TTL = 0.3  # the lease; every pause below outlives it by at least 0.3 s
-PAUSE = TTL + 0.3
+#: The lease: 1 s, so that what a block does within its validity (a query, a write) is done in
+#: time on a loaded machine (0.3 s left an acquisition and a query 0.3 s). Every pause below
+#: outlives it: its validity is counted from before the acquisition, the pause from after, and
+#: a loaded machine only makes a pause longer.
+TTL = 1.0
+PAUSE = TTL + 0.1
 
 
 def value(name: str = "row") -> int:
@@ -38,10 +42,13 @@ def value(name: str = "row") -> int:
 
 
 def force_release_later(masters, resource: str, after: float) -> threading.Thread:
-    """Delete the lock's key on every master after ``after`` seconds, as an operator would."""
+    """Delete the lock's key on every master ``after`` seconds after it is held there, as an
+    operator would (counted from the grant seen, not from now: a loaded machine may take
+    longer than ``after`` to start the request that takes it)."""
     key = get_redlock().lock_key(resource)
 
     def release() -> None:
+        assert wait_until(lambda: all(m.call("EXISTS", key) for m in masters), 10), key
         time.sleep(after)
         for master in masters:
             master.call("DEL", key)
@@ -233,8 +240,8 @@ def test_a_connection_a_thread_opens_with_the_blocks_context_is_guarded(redlock_
 
 
 def test_a_request_whose_lock_was_force_released_cannot_write(redlock_settings):
-    """lock_view renews every 0.2 s: the renewal after the force release finds the lease gone,
-    and the view's UPDATE, 1 s later, is refused."""
+    """lock_view renews every 1/3 s: the renewal after the force release finds the lease gone
+    (or, late, its 1 s validity runs out), and the view's UPDATE, 1.2 s in, is refused."""
     Ledger.objects.create(name="row")
     releaser = force_release_later(redlock_settings, "ledger:row", after=0.2)
     with pytest.raises(LockLost, match="refused before it reached the database"):

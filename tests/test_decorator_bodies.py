@@ -13,7 +13,7 @@ import pytest
 
 from django_redlock.engine import Lock, LockContended, LockLost
 
-from .conftest import until_set
+from .conftest import until_set, wait_until
 
 
 def test_a_template_field_from_a_var_keyword_parameter_of_any_name(masters, redlock_of):
@@ -112,8 +112,11 @@ def test_a_decorated_async_generator_holds_the_lock_and_never_blocks_the_loop(ma
         seen["exhausted"] = await others_take()
         async for _ in rows(7):
             break  # abandoned: asyncio's finalizer closes it, in a task of its own
-        await asyncio.sleep(0.2)
-        seen["after a break"] = await others_take()
+        # Released once that task ran (when: up to a loaded machine), long before its 10 s TTL.
+        deadline = time.monotonic() + 5
+        while (after := await others_take()) != "acquired" and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        seen["after a break"] = after
         # Waiting for a holder on this same loop: a blocking acquire would stop the loop, and
         # the holder with it, until ``wait`` ran out.
         held = asyncio.Event()
@@ -177,10 +180,12 @@ def test_a_decorated_generator_whose_lease_ran_out_raises_lock_lost_when_it_ends
 ):
     engine = redlock_of(masters)
 
-    @engine.locked("slow", ttl=0.3)
+    @engine.locked("slow", ttl=1.0)
     def slow() -> Iterator[int]:
         yield 1
-        time.sleep(0.5)  # past the lease: another client may have held it since
+        # Past the lease (another client may have held it since): it ran out on every master.
+        key = engine.lock_key("slow")
+        assert wait_until(lambda: all(m.call("EXISTS", key) == 0 for m in masters), 10)
         yield 2
 
     generator = slow()

@@ -30,6 +30,7 @@ from django_redlock.keys import (
 )
 from django_redlock.signals import lock_contended, lock_lost
 from testproject.shop.models import Account
+from tests.conftest import until_set
 
 pytestmark = pytest.mark.urls("tests.test_decorators")
 
@@ -56,7 +57,7 @@ def lost_update(request: HttpRequest, name: str) -> HttpResponse:
 COUNTER: dict[str, int] = {}
 
 
-@lock_view("held:{name}", ttl=0.5)
+@lock_view("held:{name}", ttl=1.0)
 def held_while_running(request: HttpRequest, name: str) -> HttpResponse:
     inside.set()
     assert proceed.wait(10)
@@ -98,18 +99,33 @@ def _wipe(resource: str) -> None:
             client.close()
 
 
-@lock_view("lose:{name}", ttl=0.3)
+def _wipe_until_lost(resource: str) -> None:
+    """``_wipe``, then wait until the watchdog's renewal (at a third of the TTL) finds the keys
+    gone and says so (``lock_lost``): what a loaded machine delays, not a fixed time."""
+    noticed = threading.Event()
+
+    def receiver(sender: object, *, lock: object, error: LockLost, **kwargs: object) -> None:
+        if error.resource == resource:
+            noticed.set()
+
+    lock_lost.connect(receiver)
+    try:
+        _wipe(resource)
+        assert noticed.wait(10), f"the loss of {resource} was not noticed"
+    finally:
+        lock_lost.disconnect(receiver)
+
+
+@lock_view("lose:{name}", ttl=1.0)
 def loses_its_lock(request: HttpRequest, name: str) -> HttpResponse:
-    _wipe(f"lose:{name}")
-    time.sleep(0.6)  # the watchdog renews at ttl/3 and finds the key gone
+    _wipe_until_lost(f"lose:{name}")
     return HttpResponse("finished without exclusivity")
 
 
-@lock_view("atomic:{name}", ttl=0.3, atomic=True)
+@lock_view("atomic:{name}", ttl=1.0, atomic=True)
 def atomic_loses(request: HttpRequest, name: str) -> HttpResponse:
     Account.objects.create(name=name, balance=1)
-    _wipe(f"atomic:{name}")
-    time.sleep(0.6)
+    _wipe_until_lost(f"atomic:{name}")
     return HttpResponse("not committed")
 
 
@@ -128,17 +144,16 @@ def stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     return StreamingHttpResponse(body())
 
 
-@lock_view("short-stream:{name}", ttl=0.5)
+@lock_view("short-stream:{name}", ttl=1.0)
 def short_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     return StreamingHttpResponse(iter([b"a", b"b"]))
 
 
-@lock_view("lost-stream:{name}", ttl=0.3)
+@lock_view("lost-stream:{name}", ttl=1.0)
 def lost_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     def body() -> Iterator[bytes]:
         yield b"first"
-        _wipe(f"lost-stream:{name}")  # taken away while the body is being sent
-        time.sleep(0.6)
+        _wipe_until_lost(f"lost-stream:{name}")  # taken away while the body is being sent
         yield b"last"
 
     return StreamingHttpResponse(body())
@@ -423,12 +438,12 @@ def test_concurrent_requests_are_serialized(redlock_settings: list) -> None:
 
 
 def test_lease_is_extended_while_the_view_runs(redlock_settings: list) -> None:
-    """ttl=0.5, the view runs ~1.2 s: still held at the end, and no LockLost."""
+    """ttl=1, the view runs more than 1.2 s: still held at the end, and no LockLost."""
     results: list[int] = []
     worker = threading.Thread(target=lambda: results.append(Client().get("/held/a/").status_code))
     worker.start()
     assert inside.wait(10)
-    time.sleep(1.2)  # more than twice the TTL
+    time.sleep(1.2)  # past the TTL: unrenewed, the lock would be free by now
     assert Client().get("/held/a/").status_code == 423
     proceed.set()
     worker.join(10)
@@ -494,7 +509,7 @@ def test_stream_closed_by_another_thread_expires_within_its_ttl(
     redlock_settings: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Only the owner may release: closed from elsewhere, the lock stops being renewed and
-    expires (ttl=0.5) instead of being held for as long as the response object lives."""
+    expires (ttl=1) instead of being held for as long as the response object lives."""
     client = Client()
     response = client.get("/short-stream/x/")
     closer = threading.Thread(target=response.close)
@@ -540,10 +555,12 @@ def test_async_view_is_locked(redlock_settings: list) -> None:
 
 def test_async_requests_at_once_one_wins(redlock_settings: list) -> None:
     """Two async requests on one loop, the first still inside: the second gets 423."""
+    entered, leave = asyncio.Event(), asyncio.Event()
 
     @lock_view("gate")
     async def gate(request: HttpRequest) -> HttpResponse:
-        await asyncio.sleep(0.3)
+        entered.set()
+        await asyncio.wait_for(leave.wait(), 10)  # inside until the second was answered
         return HttpResponse("in")
 
     async def scenario() -> list[int]:
@@ -551,8 +568,9 @@ def test_async_requests_at_once_one_wins(redlock_settings: list) -> None:
 
         factory = AsyncRequestFactory()
         first = asyncio.create_task(gate(factory.get("/")))
-        await asyncio.sleep(0.1)
+        await until_set(entered, first)
         second = await gate(factory.get("/"))
+        leave.set()
         return [(await first).status_code, second.status_code]
 
     assert asyncio.run(scenario()) == [200, 423]

@@ -213,7 +213,7 @@ def test_majority_down_is_quorum_unavailable_within_bound(fresh_masters, engine_
     acquire_extend_release(engine, masters)
     for m in masters[:3]:
         getattr(m, fault)()
-    lock = engine.lock("job", ttl=0.5)
+    lock = engine.lock("job", ttl=0.5)  # (never granted: the TTL is the partial keys')
     started = time.monotonic()
     with pytest.raises(QuorumUnavailable, match="only 2 of 5 masters answered, 3 needed") as caught:
         lock.acquire()
@@ -235,7 +235,7 @@ def test_majority_down_gives_up_after_wait_within_bound(fresh_masters, engine_of
     wait = 0.4
     started = time.monotonic()
     with pytest.raises(QuorumUnavailable) as caught:
-        engine.lock("job", ttl=0.5, wait=wait).acquire()
+        engine.lock("job", ttl=0.5, wait=wait).acquire()  # (never granted)
     elapsed = time.monotonic() - started
     assert wait - 0.05 <= elapsed < wait + FAILED_ATTEMPT_BOUND
     assert caught.value.attempts >= 2
@@ -252,7 +252,7 @@ def test_majority_paused_leaves_no_key_beyond_its_ttl(fresh_masters, engine_of):
     for m in masters[:3]:
         m.pause()
     started = time.monotonic()
-    with pytest.raises(QuorumUnavailable):
+    with pytest.raises(QuorumUnavailable):  # a short TTL: what the partial keys outlive is tested
         engine.lock("job", ttl=0.5).acquire()
     assert time.monotonic() - started < FAILED_ATTEMPT_BOUND
     assert keys_of(masters[3:]) == [None, None]
@@ -442,7 +442,7 @@ def test_majority_slower_than_the_ttl_with_a_short_budget(fresh_masters, engine_
     engine = engine_of([p.url for p in delayed] + urls(masters[3:]))
     for p in delayed:
         p.delay = 0.3
-    lock = engine.lock("job", ttl=0.2)
+    lock = engine.lock("job", ttl=0.2)  # shorter than the slow majority's replies: the test
     started = time.monotonic()
     with pytest.raises(QuorumUnavailable, match="only 2 of 5"):
         lock.acquire()

@@ -1,7 +1,10 @@
 """The watchdog's expiry notices (``on_lost`` and the ``lost`` event of a lease that runs out
 unreleased) start in a plain list and reach the heap when the first of them falls due
 (``Watchdog.watch_expiry``): whatever else is in that list, each lease is still told at its own
-expiry, once, and a released or extended one is not told at its old deadline."""
+expiry, once, and a released or extended one is not told at its old deadline.
+
+The leases are 1-2 s, not shorter: each must be acquired or extended well within its TTL on a
+loaded machine, and each "not told yet" is looked at a second before the deadline concerned."""
 
 from __future__ import annotations
 
@@ -32,9 +35,9 @@ def test_a_short_lease_after_a_long_one_is_told_at_its_own_expiry(masters, redlo
     """The watchdog sleeps until the long lease's deadline: the short one must wake it."""
     told, engine = Told(), redlock_of(masters)
     long = engine.lock("long", ttl=30, on_lost=told).acquire()
-    short = engine.lock("short", ttl=0.3, on_lost=told).acquire()
+    short = engine.lock("short", ttl=1.0, on_lost=told).acquire()
     expires = _expiry(short)
-    wait_until(lambda: "short" in told.at, 3)
+    assert wait_until(lambda: "short" in told.at, 5)
     assert 0 <= told.at["short"][0] - expires < 0.3
     assert "long" not in told.at
     long.release()
@@ -47,13 +50,15 @@ def test_a_lease_still_held_when_another_falls_due_is_told_at_its_own_expiry(mas
     """The first lease falling due moves the list to the heap: the later one is told at its own
     deadline, not at the first one's, and a released one never."""
     told, engine = Told(), redlock_of(masters)
-    with engine.lock("first", ttl=0.3, on_lost=told):
-        pass  # released: nothing to tell when its deadline comes
-    later = engine.lock("later", ttl=0.9, on_lost=told).acquire()
+    with engine.lock("first", ttl=1.0, on_lost=told) as first:
+        first_expires = _expiry(first)
+        # released: nothing to tell when its deadline comes
+    later = engine.lock("later", ttl=2.0, on_lost=told).acquire()
     expires = _expiry(later)
-    time.sleep(0.5)  # past the first one's deadline: the list moved to the heap
+    # Past the first one's deadline: the list moved to the heap.
+    time.sleep(max(0.0, first_expires + 0.05 - time.monotonic()))
     assert told.at == {}
-    wait_until(lambda: "later" in told.at, 3)
+    assert wait_until(lambda: "later" in told.at, 5)
     assert 0 <= told.at["later"][0] - expires < 0.3
     assert "first" not in told.at
     with contextlib.suppress(LockLost):  # (told; the keys may not have run out yet)
@@ -62,12 +67,13 @@ def test_a_lease_still_held_when_another_falls_due_is_told_at_its_own_expiry(mas
 
 def test_a_lease_extended_while_in_the_list_is_told_at_its_new_expiry(masters, redlock_of):
     told, engine = Told(), redlock_of(masters)
-    lock = engine.lock("extended", ttl=0.3, on_lost=told).acquire()
-    lock.extend(ttl=1.0)
+    lock = engine.lock("extended", ttl=1.0, on_lost=told).acquire()
+    first_expires = _expiry(lock)
+    lock.extend(ttl=2.0)
     expires = _expiry(lock)
-    time.sleep(0.5)  # past the first deadline: not told then
-    assert told.at == {}
-    wait_until(lambda: "extended" in told.at, 3)
+    time.sleep(max(0.0, first_expires + 0.05 - time.monotonic()))  # past the first deadline
+    assert told.at == {}  # not told then
+    assert wait_until(lambda: "extended" in told.at, 5)
     assert 0 <= told.at["extended"][0] - expires < 0.3
     with contextlib.suppress(LockLost):  # (told; the keys may not have run out yet)
         lock.release()
@@ -81,9 +87,9 @@ def test_a_lease_held_through_a_sweep_of_the_list_is_still_told(masters, redlock
     for _ in range(SWEEP_AT + 10):
         with engine.lock("busy", ttl=30, on_lost=told):
             pass
-    held.extend(ttl=0.3)  # (its live look is now the extend's: the list's entry is dropped)
+    held.extend(ttl=1.0)  # (its live look is now the extend's: the list's entry is dropped)
     expires = _expiry(held)
-    wait_until(lambda: "held" in told.at, 3)
+    assert wait_until(lambda: "held" in told.at, 5)
     assert 0 <= told.at["held"][0] - expires < 0.3
     assert "busy" not in told.at
     with contextlib.suppress(LockLost):  # (told; the keys may not have run out yet)

@@ -191,12 +191,13 @@ def test_a_collapsed_link_is_slow_and_a_delayed_path_is_late(tmp_path):
     # 2.6 kB each way at 2 kB/s after a 2 kB burst: 0.3 s each way; without tbf, a blink.
     assert throttled["error"] is None, throttled
     assert throttled["seconds"] >= 0.5, throttled
-    assert steady["seconds"] < 0.2, steady
-    assert again["seconds"] < 0.2, again
+    # (0.4 s: below the throttled 0.5 s, with a loaded machine's slack; 0.2 s left 0.2 s.)
+    assert steady["seconds"] < 0.4, steady
+    assert again["seconds"] < 0.4, again
     assert delayed["error"] is None, delayed
     # At least the PING's round trip, 0.1 s each way (redis-py's handshake adds more).
     assert delayed["seconds"] >= 0.2, delayed
-    assert quick["seconds"] < 0.1, quick
+    assert quick["seconds"] < 0.2, quick  # (below the delayed 0.2 s; 0.1 s left 0.1 s)
 
 
 # --- the chaos scenarios, at CI size ---

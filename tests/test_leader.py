@@ -21,6 +21,7 @@ import pytest
 
 from django_redlock import QuorumUnavailable, holder
 from django_redlock.commands import EXIT_LOST
+from django_redlock.conf import get_redlock
 from django_redlock.testing.masters import LocalMaster
 from django_redlock.testing.proxy import DelayProxy
 from tests.conftest import ROOT, wait_until
@@ -92,11 +93,20 @@ def leader_pid() -> int | None:
     return None if held is None else held.owner.pid
 
 
-def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(leaders: Any) -> None:
+def standby_queued(masters: list[LocalMaster]) -> bool:
+    """Whether a standby waits in the leader lock's queue on a majority of ``masters``: it is
+    up (a Django start-up in a process of its own, seconds on a loaded machine) and queued."""
+    queue_key = get_redlock().queue_key("leader:scheduler")
+    return sum(bool(m.call("ZCARD", queue_key)) for m in masters) > len(masters) // 2
+
+
+def test_a_standby_takes_over_from_a_leader_killed_with_sigkill(
+    leaders: Any, redlock_settings: list[LocalMaster]
+) -> None:
     first = leaders()
     assert wait_until(lambda: leader_pid() == first.pid and ticks(leaders.log), 30), "first leads"
     standbys = [leaders()]
-    time.sleep(1.0)  # the standby is up, queued
+    assert wait_until(lambda: standby_queued(redlock_settings), 30), "the standby is up, queued"
     assert wait_until(lambda: leader_pid() == first.pid, 5.0)  # (polled: "cannot tell" is None)
     assert len(ticks(leaders.log)) == 1  # only the leader's command runs
     (child,) = ticks(leaders.log)
@@ -130,7 +140,7 @@ def test_a_partitioned_leader_stops_its_command_before_its_validity_ends(
             "first leads"
         )
         second = leaders()
-        time.sleep(1.0)
+        assert wait_until(lambda: standby_queued(redlock_settings), 30), "the standby is queued"
         for proxy in proxies:
             proxy.blackhole()  # the leader alone is cut off from every master
         assert first.wait(TTL + 5) == EXIT_LOST

@@ -44,8 +44,10 @@ def test_a_burst_on_healthy_masters_is_served_in_turn_and_leaves_no_key(masters,
     releases, no key is left on any master once they have answered the burst's releases, and no
     master is ever sent more than about ``IN_FLIGHT`` of our requests at once (the rest wait
     their turn here, costing no node budget): written all at once, they queued on the masters
-    and, from about 10,000 tasks, were charged to them as missed budgets."""
-    engine = redlock_of(masters)
+    and, from about 10,000 tasks, were charged to them as missed budgets. (A 0.25 s budget: the
+    default 50 ms was missed by masters sharing two CPUs with the suite and two burners, 143
+    times in 2,500; what is measured here is how many requests a master is sent at once.)"""
+    engine = redlock_of(masters, node_timeout=0.25)
     errors: collections.Counter[str] = collections.Counter()
     most_pending = 0
 
@@ -88,18 +90,19 @@ def test_a_request_held_up_in_this_process_does_not_cost_its_validity(masters, r
     the next ones at its end, and a third task then blocks the loop for longer than the TTL.
     The second acquisition's requests leave only after that: its validity counts from then
     (the masters start its keys' TTL later still), so it is won. (The first one's replies were
-    read that late too: too late for its TTL, truly.)"""
+    read that late too: too late for its TTL, truly.) The TTL is 1 s, the block 1.3 s: the
+    second's round then has 1 s to end on a loaded machine (0.5 s left it 0.5 s)."""
     engine = redlock_of(masters)
 
     async def main() -> tuple[bool, BaseException | None]:
         async with engine.lock("warm-up", ttl=10):  # connections made, scripts loaded
             pass
         loop = asyncio.get_running_loop()
-        first = loop.create_task(engine.lock("first", ttl=0.5).aacquire())
-        second = loop.create_task(engine.lock("second", ttl=0.5).aacquire())
+        first = loop.create_task(engine.lock("first", ttl=1.0).aacquire())
+        second = loop.create_task(engine.lock("second", ttl=1.0).aacquire())
 
         async def busy() -> None:
-            time.sleep(0.7)  # the loop is stuck: the tick's later requests wait in our buffer
+            time.sleep(1.3)  # the loop is stuck: the tick's later requests wait in our buffer
 
         await asyncio.gather(busy(), return_exceptions=True)
         (held,) = await asyncio.gather(second)
@@ -224,18 +227,20 @@ def test_a_wait_spent_before_the_queue_is_refused_at_once_and_says_so(masters, r
 
 @pytest.fixture
 def one_slow(masters):
-    """Three masters, the first behind a proxy adding 150 ms each way (a 300 ms round trip)."""
-    with DelayProxy(masters[0].port, delay=0.15) as proxy:
+    """Three masters, the first behind a proxy adding 0.5 s each way (a 1 s round trip: a return
+    at quorum is told from a wait for it by 0.5 s either way, which load cannot blur; 150 ms
+    each way left 150 ms, and an acquisition on a loaded machine took 175 ms)."""
+    with DelayProxy(masters[0].port, delay=0.5) as proxy:
         yield [proxy.url, masters[1].url, masters[2].url], masters[:3]
 
 
 def test_an_acquisition_returns_at_quorum_without_the_slow_master(one_slow, redlock_of):
     """Two fast masters of three grant at once: the acquisition, the extension and the release
-    return then, not a slow master's round trip (300 ms) later. The slow master's replies
+    return then, not a slow master's round trip (1 s) later. The slow master's replies
     complete in the background, without marking it silent; its key is removed in order by the
     release that follows it on the same connection."""
     urls, masters = one_slow
-    engine = redlock_of(urls, node_timeout=1.0)
+    engine = redlock_of(urls, node_timeout=3.0)
     key = engine.lock_key(SLOW_JOB)
     sets_before = masters[0].commands_run("set")
     with engine.lock(SLOW_JOB, ttl=60):  # connects, loads scripts
@@ -252,14 +257,14 @@ def test_an_acquisition_returns_at_quorum_without_the_slow_master(one_slow, redl
     started = time.monotonic()
     lock.release()
     took["release"] = time.monotonic() - started
-    assert all(seconds < 0.15 for seconds in took.values()), took
+    assert all(seconds < 0.5 for seconds in took.values()), took
     assert engine.nodes[0].silent_until == 0.0
     removed_in_order(masters, key, ours, sets_before)
 
 
 def test_an_async_acquisition_returns_at_quorum_without_the_slow_master(one_slow, redlock_of):
     urls, masters = one_slow
-    engine = redlock_of(urls, node_timeout=1.0)
+    engine = redlock_of(urls, node_timeout=3.0)
     key = engine.lock_key(SLOW_JOB)
     sets_before = masters[0].commands_run("set")
 
@@ -273,7 +278,7 @@ def test_an_async_acquisition_returns_at_quorum_without_the_slow_master(one_slow
         return took, ours
 
     took, ours = asyncio.run(main())
-    assert took < 0.15
+    assert took < 0.5
     assert engine.nodes[0].silent_until == 0.0
     removed_in_order(masters, key, ours, sets_before)
 
@@ -283,7 +288,7 @@ SLOW_JOB = "slow-master-job"
 
 
 def removed_in_order(masters: list[LocalMaster], key: str, ours: object, sets_before: int) -> None:
-    """The slow master runs both SETs (the warm-up's and the lock's) 150 ms after they left,
+    """The slow master runs both SETs (the warm-up's and the lock's) 0.5 s after they left,
     and the release behind the second one just after it: the key is removed there, long before
     its 60 s TTL. Checked only once the slow master has run both SETs: before that, "no key
     anywhere" is true and proves nothing. (That is what once failed in CI: a first look before

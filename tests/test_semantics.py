@@ -21,6 +21,7 @@ from django_redlock.engine import (
 from django_redlock.engine.base.events import NullObserver
 from django_redlock.engine.base.values import Owner
 from django_redlock.engine.members.rounds import SKIP_SILENT_FOR
+from tests.conftest import wait_until
 
 
 def delete_everywhere(masters, key: str) -> None:
@@ -37,8 +38,8 @@ def values_of(masters, key: str) -> list[bytes | None]:
 
 
 def test_release_after_expiry_raises_and_lost_stays_readable(masters, redlock_of):
-    lock = redlock_of(masters).lock("r", ttl=0.3).acquire()
-    time.sleep(0.45)
+    lock = redlock_of(masters).lock("r", ttl=1.0).acquire()
+    assert wait_until(lambda: values_of(masters, lock.key) == [None] * len(masters), 10)
     with pytest.raises(LockLost, match="ran out") as caught:
         lock.release()
     assert {f.reason for f in caught.value.failures} == {"gone"}
@@ -56,8 +57,8 @@ def test_release_after_a_forced_release_raises(masters, redlock_of):
 
 def test_release_after_another_owner_took_over_raises_and_leaves_its_key(masters, redlock_of):
     engine, other = redlock_of(masters), redlock_of(masters)
-    old = engine.lock("r", ttl=0.3).acquire()
-    time.sleep(0.45)
+    old = engine.lock("r", ttl=1.0).acquire()
+    assert wait_until(lambda: values_of(masters, old.key) == [None] * len(masters), 10)
     new = other.lock("r", ttl=10).acquire()
     theirs = values_of(masters, new.key)
     with pytest.raises(LockLost):
@@ -68,7 +69,9 @@ def test_release_after_another_owner_took_over_raises_and_leaves_its_key(masters
 
 def test_release_without_a_quorum_raises_after_releasing_where_it_could(fresh_masters, redlock_of):
     masters = fresh_masters(5)
-    lock = redlock_of(masters, node_timeout=0.05).lock("r", ttl=10).acquire()
+    # (0.5 s: a healthy master must not miss the budget on a loaded machine; the killed ones
+    # refuse at once.)
+    lock = redlock_of(masters, node_timeout=0.5).lock("r", ttl=10).acquire()
     for m in masters[:3]:
         m.kill()
     with pytest.raises(LockLost) as caught:
@@ -84,7 +87,9 @@ def test_a_block_left_without_a_quorum_to_release_does_not_raise(fresh_masters, 
     and the engine says so through the failing-masters notice, not by failing the block."""
     masters = fresh_masters(5)
     recorder = Recorder()
-    engine = redlock_of(masters, node_timeout=0.05, observer=recorder)
+    # (0.5 s: a healthy master missing a 50 ms budget on a loaded machine was an acquisition
+    # failure recorded too; the killed ones refuse at once.)
+    engine = redlock_of(masters, node_timeout=0.5, observer=recorder)
     with engine.lock("r", ttl=10):
         for m in masters[:3]:
             m.kill()
@@ -235,9 +240,12 @@ def test_extend_to_a_new_duration(masters, redlock_of):
 
 
 def test_max_extensions_counts_manual_and_automatic_extensions(masters, redlock_of):
-    with redlock_of(masters).lock("r", ttl=0.3, auto_extend=True, max_extensions=2) as lock:
+    engine = redlock_of(masters)
+    with engine.lock("r", ttl=1.0, auto_extend=True, max_extensions=2) as lock:
+        lease = engine.holders[lock.key]
         lock.extend()
-        time.sleep(0.15)  # the watchdog renews once at ~0.1 s: 2 extensions in all
+        # The watchdog renews once, 1/3 s later: 2 extensions in all.
+        assert wait_until(lambda: lease.extensions == 2, 10), lease.extensions
         with pytest.raises(ExtensionLimit, match="max_extensions=2"):
             lock.extend()
         assert lock.held  # the refusal changed nothing
@@ -282,19 +290,24 @@ def test_several_resources_refuse_duplicates_and_a_partial_holding_is_a_loss(mas
 def test_a_lock_over_several_resources_waits_for_a_single_holder(masters, redlock_of):
     engine, other = redlock_of(masters), redlock_of(masters)
     held = threading.Event()
+    letting_go: list[float] = []
 
     def hold_b_for_a_while() -> None:
         with other.lock("b", ttl=10):
             held.set()
             time.sleep(0.2)
+            letting_go.append(time.monotonic())
 
     holder = threading.Thread(target=hold_b_for_a_while)
     holder.start()
-    held.wait(5)
-    started = time.monotonic()
+    assert held.wait(10)
     with engine.lock("a", "b", ttl=10, wait=5):
-        assert 0.1 < time.monotonic() - started < 2
+        acquired = time.monotonic()
     holder.join(5)
+    # Not before the holder let go of "b" (timed by the holder itself: a late wake-up of this
+    # thread cannot shorten it), and woken soon after.
+    assert letting_go
+    assert 0 < acquired - letting_go[0] < 2
 
 
 def _opposite_orders(urls: list[str], worker: int, rounds: int, counter: str) -> None:
@@ -393,12 +406,12 @@ def test_a_failing_minority_is_told_on_acquire_extend_and_release(fresh_masters,
 def test_a_lease_running_out_unwatched_fires_on_lost_at_its_expiry(masters, redlock_of):
     noticed: list[float] = []
     lock = redlock_of(masters).lock(
-        "r", ttl=0.3, on_lost=lambda lock, error: noticed.append(time.monotonic())
+        "r", ttl=1.0, on_lost=lambda lock, error: noticed.append(time.monotonic())
     )
     lock.acquire()
     expires = time.monotonic() + lock.validity
-    time.sleep(0.8)
-    assert len(noticed) == 1, "on_lost did not fire when the lease ran out"
+    assert wait_until(lambda: noticed, 10), "on_lost did not fire when the lease ran out"
+    assert len(noticed) == 1
     assert 0 <= noticed[0] - expires < 0.4  # at its expiry, not when somebody looked
     with pytest.raises(LockLost):
         lock.release()
@@ -407,10 +420,10 @@ def test_a_lease_running_out_unwatched_fires_on_lost_at_its_expiry(masters, redl
 
 def test_a_released_lease_fires_nothing_later(masters, redlock_of):
     noticed: list[float] = []
-    lock = redlock_of(masters).lock("r", ttl=0.2, on_lost=lambda *_: noticed.append(1.0))
+    lock = redlock_of(masters).lock("r", ttl=1.0, on_lost=lambda *_: noticed.append(1.0))
     with lock:
         pass
-    time.sleep(0.35)
+    time.sleep(1.2)  # past its expiry: nothing may happen, so there is nothing to wait on
     assert noticed == []
 
 

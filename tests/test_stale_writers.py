@@ -34,8 +34,10 @@ from tests.line_child import LineChild
 
 pytestmark = pytest.mark.slow
 
-TTL = 0.5
-PAUSED = 3 * TTL  # the stopped holder's lease runs out a full second before it resumes
+#: The holders' lease, auto-extended: 1 s, renewed every 1/3 s, so that the fresh holder keeps
+#: it through its write on a loaded machine (0.5 s left a renewal 1/3 s).
+TTL = 1.0
+PAUSED = TTL + 1.0  # the stopped holder's lease runs out a full second before it resumes
 
 
 class Writer(LineChild):

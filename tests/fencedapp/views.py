@@ -12,7 +12,7 @@ from django_redlock import lock_view
 from .models import Ledger
 
 
-@lock_view("ledger:{name}", ttl=0.6)  # renewed every 0.2 s while it holds
+@lock_view("ledger:{name}", ttl=1.0)  # renewed every 1/3 s while it holds
 def add_after_pause(request: HttpRequest, name: str) -> HttpResponse:
     """Read the row, pause ``?pause=`` seconds, then add one to it."""
     Ledger.objects.get(name=name)
@@ -21,7 +21,7 @@ def add_after_pause(request: HttpRequest, name: str) -> HttpResponse:
     return HttpResponse("added")
 
 
-@lock_view("ledger:{name}", ttl=0.6)
+@lock_view("ledger:{name}", ttl=1.0)
 async def aadd_after_pause(request: HttpRequest, name: str) -> HttpResponse:
     """The async twin: the ORM runs in sync_to_async's thread, not the event loop's."""
     await Ledger.objects.aget(name=name)
