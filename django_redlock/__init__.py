@@ -13,7 +13,6 @@ here on first use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .engine import (
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
     from .engine.redlock import Holder, Redlock
     from .fencing import fenced_update
     from .leadership import leader
-    from .locks import DjangoLock
     from .transactions import CommitRefused
 
 __all__ = [
@@ -138,6 +136,8 @@ def redlock(
     the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
+    from .locks import plain
+
     if (
         auto_extend is False
         and reentrant is False
@@ -149,12 +149,12 @@ def redlock(
         and at_least is None
         and at_most is None
     ):  # (every such option at its default, as it is for most locks)
-        return (_plain or _import_plain())(
-            resources, ttl, wait, label, db_guard, template, release_before_commit
-        )
-    get_redlock, check_mode, check_bounds_for, django_lock_class, layer = _layer()
-    mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
-    check_bounds_for(mode, at_least, at_most)
+        return plain(resources, ttl, wait, label, db_guard, template, release_before_commit)
+    from .conf import get_redlock
+    from .locks import django_lock_class, layer
+
+    mode = _check_mode(limit, shared, reentrant)  # bad combinations: before anything else
+    _check_bounds_for(mode, at_least, at_most)
     own = layer(db_guard, template, release_before_commit)
     engine = get_redlock()
     lock = django_lock_class(mode)(
@@ -174,37 +174,6 @@ def redlock(
     )
     lock._layer = own
     return lock
-
-
-#: ``locks.plain``, once ``redlock()`` first needed it.
-_plain: Callable[..., Lock] | None = None
-
-
-def _import_plain() -> Callable[..., Lock]:
-    """``locks.plain``, imported by ``redlock()``'s first call (importing this package imports
-    no Django machinery) and kept in a global (read per call: cheaper than a cached function's
-    call, which cheaper than a function-local import)."""
-    global _plain
-    from .locks import plain
-
-    _plain = plain
-    return plain
-
-
-@cache
-def _layer() -> tuple[
-    Callable[[], Redlock],
-    Callable[[object, object, object], type[Lock]],
-    Callable[[type[Lock], object, object], None],
-    Callable[[type[Lock]], type[DjangoLock]],
-    Callable[[object, object, object], Any],
-]:
-    """What ``redlock()`` needs of the Django layer for a lock with other options than
-    ``plain()``'s, imported on its first call and kept."""
-    from .conf import get_redlock
-    from .locks import django_lock_class, layer
-
-    return get_redlock, _check_mode, _check_bounds_for, django_lock_class, layer
 
 
 def locked(*resources: str, **options: Any) -> Callable[[F], F]:
