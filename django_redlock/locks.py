@@ -13,7 +13,6 @@ from operator import attrgetter
 from typing import Any, ClassVar
 
 from . import dbguard, otel, transactions
-from .conf import get_redlock
 from .engine import Lock, holding
 from .engine.drivers import run
 from .engine.leases import Lease, Owner, current_owner
@@ -246,31 +245,6 @@ class DjangoLock(Lock):
         if tracer is None:
             return super()._arelease(owner)
         return self._traced(tracer, "redlock.release", super()._arelease(owner))
-
-
-def plain(
-    resources: tuple[str, ...],
-    ttl: float | None,
-    wait: float | None,
-    label: str | None,
-    db_guard: bool,
-    template: str | None,
-    release_before_commit: bool = False,
-) -> DjangoLock:
-    """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=,
-    release_before_commit=)`` with every other option left at its default: the usual lock, made
-    on every ``with redlock(r):`` (a ``ValueError`` names a bad option)."""
-    engine = get_redlock()
-    own = layer(db_guard, template, release_before_commit)
-    lock = DjangoLock(
-        engine,
-        *resources,
-        ttl=engine.ttl if ttl is None else ttl,
-        wait=engine.wait if wait is None else wait,
-        label=label,
-    )
-    lock._layer = own
-    return lock
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):
