@@ -56,10 +56,7 @@ class Handle(WithOptions):
             at_most=at_most,
         )
         wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        if len(resources) == 1:  # (the usual case: no map, no generator)
-            keys: tuple[str, ...] = (redlock.lock_key(resources[0]),)
-        else:
-            keys = tuple(map(redlock.lock_key, resources))
+        keys = tuple(map(redlock.lock_key, resources))
         self._assemble(redlock, resources, keys, ttl, wait, checked)
 
     def _assemble(
@@ -78,12 +75,8 @@ class Handle(WithOptions):
         # ``keys``: the keys on the masters; ``key`` names them as one.
         self.resources = resources
         self.keys = keys
-        if len(resources) == 1:  # the usual case, built on every ``with redlock(r):``
-            self.resource = resources[0]
-            self.key = keys[0]
-        else:
-            self.resource = " + ".join(resources)
-            self.key = " + ".join(keys)
+        self.resource = " + ".join(resources)
+        self.key = " + ".join(keys)
         self._options = options
         self.ttl = ttl
         self.wait = wait

@@ -160,8 +160,6 @@ def fence_merge(counters: Sequence[int | None], node_count: int) -> int | None:
 
 def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     """``value`` as positive (or non-negative) finite seconds, or ``ValueError`` naming it."""
-    if type(value) is float and (0.0 < value <= MAX_SECONDS or (value == 0.0 and allow_zero)):
-        return value  # the usual case, on every new lock (NaN and inf fail both comparisons)
     # bool is an int; ``ttl=True`` is a bug, not one second.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number of seconds, got {value!r}")
@@ -230,8 +228,6 @@ def check_resource(value: object) -> str:
     """A resource name: a non-empty ``str`` of at most ``MAX_RESOURCE_LENGTH`` characters that
     can be written as UTF-8 (no lone surrogate). Control characters are allowed (a name may come
     from a URL): every operator output escapes them."""
-    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_RESOURCE_LENGTH:
-        return value  # the usual name, on every new lock (ASCII: no surrogate to look for)
     if not isinstance(value, str):
         raise ValueError(f"resource must be a str, got {type(value).__name__} {value!r}")
     if not value:
@@ -272,8 +268,6 @@ def _check_utf8(name: str, value: str) -> str:
 
 def check_resources(values: tuple[object, ...]) -> tuple[str, ...]:
     """The resources of one lock: at least one, each a valid name, none twice."""
-    if len(values) == 1:  # the usual case, on every new lock
-        return (check_resource(values[0]),)
     if not values:
         raise ValueError("a lock needs at least one resource")
     names = tuple(check_resource(v) for v in values)
