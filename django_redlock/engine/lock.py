@@ -21,7 +21,7 @@ from typing import Any
 from . import bounds, holding, markers, procedures, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
-from .events import NullObserver, notify, notify_acquired, notify_released
+from .events import NullObserver, notify
 from .granting import granted
 from .handles import Handle
 from .leases import Lease, Owner, current_owner
@@ -312,9 +312,8 @@ class Lock(Handle):
         elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
-        notify_acquired(redlock.observer, self, waited, won.attempts)
-        if won.failures:  # (a call less in the usual case: every master answered)
-            lease.note_failures(won.failures, "acquire")
+        notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
+        lease.note_failures(won.failures, "acquire")
         return lease
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:
@@ -355,7 +354,7 @@ class Lock(Handle):
     def _released(self, owner: Owner, lease: Lease) -> None:
         self._callers.ended(owner, lease)
         held = time.monotonic() - lease.acquired_at
-        notify_released(self._redlock.observer, self, held)
+        notify(self._redlock.observer, "released", self, held=held)
 
     def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
         lease = self._held_lease("extend", owner)
