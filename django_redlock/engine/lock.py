@@ -196,21 +196,9 @@ class Lock(Handle):
         return self._aacquire(current_owner())
 
     async def _aacquire(self, owner: Owner) -> Lock:
-        # (``_outcome``'s twin written inline: a coroutine less per acquisition in a burst.)
         if not self._reenter(owner):
             want = self._want(owner)
-            began = time.monotonic()
-            try:
-                won = await arun(self._redlock, self._acquiring(want))
-            except LockNotAcquired as error:
-                explaining = self._explaining(want, error)
-                if explaining is None:
-                    self._not_acquired(error, began)
-                    raise
-                explained = await arun(self._redlock, explaining)
-                self._not_acquired(explained, began)
-                raise explained from None
-            self._hold(owner, want, won)
+            self._hold(owner, want, await self._aoutcome(want))
         return self
 
     def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
@@ -233,16 +221,16 @@ class Lock(Handle):
             finally:
                 self._released(owner, lease)
 
-    def __aenter__(self) -> Coroutine[Any, Any, Lock]:  # (not async: a coroutine less, here and
-        return self.aacquire()  # in __aexit__; through aacquire, which subclasses wrap)
+    async def __aenter__(self) -> Lock:
+        return await self.aacquire()  # (through aacquire, which subclasses wrap)
 
-    def __aexit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> Coroutine[Any, Any, None]:
-        return self._aleave(current_owner(), exc)
+    ) -> None:
+        await self._aleave(current_owner(), exc)
 
     async def _aleave(self, owner: Owner, exc: BaseException | None) -> None:
         ran_out = self._ran_out(owner)
@@ -295,6 +283,19 @@ class Lock(Handle):
                 self._not_acquired(error, began)
                 raise
             explained = run(self._redlock, explaining)
+        self._not_acquired(explained, began)
+        raise explained from None
+
+    async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
+        began = time.monotonic()
+        try:
+            return await arun(self._redlock, self._acquiring(want))
+        except LockNotAcquired as error:
+            explaining = self._explaining(want, error)
+            if explaining is None:
+                self._not_acquired(error, began)
+                raise
+            explained = await arun(self._redlock, explaining)
         self._not_acquired(explained, began)
         raise explained from None
 
