@@ -228,11 +228,7 @@ def holder_patience(valid_until: float) -> float:
     acquisitions queued before it go first: a tenth of what is left of the lease (it still
     reaches the masters well within it), at most HOLDER_PATIENCE."""
     share = (valid_until - time.monotonic()) * LEASE_SHARE
-    # (Not min(HOLDER_PATIENCE, max(0.0, share)): the builtins min and max cost ~1.3k CPU
-    # instructions a call each, and every release and renewal asks this.)
-    if share <= 0.0:
-        return 0.0
-    return share if share < HOLDER_PATIENCE else HOLDER_PATIENCE
+    return min(HOLDER_PATIENCE, max(0.0, share))
 
 
 def _expire(turn: asyncio.Future[None]) -> None:
@@ -255,11 +251,7 @@ class ThreadGate:
 
     def enter(self, patience: float | None, behind: float = 0.0) -> None:
         """As ``LoopGate.enter``, blocking."""
-        # (Here and in ``leave``: acquire and release, not ``with``, which CPython 3.11 pays
-        # ~1k CPU instructions more for; every round of every thread enters and leaves.)
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             if self.in_flight < self.limit and not self.holders and not self.waiting:
                 self.in_flight += 1
                 return
@@ -276,8 +268,6 @@ class ThreadGate:
                 self.urgent_at = min(self.urgent_at, began + behind)
             else:
                 self.waiting.append(entry)
-        finally:
-            lock.release()
         if turn.wait(None if patience is None else max(patience, 0.0)):
             return
         with self._lock:
@@ -287,9 +277,7 @@ class ThreadGate:
         raise Full(queued, expected, time.monotonic() - began)
 
     def leave(self) -> None:
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             if not self.holders and not self.waiting:  # nobody queued (the usual case)
                 self.in_flight -= 1
                 return
@@ -302,8 +290,6 @@ class ThreadGate:
                 self.pace.turn_given(now)
             else:
                 self.in_flight -= 1
-        finally:
-            lock.release()
 
 
 class Admission:

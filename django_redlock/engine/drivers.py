@@ -154,12 +154,7 @@ def _wait_replies(sent: list[tuple[Pipe, Slot]], deadline: float, enough: Decide
                     break
             fresh = False
         return
-    first = sent[0]
-    fastest = first[0].latency
-    for each in sent:  # (a loop: ``min`` with a key would call a Python function per pipe)
-        if each[0].latency < fastest:
-            first, fastest = each, each[0].latency
-    pipe, slot = first
+    pipe, slot = min(sent, key=lambda each: each[0].latency)
     if slot.reply is PENDING:
         # (fresh: its request mostly just left, its reply cannot be there yet; if it is, the
         # poll finds it at once)

@@ -216,8 +216,7 @@ def exchange(
                 raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
-        # (No strict: they grow together; ``strict=True`` parses a keyword, ~1.6k instrs a round.)
-        for i, each in zip(where, sent):  # noqa: B905
+        for i, each in zip(where, sent, strict=True):
             reply = each[1].reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
                 if warm is not None:
