@@ -258,9 +258,7 @@ class Lock(Handle):
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
         """The acquisition's procedure (a permit's and a reader's are their own)."""
-        if want.wait > 0:
-            return procedures.acquire(self._redlock, want)
-        return procedures.acquire_once(self._redlock, want)
+        return procedures.acquire(self._redlock, want)
 
     def _explaining(
         self, want: procedures.Want, error: LockNotAcquired

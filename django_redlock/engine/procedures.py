@@ -7,7 +7,6 @@ wait for) and receives the answers. ``drivers.run`` performs those steps with th
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time
@@ -160,7 +159,7 @@ def attempt(
 
 
 def judged(masters: Masters, want: Want, replies: RoundReplies) -> Granted | Tally:
-    """Step 3 of ``attempt`` (and ``acquire_once``): won iff a quorum granted it and validity =
+    """Step 3 of ``attempt``: won iff a quorum granted it and validity =
     ttl - elapsed - drift > 0, that is, now is before start + ttl - drift, with start the round's
     ``began`` (step 1): ``Granted``; else the round's tally. (One pass over the replies when it
     is won; a lost round is tallied in full.)"""
@@ -180,7 +179,7 @@ def attempt_round(
     # Its turn among this process's rounds: within what is left of its wait (a single
     # attempt: within admission.PATIENCE), else Overloaded.
     patience = deadline - now if want.wait > 0 else admission.PATIENCE
-    ttl_ms = math.floor(want.ttl * 1000)  # (a TTL > 0: as int(), without a class call)
+    ttl_ms = int(want.ttl * 1000)
     script: scripts.Script | None
     if waiter is None and want.several:  # 2 (all or none on each master, in one script)
         script, enough = scripts.MULTI_ACQUIRE, granted
@@ -209,33 +208,7 @@ def attempt_round(
             (want.keys[0], queue),
             (want.value, ttl_ms, queued_as(want, waiter), wait_ms, waiter.score),
         )
-    request = Round(command, script)
-    # (Set here, not passed as keywords: keywords to a class call cost a dictionary built and
-    # matched, ~1k CPU instructions a round.)
-    request.patience, request.enough = patience, enough
-    return request
-
-
-def acquire_once(masters: Masters, want: Want) -> Procedure[Won]:
-    """``acquire`` with no wait (``wait=0``, the default): ``attempt`` once, as ``acquire`` would,
-    in one generator rather than ``acquire``'s around ``attempt``'s: a generator layer cost every
-    such acquisition ~5k CPU instructions (its frame on each send, one more StopIteration when
-    it returns). The steps are ``attempt``'s without a waiter; see there."""
-    began = time.monotonic()
-    request = attempt_round(masters, want, None, began, began)
-    try:
-        replies: RoundReplies = yield request
-    except Full as full:  # nothing was sent: nothing to undo
-        raise overloaded(want, full) from None
-    except BaseException:  # (as ``attempt``: undo what may have landed, then let it through)
-        yield release_round(masters, want.resources, want.value, cleanup=True, notify=False)
-        raise
-    result = judged(masters, want, replies)
-    if isinstance(result, Granted):
-        return Won(result.valid_until, 1, began, "", result.failures)
-    if result.granted or result.failed:
-        yield release_round(masters, want.resources, want.value, notify=False)
-    raise not_acquired(masters, want, Lost(result, replies), 1)
+    return Round(command, script, patience=patience, enough=enough)
 
 
 def acquire(masters: Masters, want: Want) -> Procedure[Won]:
