@@ -136,6 +136,20 @@ def redlock(
     the per-template wait and hold histograms (``django_redlock.metrics``); ``@locked`` and
     ``lock_view`` pass their templates, guarded commands their command's lock.
     """
+    from .locks import plain
+
+    if (
+        auto_extend is False
+        and reentrant is False
+        and shared is False
+        and limit is None
+        and on_lost is None
+        and max_extensions is None
+        and max_hold is None
+        and at_least is None
+        and at_most is None
+    ):  # (every such option at its default, as it is for most locks)
+        return plain(resources, ttl, wait, label, db_guard, template, release_before_commit)
     from .conf import get_redlock
     from .locks import django_lock_class, layer
 

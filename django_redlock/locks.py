@@ -10,18 +10,22 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from dataclasses import replace
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from . import dbguard, otel, transactions
+from .conf import get_redlock
 from .engine import Lock, holding
 from .engine.drivers import run
 from .engine.leases import Lease, Owner, current_owner
-from .engine.options import WRITING
+from .engine.options import WRITING, Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
 from .engine.values import transaction_value
 from .metrics import UNTEMPLATED
+
+if TYPE_CHECKING:
+    from .engine.redlock import Redlock
 
 
 class _Layer:
@@ -78,7 +82,7 @@ class DjangoLock(Lock):
 
     # As the engine's ``Lock``: slots, and the options as one record shared by every lock that
     # keeps the defaults (``_Layer``), not two fields per held lock. Made by ``redlock()``, which
-    # sets ``_layer`` (``layer()``) after the engine's constructor.
+    # sets ``_layer`` (``layer()``, or ``plain()``'s kept one) after the engine's constructor.
     __slots__ = ("_layer",)
     _layer: _Layer
 
@@ -101,7 +105,8 @@ class DjangoLock(Lock):
     waits_for_transaction: ClassVar[bool] = True
 
     def _own_layer(self, name: str, value: object) -> None:
-        """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's), checked as
+        """Set one of its options in a record of its own (``_DEFAULTS`` is everyone's, and
+        ``plain()`` shares a record between the locks made with the same options), checked as
         ``redlock()`` checks it (``ValueError`` naming a bad one: the observer reads the
         template as a metric label, unchecked)."""
         with WRITING:  # (as the engine's options: two threads at once would lose one)
@@ -245,6 +250,86 @@ class DjangoLock(Lock):
         if tracer is None:
             return super()._arelease(owner)
         return self._traced(tracer, "redlock.release", super()._arelease(owner))
+
+
+class _Preset(NamedTuple):
+    """What every plain lock made by ``plain()`` with the same options on one engine shares:
+    its options, checked once."""
+
+    key_prefix: str
+    ttl: float
+    wait: float
+    options: Options
+    layer: _Layer
+
+
+#: The presets of ``plain()`` (by its options) and the engine they were checked for: an engine
+#: built from other settings (``override_settings``, ``setting_changed``) has a table of its
+#: own, checked anew (its TTL, wait and ``MAX_TTL`` are the settings').
+_presets: tuple[Redlock | None, dict[tuple[object, ...], _Preset]] = (None, {})
+
+#: Option sets kept at most (a TTL computed per call would make one each): past it, the table
+#: starts again.
+PRESETS_KEPT = 256
+
+
+def plain(
+    resources: tuple[str, ...],
+    ttl: float | None,
+    wait: float | None,
+    label: str | None,
+    db_guard: bool,
+    template: str | None,
+    release_before_commit: bool = False,
+) -> DjangoLock:
+    """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=,
+    release_before_commit=)`` with every other
+    option left at its default: the usual lock, made on every ``with redlock(r):``.
+
+    Its options are checked once per engine and set of values (a ``ValueError`` names a bad
+    one, as ``DjangoLock(...)`` does: the first lock of a set is made by it, the others as it
+    made that one), and only the resources of each lock after that: a third of the cost of
+    making one (the options' checks and the eleven keyword arguments to ``__init__`` were the
+    rest). Each value's class is part of its key: ``True == 1 == 1.0`` as keys, but
+    ``ttl=True`` is refused where ``ttl=1`` is not."""
+    engine = get_redlock()
+    owner, table = _presets
+    key = (
+        ttl, type(ttl), wait, type(wait), label, type(label), db_guard, type(db_guard),
+        template, type(template), release_before_commit, type(release_before_commit),
+    )  # fmt: skip
+    try:
+        preset = table.get(key) if owner is engine else None
+    except TypeError:  # an unhashable value: refused by DjangoLock below, not kept
+        preset = None
+    if preset is None:
+        own = layer(db_guard, template, release_before_commit)
+        lock = DjangoLock(
+            engine,
+            *resources,
+            ttl=engine.ttl if ttl is None else ttl,
+            wait=engine.wait if wait is None else wait,
+            label=label,
+        )
+        lock._layer = own
+        prefix = engine.lock_prefix
+        _keep(engine, key, _Preset(prefix, lock.ttl, lock.wait, lock._options, own))
+        return lock
+    prefix, ttl, wait, options, own = preset
+    made = DjangoLock.checked_apart(engine, resources, prefix, ttl, wait, options)
+    made._layer = own
+    return made
+
+
+def _keep(engine: Redlock, key: tuple[object, ...], preset: _Preset) -> None:
+    global _presets
+    owner, table = _presets
+    if owner is not engine or len(table) >= PRESETS_KEPT:
+        owner, table = _presets = (engine, {})
+    try:
+        table[key] = preset
+    except TypeError:  # a valid value that cannot be hashed (a float subclass with __eq__ only)
+        pass  # its locks are each made in full, as before the table
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):

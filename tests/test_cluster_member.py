@@ -384,11 +384,12 @@ def test_keys_of_a_redlock_without_a_cluster_member_are_as_written(masters, redl
 def test_redlock_on_a_cluster_tags_untagged_names_and_refuses_two_slots_before_any_request(
     settings,
 ):
-    """Through Django's ``redlock()`` as through ``Redlock.lock``, for the first lock and the
-    next ones with the same options. Before any request: the member's address has no server."""
+    """Through Django's ``redlock()`` as through ``Redlock.lock``: both ways ``redlock()``
+    makes a lock (the first lock of a set of options made in full, the next ones from the
+    options kept: ``locks.plain``). Before any request: the member's address has no server."""
     nowhere = f"redis+cluster://127.0.0.1:{free_port()}/"
     settings.REDLOCK = {"NODES": [nowhere], "TTL": 5, "NODE_TIMEOUT": BUDGET}
-    for _ in range(2):  # the first lock and the next
+    for _ in range(2):  # made in full, then from the kept options
         assert redlock("{order:1}:payment").key == "redlock:lock:{order:1}:payment"
         assert redlock("invoice:1").key == "redlock:lock:{invoice:1}"
         assert redlock("a}b").key == "redlock:lock:{a}b}"

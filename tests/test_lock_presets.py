@@ -1,12 +1,12 @@
-"""``redlock()`` with the same options, lock after lock: every lock is made as the first one
-was, against the settings' engine of the moment, each value checked as itself (``True == 1``,
-but ``ttl=True`` is refused), and an option set on one lock changes no other. On real masters:
-the locks are acquired, and what the masters store is read back. (Until issue 37 these pinned a
-table of checked option sets that ``redlock()`` kept; the behaviour is what they still test.)"""
+"""``redlock()`` checks a set of options once per engine and keeps it (``locks.plain``): every
+later lock with the same options is made from what was kept, its resources alone checked. What
+was kept must never outlive what it was checked against (the settings' engine), never stand in
+for a value that is equal but not valid (``True == 1``), and never be changed through one lock
+for the others. On real masters: the locks made from kept options are acquired, and what the
+masters store is read back."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import sys
@@ -28,17 +28,13 @@ def _fields(lock: DjangoLock) -> dict[str, object]:
     names = {n for cls in type(lock).__mro__ for n in getattr(cls, "__slots__", ())}
     fields = {n: getattr(lock, n) for n in names - {"__weakref__", "_callers"}}
     fields["_callers"] = (type(lock._callers), lock._callers._one, lock._callers._many)
-    # (the option records, by what they say: each lock may have a record of its own)
-    layer = lock._layer
-    fields["_layer"] = (layer.db_guard, layer.template, layer.release_before_commit)
-    fields["_options"] = dataclasses.astuple(lock._options)
     return fields
 
 
-def test_locks_made_with_the_same_options_are_alike(redlock_settings):
+def test_a_lock_made_from_kept_options_is_the_lock_made_from_scratch(redlock_settings):
     options = {"ttl": 10, "wait": 0.25, "label": "nightly", "template": "job:{id}"}
-    first = redlock("job:1", **options)
-    second = redlock("job:1", **options)
+    first = redlock("job:1", **options)  # checked from scratch (DjangoLock(...)), and kept
+    second = redlock("job:1", **options)  # made from what was kept
     assert _fields(first) == _fields(second)
     assert second.key == get_redlock().lock_key("job:1")
     several = [redlock("job:a", "job:b", **options) for _ in range(2)]
@@ -48,15 +44,15 @@ def test_locks_made_with_the_same_options_are_alike(redlock_settings):
         assert [o["label"] for o in stored_owners(redlock_settings, second.key)] == ["nightly"] * 5
 
 
-def test_a_settings_change_reaches_the_next_lock(settings, redlock_settings):
+def test_a_settings_change_reaches_locks_with_kept_options(settings, redlock_settings):
     urls = [m.url for m in redlock_settings]
-    assert redlock("cfg").ttl == 30.0  # the default TTL
+    assert redlock("cfg").ttl == 30.0  # the default TTL, kept for redlock("...") with no option
     settings.REDLOCK = {"NODES": urls, "TTL": 7, "WAIT": 0.5, "KEY_PREFIX": "other:"}
     lock = redlock("cfg")
     assert (lock.ttl, lock.wait, lock.key) == (7.0, 0.5, "other:lock:cfg")
     with lock:
         assert None not in stored_values(redlock_settings, "other:lock:cfg")
-    assert redlock("cfg", ttl=20).ttl == 20.0
+    assert redlock("cfg", ttl=20).ttl == 20.0  # kept, for this engine
     settings.REDLOCK = {"NODES": urls, "TTL": 10, "MAX_TTL": 15}
     with pytest.raises(ValueError, match=re.escape("ttl 20 is over max_ttl=15")):
         redlock("cfg", ttl=20)
@@ -81,8 +77,8 @@ def test_a_settings_change_reaches_the_next_lock(settings, redlock_settings):
     ],
 )
 def test_an_equal_value_is_checked_as_itself(redlock_settings, good, bad, message):
-    """``True == 1 == 1.0``: a lock made with ``ttl=1`` must not let the next ``ttl=True`` by."""
-    assert redlock("job", **good).held is False
+    """``True == 1 == 1.0`` as dictionary keys: a kept ``ttl=1`` must not let ``ttl=True`` by."""
+    assert redlock("job", **good).held is False  # kept
     options = {"resource": "job", **bad}
     resource = options.pop("resource")
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -94,7 +90,7 @@ def test_nan_and_a_float_subclass_are_checked(redlock_settings):
         pass
 
     assert redlock("job", ttl=5.0).ttl == 5.0
-    assert redlock("job", ttl=Seconds(5.0)).ttl == 5.0  # valid (a float)
+    assert redlock("job", ttl=Seconds(5.0)).ttl == 5.0  # valid (a float), kept as its own key
     for _ in range(2):  # NaN is never equal to itself: checked (and refused) every time
         with pytest.raises(ValueError, match="ttl must be finite, got nan"):
             redlock("job", ttl=math.nan)
@@ -173,8 +169,15 @@ def test_options_set_on_one_lock_from_two_threads_at_once_all_stay_set(redlock_s
         sys.setswitchinterval(interval)
 
 
+def test_the_kept_options_are_bounded(redlock_settings):
+    """A TTL computed per call makes a set of options per call: the table starts again when full."""
+    for i in range(locks.PRESETS_KEPT + 10):
+        assert redlock("job", ttl=1 + i / 1000).ttl == 1 + i / 1000
+    assert len(locks._presets[1]) <= locks.PRESETS_KEPT
+
+
 def test_a_lock_with_other_options_is_made_from_scratch(redlock_settings):
-    """Options of other kinds of locks make their own kind of lock, checked."""
+    """Options that ``plain()`` does not take still make their own kind of lock, checked."""
     reader = redlock("doc", shared=True, ttl=5)
     assert type(reader) is locks.DjangoReaderLock
     assert reader.ttl == 5.0
@@ -185,15 +188,15 @@ def test_a_lock_with_other_options_is_made_from_scratch(redlock_settings):
 
 
 class _UnhashableSeconds(float):
-    """A valid number of seconds that cannot be hashed (``__eq__`` without ``__hash__``)."""
+    """A valid number of seconds that cannot be a key (``__eq__`` without ``__hash__``)."""
 
     def __eq__(self, other: object) -> bool:
         return float.__eq__(self, other)
 
 
-def test_a_valid_value_that_cannot_be_hashed_makes_working_locks(redlock_settings):
+def test_a_valid_value_that_cannot_be_kept_makes_each_lock_in_full(redlock_settings):
     ttl = _UnhashableSeconds(5.0)
-    locks_made = [redlock("unkept", ttl=ttl) for _ in range(2)]  # not refused
+    locks_made = [redlock("unkept", ttl=ttl) for _ in range(2)]  # neither kept nor refused
     assert [lock.ttl for lock in locks_made] == [5.0, 5.0]
     with locks_made[1]:
         assert None not in stored_values(redlock_settings, locks_made[1].key)

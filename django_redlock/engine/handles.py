@@ -1,11 +1,12 @@
 """A lock handle's fields (``Lock``'s): its resources, its keys on the masters, its TTL, wait
 and options, each checked when it is made (``ValueError`` naming a bad one, before any network
-call)."""
+call); and the two ways to make one: ``Lock(...)`` checks everything, ``checked_apart`` only the
+resources, for a caller that checked the rest once for many handles."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from . import options, protocol
 from .callers import Callers
@@ -58,6 +59,46 @@ class Handle(WithOptions):
         wait = protocol.check_seconds("wait", wait, allow_zero=True)
         keys = tuple(map(redlock.lock_key, resources))
         self._assemble(redlock, resources, keys, ttl, wait, checked)
+
+    @classmethod
+    def checked_apart(
+        cls,
+        redlock: Redlock,
+        resources: tuple[str, ...],
+        key_prefix: str,
+        ttl: float,
+        wait: float,
+        options: Options,
+    ) -> Self:
+        """A handle on ``resources`` (checked here: ``ValueError`` naming a bad one) whose
+        ``ttl``, ``wait`` and ``options`` were checked beforehand for this ``redlock``, as
+        ``__init__`` checks them, and whose keys are ``key_prefix`` (``redlock.lock_prefix``)
+        + each resource as its keys spell it (``redlock.spelled``): for a caller that checks
+        one set of options once for many handles (the Django layer's ``redlock()``).
+        ``options`` may be shared: a handle whose option is set gets a record of its own
+        (``options.option``). For a plain lock, or a subclass whose ``__init__`` makes nothing
+        more (not a permit or a reader)."""
+        if redlock.clustered:  # (as ``__init__``; the member's rule for the keys' hash tags)
+            redlock.check_resources(resources)
+        lock = object.__new__(cls)
+        if len(resources) != 1:
+            resources = protocol.check_resources(resources)
+            keys = tuple(key_prefix + redlock.spelled(r) for r in resources)
+            lock._assemble(redlock, resources, keys, ttl, wait, options)
+            return lock
+        # One resource, the usual lock: ``_assemble`` written out (a call less per lock; a test
+        # compares the handles made both ways field by field).
+        resource = protocol.check_resource(resources[0])
+        lock._redlock = redlock
+        lock.resources = (resource,)
+        lock.resource = resource
+        lock.key = key = key_prefix + (redlock.spelled(resource) if redlock.clustered else resource)
+        lock.keys = (key,)
+        lock._options = options
+        lock.ttl = ttl
+        lock.wait = wait
+        lock._callers = Callers()
+        return lock
 
     def _assemble(
         self,

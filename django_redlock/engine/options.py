@@ -93,7 +93,8 @@ WRITING = threading.Lock()
 def option(name: str) -> Any:
     """A handle's attribute ``name``, read from its ``_options`` (a property whose getter runs
     in C: nearly as cheap to read as an attribute of its own). Setting it (unchecked, as setting
-    the attribute always was) gives the handle a record of its own: ``DEFAULTS`` is everyone's."""
+    the attribute always was) gives the handle a record of its own: ``DEFAULTS`` is everyone's,
+    and a record of other options may be shared by many handles (``Lock.checked_apart``)."""
 
     def write(lock: Any, value: object) -> None:
         with WRITING:  # (a read, a copy and a write: two threads at once would lose one)
