@@ -283,15 +283,14 @@ def plain(
     release_before_commit: bool = False,
 ) -> DjangoLock:
     """``redlock(*resources, ttl=, wait=, label=, db_guard=, template=,
-    release_before_commit=)`` with every other
-    option left at its default: the usual lock, made on every ``with redlock(r):``.
+    release_before_commit=)`` with every other option left at its default: the usual lock, made
+    on every ``with redlock(r):``.
 
     Its options are checked once per engine and set of values (a ``ValueError`` names a bad
     one, as ``DjangoLock(...)`` does: the first lock of a set is made by it, the others as it
-    made that one), and only the resources of each lock after that: a third of the cost of
-    making one (the options' checks and the eleven keyword arguments to ``__init__`` were the
-    rest). Each value's class is part of its key: ``True == 1 == 1.0`` as keys, but
-    ``ttl=True`` is refused where ``ttl=1`` is not."""
+    made that one), then only each lock's resources. Each value's class is part of its key:
+    ``True == 1 == 1.0`` as keys, but ``ttl=True`` is refused where ``ttl=1`` is not.
+    (Kept by issue 37: the table saves SAVED_FIGURE instructions a lock.)"""
     engine = get_redlock()
     owner, table = _presets
     key = (
