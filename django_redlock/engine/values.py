@@ -23,6 +23,7 @@ module's callers: a holder is named by its fingerprint (a short sha256).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -70,7 +71,8 @@ def new_value(
     hand), and its parts (``compact_value``'s) as they were made: what an acquisition keeps for
     its lease, made long after its value in a burst (a thousand values later), without reading
     them back from its text."""
-    # Everything but the closing brace ("since" changes with every acquisition).
+    # Everything but the closing brace ("since" changes with every acquisition): the JSON
+    # around the task's name is encoded once per thread (a burst of tasks makes one per task).
     head, tail = _owner_parts(process.pid, thread, label, ttl)
     text = f'{head},"task":{json.dumps(task)}{tail}' if task is not None else head + tail
     owner_json = _OWNER_TEXTS.get(text)
@@ -86,6 +88,7 @@ def new_value(
     return value, (_STAMP.pack(token, since), owner_json)
 
 
+@functools.lru_cache(maxsize=256)
 def _owner_parts(pid: int, thread: str, label: str | None, ttl: float) -> tuple[str, str]:
     """The owner JSON's fields before ``task`` (its opening brace, ``host``, ``pid``, ``thread``)
     and after it (``label``, ``ttl``: no closing brace), each as ``json.dumps`` writes them."""
