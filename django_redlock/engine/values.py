@@ -88,7 +88,7 @@ def new_value(
     return value, (_STAMP.pack(token, since), owner_json)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256)  # (saves ~50k instructions a value: json.dumps twice)
 def _owner_parts(pid: int, thread: str, label: str | None, ttl: float) -> tuple[str, str]:
     """The owner JSON's fields before ``task`` (its opening brace, ``host``, ``pid``, ``thread``)
     and after it (``label``, ``ttl``: no closing brace), each as ``json.dumps`` writes them."""
