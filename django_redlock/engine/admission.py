@@ -228,7 +228,11 @@ def holder_patience(valid_until: float) -> float:
     acquisitions queued before it go first: a tenth of what is left of the lease (it still
     reaches the masters well within it), at most HOLDER_PATIENCE."""
     share = (valid_until - time.monotonic()) * LEASE_SHARE
-    return min(HOLDER_PATIENCE, max(0.0, share))
+    # (Not min(HOLDER_PATIENCE, max(0.0, share)): saves 2.4k instructions a release, 0.6% of a
+    # ``with redlock(r)`` cycle; kept for issue 37's budget.)
+    if share <= 0.0:
+        return 0.0
+    return share if share < HOLDER_PATIENCE else HOLDER_PATIENCE
 
 
 def _expire(turn: asyncio.Future[None]) -> None:
@@ -251,7 +255,11 @@ class ThreadGate:
 
     def enter(self, patience: float | None, behind: float = 0.0) -> None:
         """As ``LoopGate.enter``, blocking."""
-        with self._lock:
+        # (Here and in ``leave``: acquire and release, not ``with``: saves 4.4k instructions a
+        # cycle, 1.1%; kept for issue 37's budget.)
+        lock = self._lock
+        lock.acquire()
+        try:
             if self.in_flight < self.limit and not self.holders and not self.waiting:
                 self.in_flight += 1
                 return
@@ -268,6 +276,8 @@ class ThreadGate:
                 self.urgent_at = min(self.urgent_at, began + behind)
             else:
                 self.waiting.append(entry)
+        finally:
+            lock.release()
         if turn.wait(None if patience is None else max(patience, 0.0)):
             return
         with self._lock:
@@ -277,7 +287,9 @@ class ThreadGate:
         raise Full(queued, expected, time.monotonic() - began)
 
     def leave(self) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if not self.holders and not self.waiting:  # nobody queued (the usual case)
                 self.in_flight -= 1
                 return
@@ -290,6 +302,8 @@ class ThreadGate:
                 self.pace.turn_given(now)
             else:
                 self.in_flight -= 1
+        finally:
+            lock.release()
 
 
 class Admission:
