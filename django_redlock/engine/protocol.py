@@ -263,9 +263,9 @@ def check_resources(values: tuple[object, ...]) -> tuple[str, ...]:
     """The resources of one lock: at least one, each a valid name, none twice."""
     if not values:
         raise ValueError("a lock needs at least one resource")
-    names = tuple(check_resource(v) for v in values)
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
+    names = tuple(map(check_resource, values))
+    if len(set(names)) < len(names):
+        repeated = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"resources listed more than once in one lock: {repeated!r}")
     return names
 
