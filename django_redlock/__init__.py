@@ -27,8 +27,6 @@ from .engine import (
     QuorumUnavailable,
 )
 from .engine.locking import locking
-from .engine.modes import check_mode as _check_mode
-from .engine.redlock import check_bounds_for as _check_bounds_for
 
 if TYPE_CHECKING:
     from .commands import GuardedCommandMixin, guard_command
@@ -150,30 +148,10 @@ def redlock(
         and at_most is None
     ):  # (every such option at its default, as it is for most locks)
         return _plain()(resources, ttl, wait, label, db_guard, template, release_before_commit)
-    from .conf import get_redlock
-    from .locks import django_lock_class, layer
-
-    mode = _check_mode(limit, shared, reentrant)  # bad combinations: before anything else
-    _check_bounds_for(mode, at_least, at_most)
-    own = layer(db_guard, template, release_before_commit)
-    engine = get_redlock()
-    lock = django_lock_class(mode)(
-        engine,
-        *resources,
-        ttl=engine.ttl if ttl is None else ttl,
-        wait=engine.wait if wait is None else wait,
-        label=label,
-        auto_extend=auto_extend,
-        max_extensions=max_extensions,
-        max_hold=max_hold,
-        reentrant=reentrant,
-        on_lost=on_lost,
-        at_least=at_least,
-        at_most=at_most,
-        **({} if limit is None else {"limit": limit}),
-    )
-    lock._layer = own
-    return lock
+    return _with_options()(
+        resources, ttl, wait, label, auto_extend, max_extensions, max_hold, reentrant, on_lost,
+        at_least, at_most, limit, shared, db_guard, template, release_before_commit,
+    )  # fmt: skip
 
 
 @cache
@@ -183,6 +161,14 @@ def _plain() -> Callable[..., DjangoLock]:
     from .locks import plain
 
     return plain
+
+
+@cache
+def _with_options() -> Callable[..., DjangoLock]:
+    """``locks.with_options``, imported on first use (as ``_plain``)."""
+    from .locks import with_options
+
+    return with_options
 
 
 def locked(*resources: str, **options: Any) -> Callable[[F], F]:

@@ -7,20 +7,22 @@ operations (``otel.py``, when installed). The engine's own
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from . import dbguard, otel, transactions
 from .conf import get_redlock
-from .engine import Lock, holding
+from .engine import Lock, LockLost, holding
 from .engine.drivers import run
 from .engine.leases import Lease, Owner, current_owner
+from .engine.modes import check_mode
 from .engine.options import WRITING, Options
 from .engine.permit_lock import PermitLock
 from .engine.procedures import Want, Won
 from .engine.readers import ReaderLock
+from .engine.redlock import check_bounds_for
 from .engine.values import transaction_value
 from .metrics import UNTEMPLATED
 
@@ -329,6 +331,49 @@ def _keep(engine: Redlock, key: tuple[object, ...], preset: _Preset) -> None:
         table[key] = preset
     except TypeError:  # a valid value that cannot be hashed (a float subclass with __eq__ only)
         pass  # its locks are each made in full, as before the table
+
+
+def with_options(
+    resources: tuple[str, ...],
+    ttl: float | None,
+    wait: float | None,
+    label: str | None,
+    auto_extend: bool,
+    max_extensions: int | None,
+    max_hold: float | None,
+    reentrant: bool,
+    on_lost: Callable[[Lock, LockLost], None] | None,
+    at_least: float | None,
+    at_most: float | None,
+    limit: int | None,
+    shared: bool,
+    db_guard: bool,
+    template: str | None,
+    release_before_commit: bool,
+) -> DjangoLock:
+    """``redlock(*resources, ...)`` with any other option than ``plain()`` takes: a lock, a
+    semaphore's permit or a reader, every option checked (``ValueError`` naming a bad one)."""
+    mode = check_mode(limit, shared, reentrant)  # bad combinations: before anything else
+    check_bounds_for(mode, at_least, at_most)
+    own = layer(db_guard, template, release_before_commit)
+    engine = get_redlock()
+    lock = django_lock_class(mode)(
+        engine,
+        *resources,
+        ttl=engine.ttl if ttl is None else ttl,
+        wait=engine.wait if wait is None else wait,
+        label=label,
+        auto_extend=auto_extend,
+        max_extensions=max_extensions,
+        max_hold=max_hold,
+        reentrant=reentrant,
+        on_lost=on_lost,
+        at_least=at_least,
+        at_most=at_most,
+        **({} if limit is None else {"limit": limit}),
+    )
+    lock._layer = own
+    return lock
 
 
 class DjangoPermitLock(DjangoLock, PermitLock):
