@@ -22,6 +22,7 @@ from .protocol import Tally
 from .refusals import not_acquired, overloaded
 from .rounds import Reply, RoundReplies
 from .steps import (
+    SET_GRANTED,
     AwaitNotice,
     AwaitTurn,
     Listen,
@@ -29,7 +30,7 @@ from .steps import (
     Pause,
     Procedure,
     Round,
-    confirms,
+    confirms_answer,
     free_in,
     granted,
     grants,
@@ -184,7 +185,7 @@ def attempt_round(
         script, enough = scripts.MULTI_ACQUIRE, granted
         command = script.evalsha(want.keys, (want.value, ttl_ms))
     elif waiter is None:
-        script, enough = None, granted
+        script, enough = None, SET_GRANTED
         command = ("SET", want.keys[0], want.value, "NX", "PX", ttl_ms)
     elif want.several:
         wait_ms = max(int((deadline - now) * 1000), 1)
@@ -335,4 +336,7 @@ def release_round(
     """``at_quorum``: the round returns once a quorum confirmed it (the holder's release; the
     undoing of a failed attempt waits for every master's answer, within the budget)."""
     command, script = masters.release_command(resources, value, notify=notify, queued_as=queued_as)
-    return Round(command, script, cleanup, enough=confirms(len(resources)) if at_quorum else None)
+    round_ = Round(command, script, cleanup)
+    if at_quorum:  # (set, not a keyword: as ``attempt_round``'s)
+        round_.enough = confirms_answer(len(resources))
+    return round_

@@ -4,6 +4,8 @@ will have run out)."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -129,19 +131,32 @@ Procedure = Generator[Step, Any, T]
 # --- votes --------------------------------------------------------------------------------------
 
 
+_GRANTED, _DENIED, _FAILED = Vote.GRANTED, Vote.DENIED, Vote.FAILED
+
+
 def vote(reply: Reply) -> Vote:
     """SET NX answers OK or nil; our scripts answer 0 (or, for a waiter, [0, pttl]) for 'not
     ours' and >= 1 for done."""
+    kind = type(reply)  # the usual answers first: this runs for every reply of every round
+    if kind is bytes:
+        return _GRANTED
+    if kind is int:
+        return _GRANTED if reply else _DENIED
     if isinstance(reply, NodeFailure):
-        return Vote.FAILED
+        return _FAILED
     if reply is None or reply == 0 or isinstance(reply, list):
-        return Vote.DENIED
-    return Vote.GRANTED
+        return _DENIED
+    return _GRANTED
 
 
 def granted(reply: object) -> bool:
     """Whether an answer grants what was asked (decides a round: see ``Round.enough``)."""
-    return vote(reply) is Vote.GRANTED
+    kind = type(reply)  # (as ``vote``: the usual answers without its call)
+    if kind is bytes:
+        return True
+    if kind is int:
+        return reply != 0
+    return vote(reply) is _GRANTED
 
 
 def grants(replies: Sequence[Reply]) -> tuple[int, list[NodeFailure]]:
@@ -152,12 +167,29 @@ def grants(replies: Sequence[Reply]) -> tuple[int, list[NodeFailure]]:
     count = 0
     failed: list[NodeFailure] = []
     for reply in replies:
-        if isinstance(reply, NodeFailure):
+        kind = type(reply)  # (the usual answers first, as ``vote``, without its call)
+        if kind is bytes:
+            count += 1
+        elif kind is int:
+            if reply:
+                count += 1
+        elif isinstance(reply, NodeFailure):
             if reply.reason != UNAWAITED:
                 failed.append(reply)
-        elif vote(reply) is Vote.GRANTED:
+        elif vote(reply) is _GRANTED:
             count += 1
     return count, failed
+
+
+# The deciders (``Round.enough``) of every cycle's two rounds, as C callables: called for each
+# answer of each round (several times: by the round, by the driver), a Python function's frame
+# each time was ~2% of a cycle. A round calls them with answers only (bytes, int, list or None:
+# ``slots.ANSWERS``; failures and errors never), and each is exact for the answers its command
+# can give (``confirms`` and ``granted`` take any reply, for the other rounds).
+#: ``SET NX PX`` answers OK (granted) or nil (held): granted iff not nil.
+SET_GRANTED = functools.partial(operator.is_not, None)
+#: ``RELEASE`` (one resource) answers 0 (not ours) or 1 + the waiters woken: confirmed iff > 0.
+RELEASED_ONE = functools.partial(operator.lt, 0)
 
 
 def _confirms_one(reply: object) -> bool:
@@ -169,6 +201,12 @@ def confirms(several: int) -> Callable[[object], bool]:
     if several == 1:
         return _confirms_one
     return lambda reply: reply == several
+
+
+def confirms_answer(several: int) -> Callable[[object], bool]:
+    """``confirms`` for a release's answers only (ints: a round's decider, or its replies once
+    failures are set apart), in C for the usual one key (``RELEASED_ONE``)."""
+    return RELEASED_ONE if several == 1 else confirms(several)
 
 
 def failures(
