@@ -126,7 +126,14 @@ def notice_digest(value: str | bytes) -> str:
     never the token itself (anyone subscribed could read it). Computed once by the client rather
     than by every master's script."""
     data = value.encode() if isinstance(value, str) else value
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    digest = _NOTICE_HASH.copy()
+    digest.update(data)
+    return digest.hexdigest()
+
+
+#: The empty 8-byte blake2b that each digest starts from, copied: one made per release (its size
+#: a keyword to the constructor) cost ~1.2k CPU instructions more (callgrind micro-benchmark).
+_NOTICE_HASH = hashlib.blake2b(digest_size=8)
 
 
 def split_retry_delay(waited: float, rng: random.Random) -> float:
