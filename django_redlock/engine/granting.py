@@ -27,19 +27,21 @@ def granted(
     ``commands``: a mode's own (a permit's slot, a reader's key), else the handle's; ``parts``:
     the value's, as made (``values.new_value``). (Its observer and ``on_lost`` are the
     handle's, read from it when they are told.)"""
+    # In ``Lease.__init__``'s order, not by keyword: keywords to a class make a dictionary that
+    # its ``__init__`` then matches, ~6k CPU instructions for these 13 (one per acquisition).
     options = handle._options  # noqa: SLF001 (the engine's handle)
     return Lease(
-        resources=handle.resources,
-        keys=handle.keys if keys is None else keys,
-        ttl=handle.ttl,
-        value=value,
-        valid_until=won.valid_until,
-        owner=owner,
-        pid=process.pid,
-        handle=handle,
-        queued_as=won.queued_as,
-        max_extensions=options.max_extensions,
-        max_hold=options.max_hold,
-        commands=commands,
-        parts=parts,
+        handle.resources,  # resources
+        handle.keys if keys is None else keys,  # keys
+        handle.ttl,  # ttl
+        value,  # value
+        won.valid_until,  # valid_until
+        owner,  # owner
+        process.pid,  # pid
+        handle,  # handle
+        won.queued_as,  # queued_as
+        options.max_extensions,  # max_extensions
+        options.max_hold,  # max_hold
+        commands,  # commands
+        parts,  # parts
     )

@@ -193,7 +193,7 @@ class Lease:
     #: (a permit of a semaphore, a reader): None for a plain lock.
     commands: _Seldom[LeaseCommands | None] = _Seldom("commands")
 
-    def __init__(
+    def __init__(  # (positional too: ``granting.granted`` passes them so, see there)
         self,
         resources: tuple[str, ...],
         keys: tuple[str, ...],

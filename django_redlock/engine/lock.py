@@ -21,7 +21,7 @@ from typing import Any
 from . import bounds, holding, markers, procedures, reentry, renames
 from .drivers import arun, run
 from .errors import LockContended, LockLost, LockNotAcquired
-from .events import NullObserver, notify
+from .events import NullObserver, notify, notify_acquired, notify_released
 from .granting import granted
 from .handles import Handle
 from .leases import Lease, Owner, current_owner
@@ -258,7 +258,9 @@ class Lock(Handle):
 
     def _acquiring(self, want: procedures.Want) -> Procedure[procedures.Won]:
         """The acquisition's procedure (a permit's and a reader's are their own)."""
-        return procedures.acquire(self._redlock, want)
+        if want.wait > 0:
+            return procedures.acquire(self._redlock, want)
+        return procedures.acquire_once(self._redlock, want)
 
     def _explaining(
         self, want: procedures.Want, error: LockNotAcquired
@@ -311,7 +313,7 @@ class Lock(Handle):
         elif self._options.on_lost is not None or not isinstance(redlock.observer, NullObserver):
             redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
-        notify(redlock.observer, "acquired", self, waited=waited, attempts=won.attempts)
+        notify_acquired(redlock.observer, self, waited, won.attempts)
         lease.note_failures(won.failures, "acquire")
         return lease
 
@@ -353,7 +355,7 @@ class Lock(Handle):
     def _released(self, owner: Owner, lease: Lease) -> None:
         self._callers.ended(owner, lease)
         held = time.monotonic() - lease.acquired_at
-        notify(self._redlock.observer, "released", self, held=held)
+        notify_released(self._redlock.observer, self, held)
 
     def _extendable(self, ttl: float | None, owner: Owner) -> tuple[Lease, float | None]:
         lease = self._held_lease("extend", owner)

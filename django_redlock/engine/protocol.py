@@ -160,6 +160,8 @@ def fence_merge(counters: Sequence[int | None], node_count: int) -> int | None:
 
 def check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
     """``value`` as positive (or non-negative) finite seconds, or ``ValueError`` naming it."""
+    if type(value) is float and (0.0 < value <= MAX_SECONDS or (value == 0.0 and allow_zero)):
+        return value  # the usual case, on every new lock (NaN and inf fail both comparisons)
     # bool is an int; ``ttl=True`` is a bug, not one second.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number of seconds, got {value!r}")

@@ -352,8 +352,12 @@ class Redlock(KeySpace):
         must not cost a waiter its place in the queue), and the admin's force release of
         exactly the holder it showed. ``queued_as``: the waiter id the holder had, if it
         waited: its queue entries go too."""
-        script = scripts.RELEASE if len(resources) == 1 else scripts.MULTI_RELEASE
-        keys = (*map(self.lock_key, resources), *map(self.queue_key, resources))
+        if len(resources) == 1:  # (the usual case: no maps, no tuples of them, one tuple)
+            script, resource = scripts.RELEASE, resources[0]
+            keys: tuple[str, ...] = (self.lock_key(resource), self.queue_key(resource))
+        else:
+            script = scripts.MULTI_RELEASE
+            keys = (*map(self.lock_key, resources), *map(self.queue_key, resources))
         if notify:
             args = (value, "1", protocol.notice_digest(value), self.inbox_prefix, queued_as)
         else:
