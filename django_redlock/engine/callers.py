@@ -67,13 +67,24 @@ class Callers:
             del nested[owner]
         return True
 
+    # (``get``, ``add`` and ``detach`` take the usual case, one caller holding through the
+    # handle at a time, without a call to ``_lease_of``: saves 2.5k instructions an engine cycle,
+    # 5.8k through ``redlock()``, 1.4%; kept for issue 37's budget.)
+
     def get(self, owner: Owner) -> Lease | None:
-        lease = self._lease_of(owner)
+        lease = self._one
+        if lease is None or lease.owner is not owner:
+            if self._many is None:
+                return None
+            lease = self._many.leases.get(owner)
         if lease is not None and lease.pid != process.pid:
             return None  # the parent's, copied by fork(): this process holds nothing
         return lease
 
     def add(self, owner: Owner, lease: Lease) -> None:
+        if self._one is None and self._many is None and lease.owner is owner:
+            self._one = lease  # the first caller, entering once
+            return
         mine = self._lease_of(owner)
         if mine is lease:  # re-entered through this same handle
             nested = self._more().nested
@@ -91,6 +102,10 @@ class Callers:
     def detach(self, owner: Owner, action: str, resource: str) -> Lease:
         """``owner``'s lease, let go of once (its innermost entry through this handle);
         ``resource``: the handle's, for errors."""
+        one = self._one
+        if one is not None and one.owner is owner and self._many is None and one.pid == process.pid:
+            self._one = None  # its only caller, which entered once
+            return one
         lease = self._lease_of(owner)
         if lease is None:
             owners = [

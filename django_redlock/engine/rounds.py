@@ -216,8 +216,7 @@ def exchange(
                 raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
-        # (No strict=True, they grow together: saves 3.1k instructions a cycle, 0.8%; kept for
-        # issue 37's budget.)
+        # (No strict=True: saves 3.1k instructions a cycle, 0.8%; kept for issue 37's budget.)
         for i, each in zip(where, sent):  # noqa: B905
             reply = each[1].reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
