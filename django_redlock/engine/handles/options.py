@@ -55,14 +55,8 @@ def checked(
 ) -> tuple[Options, float]:
     """The options, checked (``ValueError`` naming a bad one, before any network call), and the
     lock's TTL under them (``at_most`` caps it); ``DEFAULTS`` itself when they are the defaults."""
-    least: float | None
-    most: float | None
-    hold: float | None
-    if at_least is None and at_most is None and max_hold is None:  # the usual case
-        least = most = hold = None
-    else:
-        least, most = protocol.check_hold_bounds(at_least, at_most)
-        ttl, hold = protocol.capped_by(most, ttl, max_hold)
+    least, most = protocol.check_hold_bounds(at_least, at_most)
+    ttl, hold = protocol.capped_by(most, ttl, max_hold)
     checked_label = protocol.check_label(label)
     extensions = protocol.check_count("max_extensions", max_extensions)
     if on_lost is not None and not callable(on_lost):

@@ -199,21 +199,9 @@ class Lock(Handle):
         return self._aacquire(current_owner())
 
     async def _aacquire(self, owner: Owner) -> Lock:
-        # (``_outcome``'s twin written inline: a coroutine less per acquisition in a burst.)
         if not self._reenter(owner):
             want = self._want(owner)
-            began = time.monotonic()
-            try:
-                won = await arun(self._redlock, self._acquiring(want))
-            except LockNotAcquired as error:
-                explaining = self._explaining(want, error)
-                if explaining is None:
-                    self._not_acquired(error, began)
-                    raise
-                explained = await arun(self._redlock, explaining)
-                self._not_acquired(explained, began)
-                raise explained from None
-            self._hold(owner, want, won)
+            self._hold(owner, want, await self._aoutcome(want))
         return self
 
     def aextend(self, ttl: float | None = None) -> Coroutine[Any, Any, float]:
@@ -236,16 +224,16 @@ class Lock(Handle):
             finally:
                 self._released(owner, lease)
 
-    def __aenter__(self) -> Coroutine[Any, Any, Lock]:  # (not async: a coroutine less, here and
-        return self.aacquire()  # in __aexit__; through aacquire, which subclasses wrap)
+    async def __aenter__(self) -> Lock:
+        return await self.aacquire()  # (through aacquire, which subclasses wrap)
 
-    def __aexit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> Coroutine[Any, Any, None]:
-        return self._aleave(current_owner(), exc)
+    ) -> None:
+        await self._aleave(current_owner(), exc)
 
     async def _aleave(self, owner: Owner, exc: BaseException | None) -> None:
         ran_out = self._ran_out(owner)
@@ -301,6 +289,19 @@ class Lock(Handle):
         self._not_acquired(explained, began)
         raise explained from None
 
+    async def _aoutcome(self, want: procedures.Want) -> procedures.Won:
+        began = time.monotonic()
+        try:
+            return await arun(self._redlock, self._acquiring(want))
+        except LockNotAcquired as error:
+            explaining = self._explaining(want, error)
+            if explaining is None:
+                self._not_acquired(error, began)
+                raise
+            explained = await arun(self._redlock, explaining)
+        self._not_acquired(explained, began)
+        raise explained from None
+
     def _not_acquired(self, error: LockNotAcquired, began: float) -> None:
         waited = time.monotonic() - began
         notify(self._redlock.observer, "not_acquired", self, waited=waited, error=error)
@@ -316,8 +317,7 @@ class Lock(Handle):
             redlock.watchdog.watch_expiry(lease, ref)  # someone listens: tell when it runs out
         waited = lease.acquired_at - won.began
         notify_acquired(redlock.observer, self, waited, won.attempts)
-        if won.failures:  # (a call less in the usual case: every master answered)
-            lease.note_failures(won.failures, "acquire")
+        lease.note_failures(won.failures, "acquire")
         return lease
 
     def _lease(self, owner: Owner, want: procedures.Want, won: procedures.Won) -> Lease:

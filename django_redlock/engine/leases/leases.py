@@ -14,7 +14,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar, overload
 
@@ -121,8 +120,6 @@ _SELDOM_DEFAULTS: dict[str, Any] = {
     "unsettled": None,
 }
 
-_SELDOM_NAMES, _SELDOM_VALUES = tuple(_SELDOM_DEFAULTS), tuple(_SELDOM_DEFAULTS.values())
-
 
 class _SeldomFields:
     """The seldom fields of one lease that has set any of them (or of all the others)."""
@@ -130,9 +127,8 @@ class _SeldomFields:
     __slots__ = tuple(_SELDOM_DEFAULTS)
 
     def __init__(self) -> None:
-        # (Set in C, ``any`` consuming the ``map``: a loop in Python over the twelve cost a
-        # waiter that was handed the lock ~150 opcodes, on the hand-off's path.)
-        any(map(setattr, repeat(self), _SELDOM_NAMES, _SELDOM_VALUES))
+        for name, value in _SELDOM_DEFAULTS.items():
+            setattr(self, name, value)
 
 
 #: The seldom fields of every lease that has set none of them: read, never written.
@@ -375,7 +371,7 @@ class Lease:
     def note_failures(self, failures: Sequence[NodeFailure], action: str) -> None:
         """An action that succeeded although some masters failed: say which, and why (one more
         failure there may cost the quorum)."""
-        if not failures:  # (the usual case: every acquisition and renewal passes here)
+        if not failures:
             return
         failed = [f for f in failures if f.reason in ("timeout", "error", "quarantine")]
         handle = self.handle()

@@ -30,9 +30,7 @@ class KeySpace:
         return f"{self.key_prefix}{kind}:{self.spelled(resource)}{suffix}"
 
     def lock_key(self, resource: str) -> str:
-        if self.clustered:
-            resource = cluster.tagged(resource)
-        return f"{self.lock_prefix}{resource}"  # (on every handle made: written out)
+        return self.key("lock", resource)
 
     def fence_key(self, resource: str) -> str:
         return self.key("fence", resource)

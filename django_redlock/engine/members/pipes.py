@@ -173,7 +173,7 @@ class Pipe:
         """``send`` on a threads' pipe, without slots of the caller's or a preamble (the usual);
         MAX_PENDING is the caller's check (``send``'s; a round writes here to idle pipes only)."""
         lock = self._write_lock
-        lock.acquire()  # (not ``with``: CPython 3.11 pays ~0.5k more CPU instructions for it)
+        lock.acquire()  # (not ``with``: part of the written-out request, see ``rounds.exchange``)
         try:
             if self.closed:
                 return None

