@@ -81,6 +81,9 @@ def checks_in_a_child(
             **os.environ,
             **database,
             "REDLOCK_NODES": ",".join(m.url for m in masters),
+            # Every lock of a check is taken at its first attempt: a loaded machine must not
+            # turn three masters' replies later than the default 50 ms into a failed check.
+            "REDLOCK_TEST_NODE_TIMEOUT": "0.5",
             "PYTHONPATH": str(ROOT),
         },
         capture_output=True,

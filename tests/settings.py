@@ -31,6 +31,8 @@ if os.environ.get("REDLOCK_TEST_PG"):  # a child on the throwaway cluster of tes
 # Filled in by the ``redlock_settings`` fixture (or REDLOCK_NODES for child processes); empty
 # here, so a test that forgets it fails with E001 instead of touching a developer's local Redis.
 REDLOCK = {"NODES": [n for n in os.environ.get("REDLOCK_NODES", "").split(",") if n]}
+if os.environ.get("REDLOCK_TEST_NODE_TIMEOUT"):  # a budget for a loaded machine, where asked
+    REDLOCK["NODE_TIMEOUT"] = float(os.environ["REDLOCK_TEST_NODE_TIMEOUT"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

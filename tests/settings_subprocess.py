@@ -6,9 +6,10 @@ import os
 
 from tests.settings import *  # noqa: F403
 
-REDLOCK = {"NODES": [url for url in os.environ["REDLOCK_TEST_NODES"].split(",") if url]}
-if os.environ.get("REDLOCK_TEST_NODE_TIMEOUT"):  # a budget for a loaded machine, where asked
-    REDLOCK["NODE_TIMEOUT"] = float(os.environ["REDLOCK_TEST_NODE_TIMEOUT"])
+REDLOCK = {
+    **REDLOCK,  # noqa: F405 (tests.settings': REDLOCK_TEST_NODE_TIMEOUT, where asked)
+    "NODES": [url for url in os.environ["REDLOCK_TEST_NODES"].split(",") if url],
+}
 DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["REDLOCK_TEST_DB"]}
 }
