@@ -131,6 +131,12 @@ class Dialed:
         self._sock: socket.socket | None = None
         self._pid = os.getpid()
 
+    def __del__(self) -> None:
+        # Closed when collected, as redis-py closes its connections: one made for a connect
+        # whose waiter gave up, or left by an engine dropped without close(), must not stay
+        # open, nor warn (ResourceWarning) in whatever code the collector happens to run in.
+        self.disconnect()
+
     def disconnect(self) -> None:
         sock, self._sock = self._sock, None
         if sock is None:
