@@ -224,16 +224,18 @@ class Lock(Handle):
             finally:
                 self._released(owner, lease)
 
-    async def __aenter__(self) -> Lock:
-        return await self.aacquire()  # (through aacquire, which subclasses wrap)
+    # Not ``async def``, here and in ``__aexit__``: they hand on the coroutine they make, one
+    # coroutine less each (saves 2.5k instructions an ``async with`` cycle, callgrind).
+    def __aenter__(self) -> Coroutine[Any, Any, Lock]:
+        return self.aacquire()  # (through aacquire, which subclasses wrap)
 
-    async def __aexit__(
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await self._aleave(current_owner(), exc)
+    ) -> Coroutine[Any, Any, None]:
+        return self._aleave(current_owner(), exc)
 
     async def _aleave(self, owner: Owner, exc: BaseException | None) -> None:
         ran_out = self._ran_out(owner)
