@@ -298,9 +298,11 @@ def test_a_led_command_that_exits_leaves_nothing_running_when_the_lock_is_releas
     command = ("grandchild_scheduler", "--every", str(TICK), "--exit-after", "1")
     first = leaders(command=command)
     assert wait_until(lambda: ticks(leaders.log), 30), "first ticks"
+    # Its ticking grandchild, named before the standby starts: once the first leader has
+    # released, the standby's may tick at once, before this test reads the log again.
+    (grandchild,) = ticks(leaders.log)
     standby = leaders(command=("grandchild_scheduler", "--every", str(TICK)))
     assert first.wait(30) == 0
-    (grandchild,) = ticks(leaders.log)
     assert _dead(grandchild)
     assert wait_until(lambda: leader_pid() == standby.pid, 10), "the standby takes over"
     assert wait_until(lambda: len(ticks(leaders.log)) == 2, 30)

@@ -49,10 +49,12 @@ def test_a_sentinel_member_locks_on_the_primary_and_follows_a_failover(
     # A dead Sentinel listed first: the next one answers.
     dead = free_port()
     url = group.url.replace("redis+sentinel://", f"redis+sentinel://127.0.0.1:{dead},")
-    engine = redlock_of([url, *others], ttl=5)
+    # (A budget for a loaded machine: the member's first connect asks a dead Sentinel first.)
+    engine = redlock_of([url, *others], ttl=5, node_timeout=0.5)
     old = group.primary
     with engine.lock("before"):
-        assert old.call("EXISTS", key("before")) == 1
+        # The round returned at quorum: the primary may apply our SET just after.
+        wait_for(lambda: old.call("EXISTS", key("before")) == 1, "our key on the primary")
     wait_for(lambda: switch_listeners(group) == 1, "our +switch-master listener")
     pipe = engine.nodes[0].pipe
     new = group.failover()  # returns at +switch-master: the old primary still takes writes
