@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from .masters import LocalMaster, find_redis_server, free_port
+from .masters import LocalMaster, find_redis_server
 
 
 class ClusterShard(LocalMaster):
@@ -229,7 +229,8 @@ def local_cluster(
         stack.callback(made.stop)
         for i in range(primaries):
             for attempt in range(5):  # a free port can be taken between probe and bind
-                tls_port = free_port() if tls else None
+                # (Its cluster bus is 10000 higher too, over TLS: a cluster port, as the plain one.)
+                tls_port = cluster_port() if tls else None
                 tls_args = (
                     []
                     if tls is None
