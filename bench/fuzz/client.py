@@ -81,7 +81,7 @@ class Client:
             try:
                 from django_redlock.engine.base import protocol
             except ImportError:  # an --engine-tree from before the engine's layers (issue 37)
-                from django_redlock.engine import protocol  # type: ignore[attr-defined,no-redef]
+                from django_redlock.engine import protocol
 
             protocol.quorum = lambda node_count: 1
             # Differently ordered lists, as differently configured clients would have: each
